@@ -1,0 +1,1 @@
+"""zjusct.cloud launcher: one process runs one boot of one VM."""
