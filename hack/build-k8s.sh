@@ -16,11 +16,15 @@
 #                    generated go.mod that requires the upstream module and replaces its
 #                    local staging/sibling paths by the published module versions.
 #
-# Environment: ZJUSCT_CACHE, K8S_VERSION, ETCD_VERSION, BUILD_JOBS (go build -p, default 2), GO.
+# Environment: ZJUSCT_CACHE, K8S_VERSION, ETCD_VERSION (defaults: hack/k8s/versions.env),
+# BUILD_JOBS (go build -p, default 2), GO (path of the go command).
 set -euo pipefail
 
-K8S_VERSION="${K8S_VERSION:-1.35.4}"
-ETCD_VERSION="${ETCD_VERSION:-3.6.16}"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# Pinned versions live in hack/k8s/versions.env; the environment overrides them.
+pinned() { sed -n "s/^$1=//p" "$HERE/k8s/versions.env"; }
+K8S_VERSION="${K8S_VERSION:-$(pinned K8S_VERSION)}"
+ETCD_VERSION="${ETCD_VERSION:-$(pinned ETCD_VERSION)}"
 CACHE="${ZJUSCT_CACHE:-/var/cache/zjusct-cloud}"
 BUILD_JOBS="${BUILD_JOBS:-2}"
 GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
@@ -52,7 +56,7 @@ case "${1:-}" in
         printf 'ETCD=%s\n' "$ETCD_DIR/etcd"
         exit 0 ;;
     -h|--help)
-        sed -n '2,21p' "$0"; exit 0 ;;
+        sed -n '2,/^set /{/^#/p}' "$0"; exit 0 ;;
     "") ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
 esac
@@ -138,14 +142,17 @@ build_one() { # <moddir> <outdir> <name> <pkg> <ldflags>
     (cd "$moddir" && "$GO" list -deps -f '{{with .Module}}{{.Path}}@{{.Version}}{{end}}' "$pkg" | sort -u | wc -l) |
         while read -r count; do log "$name: $count modules ready"; done
     log "$name: compiling with -p $BUILD_JOBS (package count shown every 100 compiled packages)"
-    (cd "$moddir" && "$GO" build -p "$BUILD_JOBS" -v -ldflags "$ldflags" -o "$outdir/.$name.tmp" "$pkg") 2>&1 |
+    if ! (cd "$moddir" && "$GO" build -p "$BUILD_JOBS" -v -ldflags "$ldflags" -o "$outdir/.$name.tmp" "$pkg") 2>&1 |
         while IFS= read -r line; do
             case "$line" in
                 *" "*|*":"*) printf '%s\n' "$line" >&2 ;;  # errors / warnings pass through
-                *) n=$((n + 1)); ((n % 100 == 0)) && log "$name: $n packages compiled (last: $line)" ;;
+                *) n=$((n + 1))
+                   if ((n % 100 == 0)); then log "$name: $n packages compiled (last: $line)"; fi ;;
             esac
-        done
-    [[ ${PIPESTATUS[0]} -eq 0 && -x "$outdir/.$name.tmp" ]] || { log "$name: build FAILED"; return 1; }
+        done || [[ ! -x "$outdir/.$name.tmp" ]]; then
+        log "$name: build FAILED"
+        return 1
+    fi
     mv -f "$outdir/.$name.tmp" "$outdir/$name"
     end=$(date +%s)
     {

@@ -1,0 +1,308 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, ZJUSCT cloud team
+# Apache License 2.0 (see LICENSE)
+"""The host store: the single-host backend's database (SQLite).
+
+It holds CloudVM records (same spec/status shape as the CRD), root volumes with their ownership
+marks, resource allocations, IPv4 leases and an event log. Several ansible runs may use it at
+once: every change happens inside :meth:`HostStore.transaction`, which takes SQLite's write lock
+up front (``BEGIN IMMEDIATE``) so read-modify-write sequences never lose updates, and waits up to
+``busy_timeout`` seconds for another writer (https://www.sqlite.org/lang_transaction.html).
+
+The schema is versioned with ``PRAGMA user_version`` and migrated forward on open; a database
+newer than this code is refused rather than damaged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import time
+import uuid
+from typing import Any, Iterator, Optional
+
+DEFAULT_PATH = "/var/lib/zjusct-cloud/cloud.db"
+
+# Each entry upgrades the schema from version i to i + 1. Never edit a released entry: append.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """CREATE TABLE cloudvms (
+            namespace TEXT NOT NULL,
+            name TEXT NOT NULL,
+            uid TEXT NOT NULL UNIQUE,
+            owner TEXT NOT NULL,
+            spec TEXT NOT NULL,
+            status TEXT NOT NULL DEFAULT '{}',
+            labels TEXT NOT NULL DEFAULT '{}',
+            generation INTEGER NOT NULL DEFAULT 1,
+            created_at TEXT NOT NULL,
+            updated_at TEXT NOT NULL,
+            PRIMARY KEY (namespace, name))""",
+        """CREATE TABLE volumes (
+            name TEXT PRIMARY KEY,
+            driver TEXT NOT NULL,
+            location TEXT NOT NULL,
+            size_mib INTEGER NOT NULL,
+            owner TEXT NOT NULL,
+            claimed_by TEXT,
+            image TEXT,
+            created_at TEXT NOT NULL)""",
+        """CREATE TABLE allocations (
+            vm_uid TEXT PRIMARY KEY,
+            node TEXT NOT NULL,
+            vcpus INTEGER NOT NULL,
+            memory_mib INTEGER NOT NULL,
+            disk_mib INTEGER NOT NULL,
+            bandwidth_mbps INTEGER NOT NULL)""",
+        """CREATE TABLE leases (
+            ipv4 TEXT PRIMARY KEY,
+            vm_uid TEXT NOT NULL UNIQUE,
+            mac TEXT NOT NULL,
+            tap TEXT NOT NULL)""",
+        """CREATE TABLE events (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            ts TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            subject TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            message TEXT NOT NULL,
+            data TEXT NOT NULL DEFAULT '{}')""",
+        "CREATE INDEX events_subject ON events (subject, id)",
+    ),
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class StoreError(Exception):
+    """The host store cannot be used (unreadable, newer schema, constraint violated)."""
+
+
+def now() -> str:
+    """The current time as RFC 3339 UTC with seconds precision (``2026-11-30T07:00:00Z``)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class HostStore:
+    """A connection to the host store at ``path`` (created with its directory, mode 0700).
+
+    Args:
+        path: database file path.
+        busy_timeout: seconds to wait for another writer's lock before failing.
+
+    Raises:
+        StoreError: the database cannot be opened or has a newer schema than this code.
+    """
+
+    def __init__(self, path: str = DEFAULT_PATH, busy_timeout: float = 30.0) -> None:
+        self.path = path
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        try:
+            self.conn = sqlite3.connect(path, timeout=busy_timeout, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open host store {path}: {exc}") from exc
+        self.conn.row_factory = sqlite3.Row
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA foreign_keys=ON")
+        self.conn.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
+        self._migrate()
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.conn.close()
+
+    def __enter__(self) -> "HostStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _migrate(self) -> None:
+        with self.transaction() as conn:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"host store {self.path} has schema version {version}, newer than this collection's "
+                    f"{SCHEMA_VERSION}: upgrade the collection")
+            for target in range(version, SCHEMA_VERSION):
+                for statement in MIGRATIONS[target]:
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version={target + 1}")
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """Run a block in one write transaction (``BEGIN IMMEDIATE``), committed on success.
+
+        Nested use joins the outer transaction.
+        """
+        if self.conn.in_transaction:
+            yield self.conn
+            return
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    # --- events -------------------------------------------------------------------------------
+    def record_event(self, kind: str, subject: str, reason: str, message: str,
+                     data: Optional[dict] = None) -> None:
+        """Append an event (``kind`` Normal|Warning, ``subject`` e.g. ``default/alice``)."""
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT INTO events (ts, kind, subject, reason, message, data) VALUES (?, ?, ?, ?, ?, ?)",
+                (now(), kind, subject, reason, message, json.dumps(data or {}, sort_keys=True)))
+
+    def events(self, subject: Optional[str] = None, limit: int = 100) -> list[dict]:
+        """The newest ``limit`` events (for ``subject`` if given), oldest first."""
+        if subject is None:
+            rows = self.conn.execute("SELECT * FROM events ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+        else:
+            rows = self.conn.execute("SELECT * FROM events WHERE subject = ? ORDER BY id DESC LIMIT ?",
+                                     (subject, limit)).fetchall()
+        return [dict(r, data=json.loads(r["data"])) for r in reversed(rows)]
+
+    # --- CloudVMs -----------------------------------------------------------------------------
+    @staticmethod
+    def _vm(row: sqlite3.Row) -> dict:
+        return {
+            "apiVersion": "cloud.zjusct.io/v1alpha1",
+            "kind": "CloudVM",
+            "metadata": {
+                "namespace": row["namespace"], "name": row["name"], "uid": row["uid"],
+                "generation": row["generation"], "creationTimestamp": row["created_at"],
+                "labels": json.loads(row["labels"]),
+            },
+            "spec": json.loads(row["spec"]),
+            "status": json.loads(row["status"]),
+        }
+
+    def get_vm(self, namespace: str, name: str) -> Optional[dict]:
+        """The CloudVM ``namespace/name`` as a CRD-shaped dict, or None."""
+        row = self.conn.execute("SELECT * FROM cloudvms WHERE namespace = ? AND name = ?",
+                                (namespace, name)).fetchone()
+        return self._vm(row) if row else None
+
+    def list_vms(self, namespace: Optional[str] = None, owner: Optional[str] = None) -> list[dict]:
+        """All CloudVMs, optionally only one namespace's and/or one owner's, ordered by name."""
+        query, args = "SELECT * FROM cloudvms WHERE 1=1", []
+        if namespace is not None:
+            query += " AND namespace = ?"
+            args.append(namespace)
+        if owner is not None:
+            query += " AND owner = ?"
+            args.append(owner)
+        rows = self.conn.execute(query + " ORDER BY namespace, name", args).fetchall()
+        return [self._vm(r) for r in rows]
+
+    def create_vm(self, namespace: str, name: str, spec: dict, labels: Optional[dict] = None) -> dict:
+        """Insert a new CloudVM with a fresh uid and an empty status; returns it.
+
+        Raises:
+            StoreError: a CloudVM with that name exists.
+        """
+        ts = now()
+        try:
+            with self.transaction() as conn:
+                conn.execute(
+                    "INSERT INTO cloudvms (namespace, name, uid, owner, spec, labels, created_at, updated_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (namespace, name, str(uuid.uuid4()), spec["owner"], json.dumps(spec, sort_keys=True),
+                     json.dumps(labels or {}, sort_keys=True), ts, ts))
+        except sqlite3.IntegrityError as exc:
+            raise StoreError(f"CloudVM {namespace}/{name} already exists") from exc
+        vm = self.get_vm(namespace, name)
+        assert vm is not None
+        return vm
+
+    def update_vm(self, namespace: str, name: str, spec: Optional[dict] = None,
+                  status: Optional[dict] = None, labels: Optional[dict] = None) -> None:
+        """Replace the spec (bumping ``generation``), the status and/or the labels."""
+        with self.transaction() as conn:
+            if spec is not None:
+                conn.execute("UPDATE cloudvms SET spec = ?, generation = generation + 1, updated_at = ?"
+                             " WHERE namespace = ? AND name = ?",
+                             (json.dumps(spec, sort_keys=True), now(), namespace, name))
+            if status is not None:
+                conn.execute("UPDATE cloudvms SET status = ?, updated_at = ? WHERE namespace = ? AND name = ?",
+                             (json.dumps(status, sort_keys=True), now(), namespace, name))
+            if labels is not None:
+                conn.execute("UPDATE cloudvms SET labels = ? WHERE namespace = ? AND name = ?",
+                             (json.dumps(labels, sort_keys=True), namespace, name))
+
+    def delete_vm(self, namespace: str, name: str) -> None:
+        """Delete the record and its allocation and lease (the volume and its claim stay)."""
+        with self.transaction() as conn:
+            row = conn.execute("SELECT uid FROM cloudvms WHERE namespace = ? AND name = ?",
+                               (namespace, name)).fetchone()
+            if row is None:
+                return
+            conn.execute("DELETE FROM allocations WHERE vm_uid = ?", (row["uid"],))
+            conn.execute("DELETE FROM leases WHERE vm_uid = ?", (row["uid"],))
+            conn.execute("DELETE FROM cloudvms WHERE uid = ?", (row["uid"],))
+
+    # --- volumes ------------------------------------------------------------------------------
+    def get_volume(self, name: str) -> Optional[dict]:
+        """The volume record (name, driver, location, size_mib, owner, claimed_by, image)."""
+        row = self.conn.execute("SELECT * FROM volumes WHERE name = ?", (name,)).fetchone()
+        return dict(row) if row else None
+
+    def list_volumes(self) -> list[dict]:
+        """Every volume record, ordered by name."""
+        return [dict(r) for r in self.conn.execute("SELECT * FROM volumes ORDER BY name").fetchall()]
+
+    def put_volume(self, volume: dict) -> None:
+        """Insert or replace a volume record (keys as in :meth:`get_volume`)."""
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO volumes (name, driver, location, size_mib, owner, claimed_by, image,"
+                " created_at) VALUES (:name, :driver, :location, :size_mib, :owner, :claimed_by, :image,"
+                " :created_at)", {"claimed_by": None, "image": None, "created_at": now(), **volume})
+
+    def delete_volume(self, name: str) -> None:
+        """Forget a volume record."""
+        with self.transaction() as conn:
+            conn.execute("DELETE FROM volumes WHERE name = ?", (name,))
+
+    # --- allocations and leases ---------------------------------------------------------------
+    def allocations(self, node: Optional[str] = None) -> list[dict]:
+        """Resource allocations (vm_uid, node, vcpus, memory_mib, disk_mib, bandwidth_mbps)."""
+        if node is None:
+            rows = self.conn.execute("SELECT * FROM allocations").fetchall()
+        else:
+            rows = self.conn.execute("SELECT * FROM allocations WHERE node = ?", (node,)).fetchall()
+        return [dict(r) for r in rows]
+
+    def put_allocation(self, alloc: dict) -> None:
+        """Insert or replace the allocation of ``alloc['vm_uid']``."""
+        with self.transaction() as conn:
+            conn.execute("INSERT OR REPLACE INTO allocations (vm_uid, node, vcpus, memory_mib, disk_mib,"
+                         " bandwidth_mbps) VALUES (:vm_uid, :node, :vcpus, :memory_mib, :disk_mib,"
+                         " :bandwidth_mbps)", alloc)
+
+    def leases(self) -> list[dict]:
+        """Every IPv4 lease (ipv4, vm_uid, mac, tap)."""
+        return [dict(r) for r in self.conn.execute("SELECT * FROM leases ORDER BY ipv4").fetchall()]
+
+    def lease_for(self, vm_uid: str) -> Optional[dict]:
+        """The lease of one VM, or None."""
+        row = self.conn.execute("SELECT * FROM leases WHERE vm_uid = ?", (vm_uid,)).fetchone()
+        return dict(row) if row else None
+
+    def put_lease(self, lease: dict) -> None:
+        """Record a lease; raises :class:`StoreError` if the address or VM already has one."""
+        try:
+            with self.transaction() as conn:
+                conn.execute("INSERT INTO leases (ipv4, vm_uid, mac, tap) VALUES (:ipv4, :vm_uid, :mac, :tap)",
+                             lease)
+        except sqlite3.IntegrityError as exc:
+            raise StoreError(f"lease conflict for {lease}: {exc}") from exc
+
+
+def as_json(value: Any) -> str:
+    """Canonical JSON (sorted keys) used for comparisons and diffs."""
+    return json.dumps(value, sort_keys=True)
