@@ -1,0 +1,410 @@
+# -*- coding: utf-8 -*-
+# Copyright: zjusct.cloud contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Bandwidth arbitration: guarantee, borrow and preemption over shared pools (pure, no I/O).
+
+The model (ARCHITECTURE.md section 6, absorbed from KVMCloud's guarantee/borrow/preempt semantics):
+
+* Every VM has a **guaranteed** rate (Mbit/s). A guarantee is admitted only if both hold after adding it:
+  ``sum(guaranteed on the node) <= floor(NIC Mbit/s x bandwidth ratio)`` and
+  ``sum(guaranteed in the VM's pool) <= pool capacity``.
+* A VM may **borrow** up to ``ceil - guaranteed`` from its pool's free capacity, where
+  ``free = capacity - sum(guaranteed + granted)`` over the pool's VMs. So the sum of the ceilings of one pool never
+  exceeds the pool capacity.
+* A borrow that does not fit in the free capacity **preempts** borrowed (never guaranteed) bandwidth from VMs of
+  strictly lower priority. A borrow is all or nothing: either it is served completely (``granted`` from free
+  capacity, or ``preempted`` when others had to give some back) or nothing changes (``denied``, the VM keeps
+  its guarantee and its previous grant).
+* When a VM is released, the freed capacity **refills** VMs of the same pool whose grant is below what they
+  asked for (partial refills are allowed).
+
+Deterministic tie-breaks (documented promise, tested):
+
+* Preemption victims are taken in the order (priority ascending, admission sequence descending, vm id
+  ascending): the lowest priority first, among equals the most recently admitted first (last in, first out);
+  each victim loses only what is still needed.
+* Refills are served in the order (priority descending, admission sequence ascending, vm id ascending).
+
+Units: every rate is an integer in Mbit/s (10^6 bit/s). Priority: a larger integer is a higher priority.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Iterable, Mapping
+
+GRANTED = "granted"
+PREEMPTED = "preempted"
+DENIED = "denied"
+OUTCOMES = (GRANTED, PREEMPTED, DENIED)
+
+#: Largest rate accepted anywhere (Mbit/s): 4 Tbit/s, far above any NIC, keeps integer maths small.
+MAX_MBPS = 4_000_000
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A shared bandwidth pool: ``capacity_mbps`` bounds the sum of ceilings of its VMs."""
+
+    name: str
+    capacity_mbps: int
+
+
+@dataclass(frozen=True)
+class NodeCapacity:
+    """The node's NIC rate (Mbit/s) and the bandwidth overcommit ratio for guarantees."""
+
+    nic_mbps: int
+    ratio: float = 1.0
+
+    @property
+    def guarantee_limit_mbps(self) -> int:
+        """floor(nic_mbps x ratio), computed exactly (ratio taken as its decimal text, 1.1 is 11/10)."""
+        return math.floor(Fraction(str(self.ratio)) * self.nic_mbps)
+
+
+@dataclass(frozen=True)
+class Request:
+    """A VM's bandwidth request: guaranteed rate, requested ceiling, priority and pool."""
+
+    vm: str
+    guaranteed_mbps: int
+    ceil_mbps: int
+    priority: int = 0
+    pool: str = "default"
+
+    @property
+    def wanted_borrow_mbps(self) -> int:
+        return self.ceil_mbps - self.guaranteed_mbps
+
+
+@dataclass(frozen=True)
+class Grant:
+    """An admitted VM: its request, what it currently borrows, and its admission sequence number."""
+
+    request: Request
+    granted_mbps: int = 0
+    seq: int = 0
+
+    @property
+    def rate_mbps(self) -> int:
+        return self.request.guaranteed_mbps
+
+    @property
+    def ceil_mbps(self) -> int:
+        return self.request.guaranteed_mbps + self.granted_mbps
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """A VM that gave back ``lost_mbps`` of borrowed bandwidth to a higher-priority request."""
+
+    vm: str
+    lost_mbps: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of one arbitration.
+
+    Attributes:
+        vm: the VM the decision is about.
+        outcome: ``granted``, ``preempted`` or ``denied``.
+        admitted: whether the VM's guarantee is held after the decision (a denied borrow keeps it).
+        granted_mbps: the VM's borrowed bandwidth after the decision (Mbit/s, on top of the guarantee).
+        preemptions: who lost how much (only for ``preempted``).
+        reason: a human sentence naming the rule that decided.
+    """
+
+    vm: str
+    outcome: str
+    admitted: bool
+    granted_mbps: int
+    preemptions: tuple[Preemption, ...] = ()
+    reason: str = ""
+
+    def as_dict(self) -> dict:
+        return {
+            "vm": self.vm,
+            "outcome": self.outcome,
+            "admitted": self.admitted,
+            "granted_mbps": self.granted_mbps,
+            "preemptions": [{"vm": p.vm, "lost_mbps": p.lost_mbps} for p in self.preemptions],
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class State:
+    """Everything arbitration needs: the node, its pools and the admitted VMs (by vm id)."""
+
+    node: NodeCapacity
+    pools: Mapping[str, Pool]
+    grants: Mapping[str, Grant] = field(default_factory=dict)
+    next_seq: int = 1
+
+    def pool_used_mbps(self, pool: str) -> int:
+        """Sum of ceilings (guaranteed + granted) of the pool's VMs."""
+        return sum(g.ceil_mbps for g in self.grants.values() if g.request.pool == pool)
+
+    def pool_guaranteed_mbps(self, pool: str) -> int:
+        return sum(g.rate_mbps for g in self.grants.values() if g.request.pool == pool)
+
+    def node_guaranteed_mbps(self) -> int:
+        return sum(g.rate_mbps for g in self.grants.values())
+
+    def pool_free_mbps(self, pool: str) -> int:
+        return self.pools[pool].capacity_mbps - self.pool_used_mbps(pool)
+
+
+class QoSInputError(ValueError):
+    """Invalid input: the message names the field, the value and the allowed range."""
+
+
+def _check_int(name: str, value: object, low: int, high: int = MAX_MBPS) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise QoSInputError(f"{name}: {value!r} is not an integer")
+    if value < low or value > high:
+        raise QoSInputError(f"{name}: {value} is outside the allowed range {low}..{high}")
+
+
+def validate_node(node: NodeCapacity) -> None:
+    """Raise QoSInputError unless nic_mbps is 1..MAX_MBPS and ratio is in (0, 100]."""
+    _check_int("node.nic_mbps", node.nic_mbps, 1)
+    if not isinstance(node.ratio, (int, float)) or not 0 < node.ratio <= 100:
+        raise QoSInputError(f"node.ratio: {node.ratio!r} is outside the allowed range (0, 100]")
+
+
+def validate_pool(pool: Pool) -> None:
+    """Raise QoSInputError unless the pool has a name and a capacity of 1..MAX_MBPS Mbit/s."""
+    if not pool.name:
+        raise QoSInputError("pool.name: empty name")
+    _check_int(f"pools[{pool.name}].capacity_mbps", pool.capacity_mbps, 1)
+
+
+def validate_request(req: Request, pools: Mapping[str, Pool]) -> None:
+    """Raise QoSInputError unless 1 <= guaranteed <= ceil <= pool capacity and the pool exists."""
+    if not req.vm:
+        raise QoSInputError("vm: empty vm id")
+    _check_int(f"{req.vm}.guaranteed_mbps", req.guaranteed_mbps, 1)
+    _check_int(f"{req.vm}.ceil_mbps", req.ceil_mbps, req.guaranteed_mbps)
+    _check_int(f"{req.vm}.priority", req.priority, -1_000_000, 1_000_000)
+    if req.pool not in pools:
+        known = ", ".join(sorted(pools)) or "none"
+        raise QoSInputError(f"{req.vm}.pool: {req.pool!r} is not a configured pool (known: {known})")
+    cap = pools[req.pool].capacity_mbps
+    if req.ceil_mbps > cap:
+        raise QoSInputError(f"{req.vm}.ceil_mbps: {req.ceil_mbps} is above the capacity {cap} of pool {req.pool}")
+
+
+def admit_guarantee(state: State, req: Request) -> Decision:
+    """Decide whether ``req``'s guarantee fits (node and pool checks), ignoring any grant the VM already holds.
+
+    Returns a Decision with outcome ``granted`` (admitted, granted_mbps 0) or ``denied`` (admitted False; the
+    reason names the check that failed and the numbers). Raises QoSInputError on invalid input.
+    """
+    validate_request(req, state.pools)
+    others = {vm: g for vm, g in state.grants.items() if vm != req.vm}
+    node_sum = sum(g.rate_mbps for g in others.values()) + req.guaranteed_mbps
+    limit = state.node.guarantee_limit_mbps
+    if node_sum > limit:
+        return Decision(req.vm, DENIED, False, 0, (), (
+            f"node: guarantees would total {node_sum} Mbit/s, above NIC {state.node.nic_mbps} Mbit/s x ratio "
+            f"{state.node.ratio} = {limit} Mbit/s"))
+    pool_sum = sum(g.rate_mbps for g in others.values() if g.request.pool == req.pool) + req.guaranteed_mbps
+    cap = state.pools[req.pool].capacity_mbps
+    if pool_sum > cap:
+        return Decision(req.vm, DENIED, False, 0, (), (
+            f"pool {req.pool}: guarantees would total {pool_sum} Mbit/s, above its capacity {cap} Mbit/s"))
+    # The guarantee must also fit next to what others currently borrow; borrowed bandwidth of lower priority
+    # is reclaimable (checked by the caller through arbitrate_borrow), guarantees are not.
+    return Decision(req.vm, GRANTED, True, 0, (), (
+        f"guarantee {req.guaranteed_mbps} Mbit/s admitted (node {node_sum}/{limit}, pool {req.pool} {pool_sum}/{cap})"))
+
+
+def _victim_order(g: Grant) -> tuple[int, int, str]:
+    return (g.request.priority, -g.seq, g.request.vm)
+
+
+def _refill_order(g: Grant) -> tuple[int, int, str]:
+    return (-g.request.priority, g.seq, g.request.vm)
+
+
+def _reclaim(state: State, pool: str, priority: int, need: int, exclude: str) -> tuple[list[Preemption], int]:
+    """Plan taking ``need`` Mbit/s of borrowed bandwidth from VMs of the pool with priority < ``priority``."""
+    victims = sorted((g for vm, g in state.grants.items()
+                      if vm != exclude and g.request.pool == pool and g.request.priority < priority
+                      and g.granted_mbps > 0), key=_victim_order)
+    plan: list[Preemption] = []
+    left = need
+    for g in victims:
+        if left <= 0:
+            break
+        take = min(g.granted_mbps, left)
+        plan.append(Preemption(g.request.vm, take))
+        left -= take
+    return plan, need - left
+
+
+def arbitrate_borrow(state: State, vm: str, borrow_mbps: int) -> Decision:
+    """Decide a borrow: ``vm`` (already admitted) wants ``borrow_mbps`` on top of its guarantee, in total.
+
+    Its current grant counts as its own. Order: free pool capacity (``granted``), else reclaim from strictly
+    lower priorities (``preempted``, listing who lost how much), else ``denied`` with nothing changed. A
+    smaller ``borrow_mbps`` than currently held shrinks the grant (``granted``). Raises QoSInputError when the
+    vm is not admitted or the amount exceeds its requested ceiling.
+    """
+    if vm not in state.grants:
+        raise QoSInputError(f"vm: {vm!r} has no admitted guarantee on this node")
+    g = state.grants[vm]
+    _check_int(f"{vm}.borrow_mbps", borrow_mbps, 0, g.request.wanted_borrow_mbps)
+    pool = g.request.pool
+    free = state.pool_free_mbps(pool) + g.granted_mbps
+    if borrow_mbps <= free:
+        return Decision(vm, GRANTED, True, borrow_mbps, (), (
+            f"borrow {borrow_mbps} Mbit/s from pool {pool} (free {free} Mbit/s before)"))
+    need = borrow_mbps - free
+    plan, got = _reclaim(state, pool, g.request.priority, need, vm)
+    if got < need:
+        return Decision(vm, DENIED, True, g.granted_mbps, (), (
+            f"borrow {borrow_mbps} Mbit/s from pool {pool} denied: free {free} Mbit/s, reclaimable from lower "
+            f"priority than {g.request.priority}: {got} Mbit/s, short by {need - got} Mbit/s"))
+    lost = ", ".join(f"{p.vm} -{p.lost_mbps}" for p in plan)
+    return Decision(vm, PREEMPTED, True, borrow_mbps, tuple(plan), (
+        f"borrow {borrow_mbps} Mbit/s from pool {pool}: free {free} Mbit/s, reclaimed {need} Mbit/s from lower "
+        f"priority ({lost})"))
+
+
+def apply_decision(state: State, decision: Decision, request: Request | None = None) -> State:
+    """Return the state after ``decision`` (pure). ``request`` is needed when the decision admits a new VM."""
+    grants = dict(state.grants)
+    next_seq = state.next_seq
+    if not decision.admitted:
+        grants.pop(decision.vm, None)
+        return dataclasses.replace(state, grants=grants)
+    if request is not None and (decision.vm not in grants or grants[decision.vm].request != request):
+        seq = grants[decision.vm].seq if decision.vm in grants else next_seq
+        if decision.vm not in grants:
+            next_seq += 1
+        grants[decision.vm] = Grant(request, 0, seq)
+    for p in decision.preemptions:
+        victim = grants[p.vm]
+        grants[p.vm] = dataclasses.replace(victim, granted_mbps=victim.granted_mbps - p.lost_mbps)
+    grants[decision.vm] = dataclasses.replace(grants[decision.vm], granted_mbps=decision.granted_mbps)
+    return dataclasses.replace(state, grants=grants, next_seq=next_seq)
+
+
+def request(state: State, req: Request) -> tuple[State, Decision]:
+    """Admit ``req``'s guarantee, then borrow up to its ceiling; return the new state and one Decision.
+
+    A VM that is already admitted is re-arbitrated with its new request (its admission sequence is kept).
+    Outcomes: ``denied`` with admitted False (guarantee does not fit: the state is unchanged); ``granted``
+    (guarantee held, borrow fully served or nothing to borrow); ``preempted`` (borrow served by reclaiming);
+    ``denied`` with admitted True (guarantee held, borrow refused, granted_mbps 0).
+
+    A guarantee must also fit next to what other VMs of the pool currently borrow: borrowed bandwidth of
+    strictly lower priority is reclaimed for it; if that is not enough the request is denied.
+    """
+    admission = admit_guarantee(state, req)
+    if not admission.admitted:
+        return state, admission
+    previous = state.grants.get(req.vm)
+    seq = previous.seq if previous else state.next_seq
+    grants = dict(state.grants)
+    grants[req.vm] = Grant(req, 0, seq)
+    trial = dataclasses.replace(state, grants=grants, next_seq=state.next_seq + (0 if previous else 1))
+    # Room for the guarantee itself next to current borrowers (reclaim from lower priority if needed).
+    overflow = -trial.pool_free_mbps(req.pool)
+    plan: list[Preemption] = []
+    if overflow > 0:
+        plan, got = _reclaim(trial, req.pool, req.priority, overflow, req.vm)
+        if got < overflow:
+            return state, Decision(req.vm, DENIED, False, 0, (), (
+                f"pool {req.pool}: guarantee {req.guaranteed_mbps} Mbit/s needs {overflow} Mbit/s held by "
+                f"borrowers of equal or higher priority (reclaimable: {got} Mbit/s)"))
+        for p in plan:
+            v = grants[p.vm]
+            grants[p.vm] = dataclasses.replace(v, granted_mbps=v.granted_mbps - p.lost_mbps)
+        trial = dataclasses.replace(trial, grants=grants)
+    borrow = arbitrate_borrow(trial, req.vm, req.wanted_borrow_mbps)
+    if borrow.outcome == DENIED:
+        outcome = PREEMPTED if plan else DENIED
+        decision = Decision(req.vm, outcome, True, 0, tuple(plan), admission.reason + "; " + borrow.reason)
+        return apply_decision(trial, dataclasses.replace(decision, preemptions=()), None), decision
+    merged = _merge(plan, list(borrow.preemptions))
+    outcome = PREEMPTED if merged else GRANTED
+    reason = admission.reason if req.wanted_borrow_mbps == 0 else admission.reason + "; " + borrow.reason
+    final = apply_decision(trial, borrow, None)
+    return final, Decision(req.vm, outcome, True, borrow.granted_mbps, tuple(merged), reason)
+
+
+def _merge(a: list[Preemption], b: list[Preemption]) -> list[Preemption]:
+    total: dict[str, int] = {}
+    for p in a + b:
+        total[p.vm] = total.get(p.vm, 0) + p.lost_mbps
+    return [Preemption(vm, mbps) for vm, mbps in total.items()]
+
+
+def release(state: State, vm: str) -> tuple[State, list[Decision]]:
+    """Remove ``vm`` (no-op if unknown) and refill the pool's VMs that hold less than they asked for.
+
+    Returns the new state and one ``granted`` Decision per refilled VM (reason names the released VM).
+    """
+    if vm not in state.grants:
+        return state, []
+    pool = state.grants[vm].request.pool
+    grants = dict(state.grants)
+    del grants[vm]
+    state = dataclasses.replace(state, grants=grants)
+    return refill(state, pool, reason=f"refilled after {vm} released")
+
+
+def refill(state: State, pool: str, reason: str = "refilled") -> tuple[State, list[Decision]]:
+    """Hand free capacity of ``pool`` to its VMs below their requested ceiling, in refill order."""
+    free = state.pool_free_mbps(pool)
+    decisions: list[Decision] = []
+    grants = dict(state.grants)
+    for g in sorted((g for g in grants.values() if g.request.pool == pool), key=_refill_order):
+        if free <= 0:
+            break
+        deficit = g.request.wanted_borrow_mbps - g.granted_mbps
+        if deficit <= 0:
+            continue
+        give = min(deficit, free)
+        free -= give
+        grants[g.request.vm] = dataclasses.replace(g, granted_mbps=g.granted_mbps + give)
+        decisions.append(Decision(g.request.vm, GRANTED, True, g.granted_mbps + give, (),
+                                  f"{reason}: +{give} Mbit/s from pool {pool}"))
+    return dataclasses.replace(state, grants=grants), decisions
+
+
+@dataclass(frozen=True)
+class ClassRate:
+    """The HTB rates of one VM: rate = guaranteed, ceil = guaranteed + granted (Mbit/s)."""
+
+    vm: str
+    rate_mbps: int
+    ceil_mbps: int
+
+
+def desired_rates(state: State, vms: Iterable[str] | None = None) -> list[ClassRate]:
+    """The class rates of the given admitted VMs (all when ``vms`` is None), sorted by vm id."""
+    wanted = set(state.grants) if vms is None else set(vms) & set(state.grants)
+    return [ClassRate(vm, state.grants[vm].rate_mbps, state.grants[vm].ceil_mbps) for vm in sorted(wanted)]
+
+
+def check_invariants(state: State) -> list[str]:
+    """Return the violated invariants (empty when healthy); used by tests and by the store after loading."""
+    problems = []
+    if state.node_guaranteed_mbps() > state.node.guarantee_limit_mbps:
+        problems.append("node guarantees exceed NIC x ratio")
+    for name, pool in state.pools.items():
+        if state.pool_used_mbps(name) > pool.capacity_mbps:
+            problems.append(f"pool {name}: sum of ceilings exceeds capacity")
+    for vm, g in state.grants.items():
+        if g.granted_mbps < 0 or g.granted_mbps > g.request.wanted_borrow_mbps:
+            problems.append(f"{vm}: granted {g.granted_mbps} outside 0..{g.request.wanted_borrow_mbps}")
+    return problems
