@@ -133,14 +133,16 @@ def derive_status(
                       node=current.node, started_at=current.started_at, ssh_ready_at=current.ready_at)
 
     if current is not None and current.state in ("alive", "starting"):
-        base = dict(node=current.node, started_at=current.started_at, ssh_ready_at=current.ready_at)
         if not want_running or current.boot_id != boot_id:
-            return Status("Stopping", "StopRequested",
-                          f"stopping boot {current.boot_id}", current.boot_id, **base)
-        if current.ready_at:
-            return Status("Running", "SSHReady", "guest answered SSH", boot_id, **base)
-        reason = "WaitingForSSH" if current.state == "alive" else "Starting"
-        return Status("Pending", reason, f"boot {boot_id} started, waiting for the SSH banner", boot_id, **base)
+            phase, reason, message = "Stopping", "StopRequested", f"stopping boot {current.boot_id}"
+        elif current.ready_at:
+            phase, reason, message = "Running", "SSHReady", "guest answered SSH"
+        else:
+            phase = "Pending"
+            reason = "WaitingForSSH" if current.state == "alive" else "Starting"
+            message = f"boot {boot_id} started, waiting for the SSH banner"
+        return Status(phase, reason, message, current.boot_id, node=current.node,
+                      started_at=current.started_at, ssh_ready_at=current.ready_at)
 
     # No launcher of the newest boot is alive.
     if want_running and (current is None or current.boot_id < boot_id):

@@ -1,0 +1,30 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, ZJUSCT cloud team
+# Apache License 2.0 (see LICENSE)
+"""Documentation fragment: the backend switch and the host backend's options."""
+
+from __future__ import annotations
+
+
+class ModuleDocFragment:
+    DOCUMENTATION = r"""
+options:
+  backend:
+    description:
+      - Where CloudVMs live.
+      - V(host) is the single-host cloud (the embedded default): a SQLite host store, launchers run as
+        supervised processes (or systemd services), file-backed root volumes, a bridge in the cloud's
+        network namespace. Configured by O(host_config), which C(site.yml) writes.
+      - V(kubernetes) uses CloudVM custom resources through the Kubernetes API with the connection options
+        below.
+      - Falls back to the E(ZJUSCT_CLOUD_BACKEND) environment variable, then V(host).
+    type: str
+    choices: [host, kubernetes]
+  host_config:
+    description:
+      - Path of the host backend's configuration (JSON written by the C(zjusct.cloud.hypervisor) role):
+        store path, images directory, network namespace, bridge, subnet, runtime and log directories.
+      - Falls back to E(ZJUSCT_CLOUD_CONFIG), then C(/etc/zjusct-cloud/host.json).
+      - Only used when O(backend=host).
+    type: path
+"""

@@ -1,0 +1,111 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, ZJUSCT cloud team
+# Apache License 2.0 (see LICENSE)
+"""Argument specs of the cloudvm modules and the dispatch to a backend.
+
+Each backend module exposes ``ensure(params, check_mode, diff) -> dict`` (the module result:
+``changed``, ``cloudvm``, ``phase``, ``boot_id``, optional ``diff``) and
+``info(params) -> list[dict]`` (CloudVM objects), raising
+:class:`~._lifecycle.CloudVMError` for every refusal.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import CloudVMError
+
+try:
+    from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
+except ImportError:  # kubernetes.core missing: only the host backend can be used
+    AUTH_ARG_SPEC = {}
+
+BACKENDS = ("host", "kubernetes")
+
+
+def backend_argument_spec() -> dict:
+    """Options shared by every cloudvm module: backend switch, host config, Kubernetes auth."""
+    spec = {
+        "backend": {"type": "str", "choices": list(BACKENDS)},
+        "host_config": {"type": "path"},
+    }
+    spec.update({k: dict(v) for k, v in AUTH_ARG_SPEC.items()})
+    return spec
+
+
+def cloudvm_argument_spec() -> dict:
+    """The ``zjusct.cloud.cloudvm`` module's argument spec."""
+    spec = backend_argument_spec()
+    spec.update(
+        state={"type": "str", "choices": ["present", "absent"], "default": "present"},
+        name={"type": "str", "required": True},
+        namespace={"type": "str", "default": "default"},
+        owner={"type": "str"},
+        root_volume_claim={"type": "str"},
+        vcpus={"type": "int"},
+        memory_mib={"type": "int"},
+        power_state={"type": "str", "choices": ["running", "stopped"]},
+        restart={"type": "bool", "default": False},
+        ssh_authorized_keys={"type": "list", "elements": "str", "no_log": False},
+        bandwidth={"type": "dict", "options": {
+            "guaranteed_mbps": {"type": "int", "default": 0},
+            "ceil_mbps": {"type": "int"},
+            "pool": {"type": "str"},
+            "priority": {"type": "int", "default": 0},
+        }},
+        labels={"type": "dict"},
+        node_selector={"type": "dict"},
+        image={"type": "str"},
+        volume_size_mib={"type": "int"},
+        wait={"type": "bool", "default": True},
+        wait_timeout={"type": "int", "default": 600},
+    )
+    return spec
+
+
+def cloudvm_info_argument_spec() -> dict:
+    """The ``zjusct.cloud.cloudvm_info`` module's argument spec."""
+    spec = backend_argument_spec()
+    spec.update(
+        name={"type": "str"},
+        namespace={"type": "str"},
+        owner={"type": "str"},
+        label_selectors={"type": "list", "elements": "str", "default": []},
+    )
+    return spec
+
+
+def resolve_backend(params: dict) -> str:
+    """The backend named by the options, else ``ZJUSCT_CLOUD_BACKEND``, else ``host``."""
+    backend = params.get("backend") or os.environ.get("ZJUSCT_CLOUD_BACKEND") or "host"
+    if backend not in BACKENDS:
+        raise CloudVMError(f"backend: {backend!r} is not one of {', '.join(BACKENDS)}")
+    return backend
+
+
+def _impl(backend: str):  # type: ignore[no-untyped-def]
+    if backend == "host":
+        from ansible_collections.zjusct.cloud.plugins.module_utils import _cloudvm_host as impl
+    else:
+        from ansible_collections.zjusct.cloud.plugins.module_utils import _cloudvm_kubernetes as impl  # type: ignore
+    return impl
+
+
+def run_cloudvm(module) -> None:  # type: ignore[no-untyped-def]
+    """Body of ``zjusct.cloud.cloudvm``: dispatch, then exit_json / fail_json."""
+    try:
+        impl = _impl(resolve_backend(module.params))
+        result = impl.ensure(module.params, check_mode=module.check_mode, diff=module._diff)
+    except CloudVMError as exc:
+        module.fail_json(msg=str(exc), **exc.details)
+    module.exit_json(**result)
+
+
+def run_cloudvm_info(module) -> None:  # type: ignore[no-untyped-def]
+    """Body of ``zjusct.cloud.cloudvm_info``."""
+    try:
+        impl = _impl(resolve_backend(module.params))
+        items = impl.info(module.params)
+    except CloudVMError as exc:
+        module.fail_json(msg=str(exc), **exc.details)
+    module.exit_json(changed=False, cloudvms=items)

@@ -1,0 +1,101 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, ZJUSCT cloud team
+# Apache License 2.0 (see LICENSE)
+"""Power-state requests and the desired spec (pure, shared by both backends and the modules).
+
+Boot semantics (ARCHITECTURE §3): each new ``bootID`` value while ``powerState: Running`` is one
+explicit boot request, retrying the same value never boots twice, and a VM whose boot ended stays
+stopped until ``bootID`` grows. So a start request bumps ``bootID`` only when no boot is requested
+or live; it never bumps twice for one request, even when two runs race (each re-plans inside the
+store's write transaction or against the object's resourceVersion).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ansible_collections.zjusct.cloud.plugins.module_utils._spec import with_defaults
+
+LIVE_PHASES = frozenset({"Pending", "Running", "Blocked", "Unknown", "Stopping"})
+
+
+class CloudVMError(Exception):
+    """A CloudVM request cannot be carried out; ``details`` go into the module's failure result."""
+
+    def __init__(self, message: str, **details: object) -> None:
+        super().__init__(message)
+        self.details = details
+
+
+def current_boot_live(spec: dict, status: Optional[dict]) -> bool:
+    """True when the spec's current boot is requested and not known to have ended.
+
+    That is ``powerState: Running`` and either the status has not caught up with ``spec.bootID``
+    yet (the request is still being carried out) or the status describes this boot in a phase
+    other than Stopped/Failed.
+    """
+    if spec.get("powerState") != "Running":
+        return False
+    status = status or {}
+    observed = status.get("bootID")
+    if observed is None or int(observed) < int(spec.get("bootID", 0)):
+        return True
+    return status.get("phase") not in ("Stopped", "Failed")
+
+
+def plan_power(spec: dict, status: Optional[dict], power_state: Optional[str]) -> dict:
+    """The spec after a power-state request (``running``, ``stopped`` or None for unchanged).
+
+    Args:
+        spec: the current spec (with defaults).
+        status: the current status (may be empty).
+        power_state: the module's ``power_state`` option.
+
+    Returns:
+        A new spec dict; equal to ``spec`` when nothing needs to change.
+    """
+    out = dict(spec)
+    if power_state == "running":
+        if not current_boot_live(spec, status):
+            out["powerState"] = "Running"
+            out["bootID"] = int(spec.get("bootID", 0)) + 1
+    elif power_state == "stopped":
+        out["powerState"] = "Stopped"
+    return out
+
+
+def params_to_spec(params: dict, existing: Optional[dict]) -> dict:
+    """Merge the module's options into a desired spec (powerState and bootID untouched).
+
+    Options left unset keep the existing value (or the API default on create). ``bandwidth`` and
+    ``ssh_authorized_keys`` replace the existing value when given.
+
+    Args:
+        params: module parameters (snake_case).
+        existing: the current spec, or None on create.
+    """
+    spec = dict(existing) if existing else {}
+    if params.get("owner") is not None:
+        spec["owner"] = params["owner"]
+    claim = params.get("root_volume_claim")
+    if claim is None and not existing:
+        claim = f"{params['name']}-root"
+    if claim is not None:
+        spec["rootVolumeClaim"] = claim
+    for option, field in (("vcpus", "vcpus"), ("memory_mib", "memoryMiB")):
+        if params.get(option) is not None:
+            spec[field] = params[option]
+    if params.get("ssh_authorized_keys") is not None:
+        spec["sshAuthorizedKeys"] = [k.strip() for k in params["ssh_authorized_keys"]]
+    bw = params.get("bandwidth")
+    if bw is not None:
+        guaranteed = bw.get("guaranteed_mbps") or 0
+        band = {"guaranteedMbps": guaranteed, "ceilMbps": bw.get("ceil_mbps") or guaranteed,
+                "priority": bw.get("priority") or 0}
+        if bw.get("pool"):
+            band["pool"] = bw["pool"]
+        spec.setdefault("network", {})
+        spec["network"] = dict(spec["network"], bandwidth=band)
+    if params.get("node_selector") is not None:
+        spec["nodeSelector"] = params["node_selector"]
+    return with_defaults(spec)

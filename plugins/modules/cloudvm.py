@@ -1,0 +1,208 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, ZJUSCT cloud team
+# Apache License 2.0 (see LICENSE)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: cloudvm
+short_description: Declare a persistent virtual machine (CloudVM) and drive its power state
+version_added: 0.1.0
+author: ZJUSCT cloud team (@zjusct)
+description:
+  - Creates, updates, starts, stops, restarts and deletes a CloudVM (C(cloud.zjusct.io/v1alpha1)), the one
+    object a user declares for a persistent VM, on the single-host backend or on Kubernetes.
+  - Starting is explicit and idempotent. O(power_state=running) on a VM that is not running its current
+    boot increments C(spec.bootID) exactly once; a VM that is already Running (or starting) is left alone,
+    so retrying a task never boots twice. A VM whose guest shut itself down stays stopped until it is
+    started again, which gives it C(bootID + 1).
+  - With O(wait=true) the task returns when the target phase is reached; Running means the guest's SSH
+    banner answered, Stopped means no launcher remains.
+  - O(state=absent) deletes the CloudVM (stopping it first) and waits until it is gone. The root volume and
+    its ownership mark are kept.
+  - Invalid values fail before anything is created, naming the field, the value and the allowed range.
+extends_documentation_fragment:
+  - zjusct.cloud.cloudvm_backend
+  - kubernetes.core.k8s_auth_options
+options:
+  state:
+    description: Whether the CloudVM exists.
+    type: str
+    choices: [present, absent]
+    default: present
+  name:
+    description: Name of the CloudVM (a DNS label).
+    type: str
+    required: true
+  namespace:
+    description: Namespace of the CloudVM (on the host backend a plain grouping name).
+    type: str
+    default: default
+  owner:
+    description:
+      - Stable user id that owns the VM and its root volume (a DNS label). Required to create; immutable.
+    type: str
+  root_volume_claim:
+    description:
+      - Root volume of the VM; immutable. On Kubernetes a raw-block PVC in the same namespace, on the host
+        backend a volume name in the host store (created from O(image) when missing).
+      - Defaults to C(<name>-root).
+    type: str
+  vcpus:
+    description: Guest vCPUs, 1 to 4. Defaults to 1 on create; unchanged when omitted on update.
+    type: int
+  memory_mib:
+    description: Guest memory in MiB, 128 to 4096. Defaults to 512 on create; unchanged when omitted.
+    type: int
+  power_state:
+    description:
+      - V(running) starts the VM unless it is already running its current boot (then nothing changes).
+      - V(stopped) stops it (graceful guest shutdown, forced after the launcher's stop timeout).
+      - Omitted leaves the power state as it is.
+    type: str
+    choices: [running, stopped]
+  restart:
+    description:
+      - Stop the VM, wait until it is Stopped, then start it with C(bootID + 1). Implies O(power_state=running).
+    type: bool
+    default: false
+  ssh_authorized_keys:
+    description: OpenSSH public keys injected into the guest at boot (at most 16).
+    type: list
+    elements: str
+    no_log: false
+  bandwidth:
+    description: Network bandwidth of the VM's interface (tc HTB; see docs/qos.md).
+    type: dict
+    suboptions:
+      guaranteed_mbps:
+        description: Guaranteed rate in Mbit/s (0 to 100000).
+        type: int
+        default: 0
+      ceil_mbps:
+        description: Ceiling in Mbit/s the VM may borrow up to from its pool; at least O(bandwidth.guaranteed_mbps).
+        type: int
+      pool:
+        description: Shared pool the VM borrows from.
+        type: str
+      priority:
+        description: Borrowing priority 0 to 1000; a higher priority may preempt lower-priority borrowers.
+        type: int
+        default: 0
+  labels:
+    description: Labels of the CloudVM (merged into existing labels).
+    type: dict
+  node_selector:
+    description:
+      - Kubernetes backend only. Node labels the VM's launcher Pod must match (C(spec.nodeSelector)).
+    type: dict
+  image:
+    description:
+      - Host backend only. Image set (name such as C(debian-bookworm), a full versioned name, or a path to an
+        image set directory) copied into a new root volume when O(root_volume_claim) does not exist yet.
+      - Defaults to the host configuration's default image.
+    type: str
+  volume_size_mib:
+    description: Host backend only. Size in MiB of a newly created root volume (at least the image's size).
+    type: int
+  wait:
+    description: Wait until the target phase (Running with SSH ready, Stopped, or deleted) is reached.
+    type: bool
+    default: true
+  wait_timeout:
+    description: Seconds to wait when O(wait=true); on timeout the task fails showing the last phase and reason.
+    type: int
+    default: 600
+attributes:
+  check_mode:
+    support: full
+    description: Reports what would change without creating, starting or stopping anything.
+  diff_mode:
+    support: full
+    description: Shows the CloudVM's spec before and after.
+notes:
+  - On Kubernetes the API server enforces the same rules (OpenAPI schema and CEL rules), so kubectl, AWX and
+    this module get the same refusal.
+seealso:
+  - module: zjusct.cloud.cloudvm_info
+  - module: zjusct.cloud.fc_launcher
+"""
+
+EXAMPLES = r"""
+- name: Start alice's VM on this host (created with a root volume from the default image if missing)
+  zjusct.cloud.cloudvm:
+    name: alice
+    owner: alice
+    vcpus: 1
+    memory_mib: 1024
+    ssh_authorized_keys:
+      - "{{ lookup('ansible.builtin.file', '~/.ssh/id_ed25519.pub') }}"
+    power_state: running
+  register: vm
+
+- name: Print how to reach it
+  ansible.builtin.debug:
+    msg: "ssh root@{{ vm.cloudvm.status.sshEndpoint.host }}"
+
+- name: Stop it and return only when it is off
+  zjusct.cloud.cloudvm:
+    name: alice
+    power_state: stopped
+
+- name: Restart on Kubernetes (stop, wait Stopped, start with bootID + 1)
+  zjusct.cloud.cloudvm:
+    backend: kubernetes
+    kubeconfig: ~/.kube/config
+    namespace: tenant-alice
+    name: alice
+    restart: true
+
+- name: Delete the VM, keeping its root volume
+  zjusct.cloud.cloudvm:
+    name: alice
+    state: absent
+"""
+
+RETURN = r"""
+cloudvm:
+  description: The CloudVM after the task (absent when deleted).
+  returned: success
+  type: dict
+  sample:
+    apiVersion: cloud.zjusct.io/v1alpha1
+    kind: CloudVM
+    metadata: {name: alice, namespace: default, uid: 0d9c5e7e-3c43-4c53-9d3c-6a3c0b1e2f10}
+    spec: {owner: alice, rootVolumeClaim: alice-root, vcpus: 1, memoryMiB: 512, powerState: Running, bootID: 1}
+    status:
+      phase: Running
+      reason: SSHReady
+      bootID: 1
+      sshEndpoint: {host: 10.200.0.2, port: 22}
+phase:
+  description: The CloudVM's phase after the task.
+  returned: success
+  type: str
+  sample: Running
+boot_id:
+  description: The bootID the VM's spec asks for after the task.
+  returned: success
+  type: int
+  sample: 1
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.zjusct.cloud.plugins.module_utils._cloudvm_module import (
+    cloudvm_argument_spec,
+    run_cloudvm,
+)
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=cloudvm_argument_spec(), supports_check_mode=True)
+    run_cloudvm(module)
+
+
+if __name__ == "__main__":
+    main()

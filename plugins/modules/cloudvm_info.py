@@ -1,0 +1,79 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, ZJUSCT cloud team
+# Apache License 2.0 (see LICENSE)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: cloudvm_info
+short_description: List CloudVMs and their status
+version_added: 0.1.0
+author: ZJUSCT cloud team (@zjusct)
+description:
+  - Returns CloudVM objects (spec and status) from the host store or the Kubernetes API, filtered by name,
+    namespace, owner and labels. Never changes anything.
+extends_documentation_fragment:
+  - zjusct.cloud.cloudvm_backend
+  - kubernetes.core.k8s_auth_options
+options:
+  name:
+    description: Only the CloudVM with this name.
+    type: str
+  namespace:
+    description: Only CloudVMs in this namespace (all namespaces when omitted).
+    type: str
+  owner:
+    description: Only CloudVMs whose C(spec.owner) is this user id.
+    type: str
+  label_selectors:
+    description: Label selectors (C(key=value), C(key!=value)); all must match.
+    type: list
+    elements: str
+    default: []
+attributes:
+  check_mode:
+    support: full
+    description: Read-only; runs the same in check mode.
+seealso:
+  - module: zjusct.cloud.cloudvm
+"""
+
+EXAMPLES = r"""
+- name: Alice's VMs on this host
+  zjusct.cloud.cloudvm_info:
+    owner: alice
+  register: vms
+
+- name: Show their phases
+  ansible.builtin.debug:
+    msg: "{{ vms.cloudvms | map(attribute='status.phase') | list }}"
+"""
+
+RETURN = r"""
+cloudvms:
+  description: The matching CloudVMs, ordered by namespace and name.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - metadata: {name: alice, namespace: default}
+      spec: {owner: alice, powerState: Running, bootID: 2}
+      status: {phase: Running, sshEndpoint: {host: 10.200.0.2, port: 22}}
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.zjusct.cloud.plugins.module_utils._cloudvm_module import (
+    cloudvm_info_argument_spec,
+    run_cloudvm_info,
+)
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=cloudvm_info_argument_spec(), supports_check_mode=True)
+    run_cloudvm_info(module)
+
+
+if __name__ == "__main__":
+    main()
