@@ -196,10 +196,8 @@ class Rbd:
 
     def _error(self, words: List[str], rc: int, stderr: str) -> RbdError:
         stderr = self._scrub(stderr).strip()
-        m = None
-        for m in _ERRNO_RE.finditer(stderr):
-            pass
-        errno = int(m.group(1)) if m else 0
+        found = _ERRNO_RE.findall(stderr)
+        errno = int(found[-1][0]) if found else 0
         lines = [ln for ln in stderr.splitlines() if ln.strip() and " -1 " not in ln[:40]]
         detail = lines[-1] if lines else stderr[-300:]
         if "still has watchers" in stderr:
@@ -300,9 +298,11 @@ class Rbd:
 
     # -- changes ----------------------------------------------------------------------------------------
 
-    def create(self, ref: ImageRef, size_mib: int, features: Optional[List[str]] = None) -> None:
-        """Create an image of ``size_mib`` MiB (format 2)."""
-        words = ["create", ref.spec, "--size", f"{int(size_mib)}M"]
+    def create(self, ref: ImageRef, size_mib: Optional[int] = None, features: Optional[List[str]] = None,
+               size_bytes: Optional[int] = None) -> None:
+        """Create an image of ``size_mib`` MiB (or exactly ``size_bytes`` bytes), format 2."""
+        size = f"{int(size_bytes)}B" if size_bytes is not None else f"{int(size_mib or 0)}M"
+        words = ["create", ref.spec, "--size", size]
         for f in features or []:
             words += ["--image-feature", f]
         self.run(words, json_out=False)
