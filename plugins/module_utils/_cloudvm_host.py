@@ -1,0 +1,410 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, ZJUSCT cloud team
+# Apache License 2.0 (see LICENSE)
+"""The single-host backend of the cloudvm modules: store, volumes, network, launchers.
+
+Every module run reconciles: it observes the VM's launcher (:mod:`._supervisor`), derives the
+status with the same pure function the controller uses (:func:`._phase.derive_status`), acts
+(start the requested boot, stop a boot no longer wanted, clean up after an ended one) and writes
+the status to the host store. Runs for the same VM are serialised by a per-VM flock; the spec is
+planned and written inside the store's write transaction, so two concurrent ``vm_start`` runs
+request exactly one boot (case L5) and a new boot never starts while an older launcher still
+holds the VM's lock (case L3).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import time
+from typing import Iterator, Optional
+
+from ansible_collections.zjusct.cloud.plugins.module_utils import _hostnet as net
+from ansible_collections.zjusct.cloud.plugins.module_utils import _supervisor as sup
+from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import HostConfig, load
+from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import (
+    CloudVMError,
+    params_to_spec,
+    plan_power,
+)
+from ansible_collections.zjusct.cloud.plugins.module_utils._phase import BootObservation, derive_status
+from ansible_collections.zjusct.cloud.plugins.module_utils._placement import Node, check, used
+from ansible_collections.zjusct.cloud.plugins.module_utils._spec import (
+    is_dns_label,
+    validate_spec,
+    validate_update,
+)
+from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore, StoreError, now
+from ansible_collections.zjusct.cloud.plugins.module_utils._volume import (
+    VolumeError,
+    check_claim,
+    create_from_image,
+    resolve_image,
+)
+
+LAUNCHER_API = "launcher.cloud.zjusct.io/v1"
+POLL_SECONDS = 1.0
+
+
+def _config(params: dict) -> HostConfig:
+    try:
+        return load(params.get("host_config"))
+    except (OSError, ValueError) as exc:
+        raise CloudVMError(str(exc)) from exc
+
+
+def _paths(cfg: HostConfig, namespace: str, name: str) -> sup.LauncherPaths:
+    return sup.LauncherPaths(cfg.vm_state_dir(namespace, name), cfg.vm_runtime_dir(namespace, name),
+                             cfg.log_dir, f"{namespace}_{name}")
+
+
+@contextlib.contextmanager
+def _vm_lock(cfg: HostConfig, namespace: str, name: str) -> Iterator[None]:
+    """Serialise module runs acting on one VM (a flock next to the store)."""
+    directory = os.path.join(cfg.state_dir, "locks")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    with open(os.path.join(directory, f"{namespace}_{name}.lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _host_node(cfg: HostConfig) -> Node:
+    physical = dict(cfg.physical)
+    if not physical.get("cpu"):
+        physical["cpu"] = os.cpu_count() or 1
+    if not physical.get("memory"):
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            kib = next(int(line.split()[1]) for line in fh if line.startswith("MemTotal:"))
+        physical["memory"] = kib // 1024
+    if not physical.get("disk"):
+        os.makedirs(cfg.volumes_dir, exist_ok=True)
+        st = os.statvfs(cfg.volumes_dir)
+        physical["disk"] = st.f_blocks * st.f_frsize // (1024 * 1024)
+    if not physical.get("bandwidth"):
+        physical["bandwidth"] = cfg.nic_mbps
+    ratios = {"cpu": 4.0, "memory": 1.5, "disk": 2.0, "bandwidth": 1.0}
+    ratios.update(cfg.ratios)
+    return Node(cfg.node, physical, ratios)
+
+
+# --- reconcile ------------------------------------------------------------------------------------
+def _launcher_config(cfg: HostConfig, vm: dict, volume: dict, lease: dict) -> dict:
+    meta, spec = vm["metadata"], vm["spec"]
+    ns, name, boot = meta["namespace"], meta["name"], int(spec["bootID"])
+    paths = _paths(cfg, ns, name)
+    with open(os.path.join(volume["image"], "manifest.json"), encoding="utf-8") as fh:
+        manifest = json.load(fh)
+    prefix = net.prefix_length(cfg.subnet)
+    return {
+        "apiVersion": LAUNCHER_API,
+        "kind": "LauncherConfig",
+        "vm": {"namespace": ns, "name": name, "uid": meta["uid"], "bootID": boot},
+        "machine": {"vcpus": spec["vcpus"], "memoryMiB": spec["memoryMiB"]},
+        "boot": {"kernel": os.path.join(volume["image"], "vmlinuz"),
+                 "initrd": os.path.join(volume["image"], "initrd.img"),
+                 "cmdline": manifest["defaultCmdline"]},
+        "rootDisk": {"path": volume["location"], "cache": "Writeback"},
+        "identity": {"hostname": name, "instanceID": meta["uid"],
+                     "sshAuthorizedKeys": list(spec.get("sshAuthorizedKeys") or [])},
+        "network": {"mode": "tap", "tap": lease["tap"], "createTap": False, "mac": lease["mac"],
+                    "ipv4": f"{lease['ipv4']}/{prefix}", "gateway": net.gateway(cfg.subnet),
+                    "dns": list(cfg.dns) or [net.gateway(cfg.subnet)]},
+        "hypervisor": {"type": cfg.hypervisor, "accel": cfg.accel, "allowTCG": cfg.allow_tcg,
+                       "kvmProbeTimeoutSeconds": 5, "tcgTranslationCacheMiB": cfg.tcg_translation_cache_mib},
+        "readiness": {"host": lease["ipv4"], "port": 22, "timeoutSeconds": cfg.readiness_timeout_seconds},
+        "stopTimeoutSeconds": cfg.stop_timeout_seconds,
+        "runtimeDir": paths.runtime_dir,
+        "serialLogPath": paths.serial_log,
+        "result": {"path": paths.result(boot)},
+        "readyMarkerPath": paths.ready(boot),
+    }
+
+
+def _owner_groups(store: HostStore) -> dict:
+    groups: dict = {}
+    owners = {vm["metadata"]["uid"]: vm["spec"]["owner"] for vm in store.list_vms()}
+    for lease in store.leases():
+        groups.setdefault(owners.get(lease["vm_uid"], "?"), []).append(lease["tap"])
+    return groups
+
+
+def _start_boot(cfg: HostConfig, store: HostStore, vm: dict) -> None:
+    """Place, network, validate and spawn the launcher of ``spec.bootID`` (all or nothing)."""
+    meta, spec = vm["metadata"], vm["spec"]
+    uid, subject = meta["uid"], f"{meta['namespace']}/{meta['name']}"
+    volume = store.get_volume(spec["rootVolumeClaim"])
+    if volume is None:
+        raise CloudVMError(f"spec.rootVolumeClaim: volume {spec['rootVolumeClaim']!r} does not exist")
+    refusal = check_claim(volume, spec["owner"], uid)
+    if refusal:
+        raise CloudVMError(refusal)
+    bandwidth = ((spec.get("network") or {}).get("bandwidth") or {}).get("guaranteedMbps", 0)
+    request = {"cpu": spec["vcpus"], "memory": spec["memoryMiB"], "disk": volume["size_mib"],
+               "bandwidth": bandwidth}
+    node = _host_node(cfg)
+    with store.transaction():
+        others = [a for a in store.allocations(cfg.node) if a["vm_uid"] != uid]
+        verdict = check(node, used(others, cfg.node), request)
+        if not verdict.fits:
+            store.record_event("Warning", subject, "InsufficientCapacity", verdict.message)
+            raise CloudVMError(verdict.message, dimension=verdict.dimension)
+        store.put_allocation({"vm_uid": uid, "node": cfg.node, "vcpus": spec["vcpus"],
+                              "memory_mib": spec["memoryMiB"], "disk_mib": volume["size_mib"],
+                              "bandwidth_mbps": bandwidth})
+        lease = store.lease_for(uid)
+        if lease is None:
+            lease = {"ipv4": net.allocate_ipv4(cfg.subnet, [x["ipv4"] for x in store.leases()]),
+                     "vm_uid": uid, "mac": net.mac_address(uid), "tap": net.tap_name(uid)}
+            store.put_lease(lease)
+        if volume.get("claimed_by") != uid:
+            volume["claimed_by"] = uid
+            store.put_volume(volume)
+    for alert in verdict.alerts:
+        store.record_event("Warning", cfg.node, "WaterLevelHigh",
+                           f"{alert} at {verdict.levels[alert]:.0%} of capacity after placing {subject}")
+    paths = _paths(cfg, meta["namespace"], meta["name"])
+    config = _launcher_config(cfg, vm, volume, lease)
+    boot = int(spec["bootID"])
+    net.ensure_bridge(cfg.netns, cfg.bridge, cfg.subnet)
+    net.ensure_tap(cfg.netns, cfg.bridge, lease["tap"])
+    net.apply_isolation(cfg.netns, _owner_groups(store))
+    sup.write_config(paths, config)
+    env = sup.launcher_env(cfg.launcher_pythonpath)
+    try:
+        sup.check_config(list(cfg.launcher_command), paths.config(boot), env)
+        pid = sup.spawn(paths, boot, list(cfg.launcher_command), env, cfg.netns)
+    except Exception:
+        os.unlink(paths.config(boot))
+        net.remove_tap(cfg.netns, lease["tap"])
+        raise
+    store.record_event("Normal", subject, "Started", f"boot {boot} launcher started (pid {pid}) on {cfg.node}",
+                       {"bootID": boot, "pid": pid})
+
+
+def _cleanup_ended(cfg: HostConfig, store: HostStore, vm: dict) -> None:
+    """After the last launcher exited: remove the TAP and release the allocation (lease and claim stay)."""
+    uid = vm["metadata"]["uid"]
+    lease = store.lease_for(uid)
+    if lease is not None:
+        net.remove_tap(cfg.netns, lease["tap"])
+    with store.transaction() as conn:
+        conn.execute("DELETE FROM allocations WHERE vm_uid = ?", (uid,))
+
+
+def reconcile(cfg: HostConfig, store: HostStore, vm: dict) -> dict:
+    """One pass: act on the difference between spec and what runs, then return the new status.
+
+    Raises:
+        CloudVMError: a requested boot cannot start (capacity, volume claim, launcher check).
+    """
+    meta, spec = vm["metadata"], vm["spec"]
+    ns, name = meta["namespace"], meta["name"]
+    paths = _paths(cfg, ns, name)
+    want, boot = spec["powerState"] == "Running", int(spec["bootID"])
+    live = sup.running_boot(paths)
+    known = sup.boots(paths)
+    latest: Optional[int] = known[-1] if known else None
+    start_error: Optional[CloudVMError] = None
+    if live is not None and (not want or live[0] != boot):
+        marker = os.path.join(paths.state_dir, f"stop-{live[0]}")
+        if not os.path.exists(marker):
+            sup.request_stop(paths)
+            with open(marker, "w", encoding="utf-8") as fh:
+                fh.write(now())
+            store.record_event("Normal", f"{ns}/{name}", "StopRequested", f"stopping boot {live[0]}")
+    elif live is None and want and (latest is None or latest < boot):
+        try:
+            _start_boot(cfg, store, vm)
+            latest = boot
+        except (CloudVMError, VolumeError, net.NetworkError, sup.LauncherError, StoreError) as exc:
+            start_error = exc if isinstance(exc, CloudVMError) else CloudVMError(str(exc))
+    current = sup.observe(paths, latest, cfg.node) if latest is not None else None
+    others: tuple[BootObservation, ...] = ()
+    if current is not None and want and current.boot_id < boot and current.state in ("alive", "starting"):
+        others, current = (current,), None
+    if current is not None and current.state in ("exited", "lost") and sup.running_boot(paths) is None:
+        _cleanup_ended(cfg, store, vm)
+    status = derive_status(spec, current, others).as_dict()
+    if start_error is not None:
+        status.update(phase="Failed" if "dimension" not in start_error.details else "Pending",
+                      reason="Unschedulable" if "dimension" in start_error.details else "StartFailed",
+                      message=str(start_error), bootID=boot)
+    lease = store.lease_for(meta["uid"])
+    if lease is not None:
+        status["sshEndpoint"] = {"host": lease["ipv4"], "port": 22}
+        if cfg.netns:
+            status["sshProxyCommand"] = f"ip netns exec {cfg.netns} nc %h %p"
+    status["observedGeneration"] = meta["generation"]
+    status["conditions"] = [{
+        "type": "Ready", "status": "True" if status["phase"] == "Running" else "False",
+        "reason": status["reason"], "message": status.get("message", ""),
+        "lastTransitionTime": (vm.get("status") or {}).get("conditions", [{}])[0].get("lastTransitionTime")
+        if (vm.get("status") or {}).get("phase") == status["phase"] else now(),
+        "observedGeneration": meta["generation"]}]
+    store.update_vm(ns, name, status=status)
+    if start_error is not None:
+        raise start_error
+    return status
+
+
+# --- module entry points -------------------------------------------------------------------------
+def _result(vm: Optional[dict], changed: bool, before: Optional[dict], diff: bool) -> dict:
+    out: dict = {"changed": changed}
+    if vm is not None:
+        out.update(cloudvm=vm, phase=vm["status"].get("phase"), boot_id=vm["spec"].get("bootID"))
+    if diff:
+        out["diff"] = {"before": before or {}, "after": vm["spec"] if vm else {}}
+    return out
+
+
+def _wait(cfg: HostConfig, store: HostStore, ns: str, name: str, target: str, timeout: int) -> dict:
+    """Reconcile until the VM reaches ``target`` (Running for its current boot, Stopped) or fail."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with _vm_lock(cfg, ns, name):
+            vm = store.get_vm(ns, name)
+            assert vm is not None
+            status = reconcile(cfg, store, vm)
+        boot = int(vm["spec"]["bootID"])
+        same_boot = int(status.get("bootID", -1)) == boot
+        if status["phase"] == target and (target != "Running" or same_boot):
+            return store.get_vm(ns, name) or vm
+        if target == "Running" and same_boot and status["phase"] in ("Failed", "Stopped"):
+            raise CloudVMError(f"boot {boot} of {ns}/{name} ended: phase {status['phase']}, reason"
+                               f" {status['reason']}: {status.get('message', '')}", status=status)
+        if time.monotonic() > deadline:
+            raise CloudVMError(f"timed out after {timeout} s waiting for {ns}/{name} to be {target}: last phase"
+                               f" {status['phase']}, reason {status['reason']}: {status.get('message', '')}",
+                               status=status)
+        time.sleep(POLL_SECONDS)
+
+
+def ensure(params: dict, check_mode: bool = False, diff: bool = False) -> dict:
+    """The cloudvm module on the host backend (see the module's documentation)."""
+    cfg = _config(params)
+    ns, name = params["namespace"], params["name"]
+    for field, value in (("name", name), ("namespace", ns)):
+        if not is_dns_label(value):
+            raise CloudVMError(f"metadata.{field}: {value!r} is not a DNS label")
+    store = HostStore(cfg.store_path)
+    try:
+        if params["state"] == "absent":
+            return _absent(cfg, store, params, check_mode, diff)
+        return _present(cfg, store, params, check_mode, diff)
+    finally:
+        store.close()
+
+
+def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, diff: bool) -> dict:
+    ns, name = params["namespace"], params["name"]
+    restart = bool(params.get("restart"))
+    power = "running" if restart else params.get("power_state")
+    with _vm_lock(cfg, ns, name):
+        existing = store.get_vm(ns, name)
+        before = existing["spec"] if existing else None
+        desired = params_to_spec(params, before)
+        errors = validate_spec(desired) + (validate_update(before, desired) if before else [])
+        if errors:
+            raise CloudVMError("; ".join(errors), errors=errors)
+        volume = store.get_volume(desired["rootVolumeClaim"])
+        image = None
+        if volume is None:
+            try:
+                image = resolve_image(cfg.images_dir, params.get("image") or cfg.default_image)
+            except VolumeError as exc:
+                raise CloudVMError(str(exc)) from exc
+        else:
+            refusal = check_claim(volume, desired["owner"], existing["metadata"]["uid"] if existing else None)
+            if refusal:
+                raise CloudVMError(refusal)
+        status = (existing or {}).get("status") or {}
+        if restart and existing is not None and status.get("phase") not in ("Stopped", "Failed", None):
+            planned = dict(desired, powerState="Stopped")
+        else:
+            planned = plan_power(desired, status, power)
+        labels = dict((existing or {}).get("metadata", {}).get("labels") or {})
+        labels.update(params.get("labels") or {})
+        changed = existing is None or planned != existing["spec"] or \
+            labels != existing["metadata"].get("labels") or restart or volume is None
+        if check_mode:
+            preview = existing or {"metadata": {"namespace": ns, "name": name}, "status": {}}
+            return _result(dict(preview, spec=planned), changed, before, diff)
+        if volume is None:
+            assert image is not None
+            try:
+                created = create_from_image(cfg.volumes_dir, desired["rootVolumeClaim"], image,
+                                            params.get("volume_size_mib"))
+            except VolumeError as exc:
+                raise CloudVMError(str(exc)) from exc
+            store.put_volume({"name": desired["rootVolumeClaim"], "driver": "file", "owner": desired["owner"],
+                              "image": image["dir"], **created})
+            store.record_event("Normal", f"{ns}/{name}", "VolumeCreated",
+                               f"volume {desired['rootVolumeClaim']} from image {os.path.basename(image['dir'])}")
+        if existing is None:
+            vm = store.create_vm(ns, name, planned, labels)
+            store.record_event("Normal", f"{ns}/{name}", "Created", f"CloudVM created for owner {planned['owner']}")
+        elif changed:
+            store.update_vm(ns, name, spec=planned if planned != existing["spec"] else None, labels=labels)
+    wait, timeout = params.get("wait", True), int(params.get("wait_timeout") or 600)
+    if restart:
+        _wait(cfg, store, ns, name, "Stopped", timeout)
+        with _vm_lock(cfg, ns, name):
+            vm = store.get_vm(ns, name)
+            assert vm is not None
+            store.update_vm(ns, name, spec=plan_power(vm["spec"], vm["status"], "running"))
+    vm = store.get_vm(ns, name)
+    assert vm is not None
+    target = {"Running": "Running", "Stopped": "Stopped"}[vm["spec"]["powerState"]]
+    if wait and (power is not None or restart):
+        vm = _wait(cfg, store, ns, name, target, timeout)
+    else:
+        with _vm_lock(cfg, ns, name):
+            reconcile(cfg, store, vm)
+        vm = store.get_vm(ns, name)
+    return _result(vm, changed, before, diff)
+
+
+def _absent(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, diff: bool) -> dict:
+    ns, name = params["namespace"], params["name"]
+    existing = store.get_vm(ns, name)
+    if existing is None:
+        return _result(None, False, None, diff)
+    if check_mode:
+        return _result(None, True, existing["spec"], diff)
+    with _vm_lock(cfg, ns, name):
+        store.update_vm(ns, name, spec=dict(existing["spec"], powerState="Stopped"))
+    _wait(cfg, store, ns, name, "Stopped", int(params.get("wait_timeout") or 600))
+    paths = _paths(cfg, ns, name)
+    with _vm_lock(cfg, ns, name):
+        _cleanup_ended(cfg, store, existing)
+        store.delete_vm(ns, name)
+        if net.netns_exists(cfg.netns):
+            net.apply_isolation(cfg.netns, _owner_groups(store))
+        for directory in (paths.state_dir, paths.runtime_dir):
+            shutil.rmtree(directory, ignore_errors=True)
+        store.record_event("Normal", f"{ns}/{name}", "Deleted",
+                           f"CloudVM deleted; volume {existing['spec']['rootVolumeClaim']} kept")
+    return _result(None, True, existing["spec"], diff)
+
+
+def info(params: dict) -> list[dict]:
+    """The cloudvm_info module on the host backend: records filtered by name/namespace/owner/labels."""
+    cfg = _config(params)
+    if not os.path.exists(cfg.store_path):
+        return []
+    with HostStore(cfg.store_path) as store:
+        items = store.list_vms(params.get("namespace"), params.get("owner"))
+    if params.get("name"):
+        items = [vm for vm in items if vm["metadata"]["name"] == params["name"]]
+    for selector in params.get("label_selectors") or []:
+        key, _, value = selector.partition("!=") if "!=" in selector else selector.partition("=")
+        negate = "!=" in selector
+        items = [vm for vm in items
+                 if (vm["metadata"]["labels"].get(key.strip()) == value.strip()) != negate]
+    return items

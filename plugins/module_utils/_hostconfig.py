@@ -1,0 +1,115 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, ZJUSCT cloud team
+# Apache License 2.0 (see LICENSE)
+"""The single-host backend's configuration (``/etc/zjusct-cloud/host.json``).
+
+Written by the ``zjusct.cloud.hypervisor`` role (site.yml); read by the cloudvm modules, the
+fc_launcher module and the inventory plugin's host source. Every key has a default, so a partial
+file (or none, for tests) works. Paths are absolute; units are stated per key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass, field, fields
+from typing import Optional
+
+DEFAULT_PATH = "/etc/zjusct-cloud/host.json"
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """Host backend settings.
+
+    Attributes:
+        node: this hypervisor's name (default: the host name).
+        store_path: SQLite host store.
+        images_dir: where image sets live (``<images_dir>/<name>-<version>/manifest.json``).
+        default_image: image set name used for new root volumes (newest version wins).
+        volumes_dir: file-backed root volumes (``<volumes_dir>/<volume>.raw``).
+        state_dir: per-VM launcher configs and results (``<state_dir>/vms/<ns>_<name>/``).
+        runtime_dir: per-VM runtime directories (locks, sockets).
+        log_dir: serial console logs.
+        netns: network namespace holding the guests' bridge and TAPs ("" = the host's own).
+        bridge: bridge device for guest TAPs.
+        subnet: guests' IPv4 subnet (CIDR); the first host address is the gateway on the bridge.
+        dns: name servers given to guests.
+        launcher_command: argv prefix that runs the launcher (``... run --config F`` is appended).
+        hypervisor: ``qemu`` or ``firecracker``.
+        accel: ``auto``, ``kvm`` or ``tcg``.
+        allow_tcg: whether QEMU may fall back to TCG when KVM is unusable.
+        stop_timeout_seconds: graceful stop budget before the VMM is killed.
+        readiness_timeout_seconds: how long a boot may take to answer SSH.
+        tcg_translation_cache_mib: QEMU TCG translation cache size (MiB).
+        physical: node capacity for placement: cpu (vCPUs), memory (MiB), disk (MiB),
+            bandwidth (Mbit/s); 0 means "measure this host".
+        ratios: overcommit ratios per dimension (defaults in _placement).
+        nic_mbps: capacity of the guests' uplink (Mbit/s) used by QoS.
+    """
+
+    node: str = field(default_factory=socket.gethostname)
+    store_path: str = "/var/lib/zjusct-cloud/cloud.db"
+    images_dir: str = "/var/lib/zjusct-cloud/images"
+    default_image: str = "debian-bookworm"
+    volumes_dir: str = "/var/lib/zjusct-cloud/volumes"
+    state_dir: str = "/var/lib/zjusct-cloud"
+    runtime_dir: str = "/run/zjusct-cloud"
+    log_dir: str = "/var/log/zjusct-cloud"
+    netns: str = "zjusct-cloud"
+    bridge: str = "zjbr0"
+    subnet: str = "10.200.0.0/24"
+    dns: tuple = ()
+    launcher_command: tuple = ("python3", "-m", "zjusct_launcher")
+    launcher_pythonpath: str = "/usr/local/lib/zjusct-cloud/launcher"
+    hypervisor: str = "qemu"
+    accel: str = "auto"
+    allow_tcg: bool = True
+    stop_timeout_seconds: int = 60
+    readiness_timeout_seconds: int = 600
+    tcg_translation_cache_mib: int = 256
+    physical: dict = field(default_factory=dict)
+    ratios: dict = field(default_factory=dict)
+    nic_mbps: int = 1000
+
+    def vm_state_dir(self, namespace: str, name: str) -> str:
+        """Persistent per-VM directory (launcher configs, results)."""
+        return os.path.join(self.state_dir, "vms", f"{namespace}_{name}")
+
+    def vm_runtime_dir(self, namespace: str, name: str) -> str:
+        """Per-VM runtime directory (launcher lock, QMP socket, config disk)."""
+        return os.path.join(self.runtime_dir, "vms", f"{namespace}_{name}")
+
+
+def load(path: Optional[str] = None) -> HostConfig:
+    """Read the host configuration.
+
+    Args:
+        path: file to read; else ``ZJUSCT_CLOUD_CONFIG``, else :data:`DEFAULT_PATH`. A missing
+            default file yields the defaults; a missing explicit file is an error.
+
+    Raises:
+        ValueError: the file is not JSON or has unknown keys (named in the message).
+        FileNotFoundError: an explicitly named file does not exist.
+    """
+    explicit = path or os.environ.get("ZJUSCT_CLOUD_CONFIG")
+    target = explicit or DEFAULT_PATH
+    if not os.path.exists(target):
+        if explicit:
+            raise FileNotFoundError(f"host_config: {target} does not exist (run site.yml to create it)")
+        return HostConfig()
+    with open(target, encoding="utf-8") as fh:
+        try:
+            data = json.load(fh)
+        except ValueError as exc:
+            raise ValueError(f"host_config: {target} is not valid JSON: {exc}") from exc
+    known = {f.name for f in fields(HostConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"host_config: {target} has unknown keys {', '.join(unknown)};"
+                         f" known: {', '.join(sorted(known))}")
+    for key in ("dns", "launcher_command"):
+        if key in data:
+            data[key] = tuple(data[key])
+    return HostConfig(**data)

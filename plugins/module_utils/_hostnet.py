@@ -1,0 +1,182 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, ZJUSCT cloud team
+# Apache License 2.0 (see LICENSE)
+"""The single-host guest network: a bridge in the cloud's network namespace, one TAP per VM.
+
+Layout (docs/network.md): the namespace ``netns`` (default ``zjusct-cloud``) holds the bridge
+``bridge`` with the subnet's first host address as the guests' gateway; each running VM has a
+TAP ``zjt<10 hex>`` enslaved to it. Guests of different owners cannot reach each other: an
+nftables ``bridge`` table drops frames forwarded between TAPs of different owners. The host
+reaches guests through the namespace (``ip netns exec <netns> ...``; the inventory uses it as an
+SSH ProxyCommand).
+
+Pure helpers (:func:`tap_name`, :func:`mac_address`, :func:`allocate_ipv4`,
+:func:`isolation_ruleset`) decide; the rest run ``ip``/``nft`` with argument lists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from typing import Iterable, Optional
+
+from netaddr import IPNetwork
+
+TAP_PREFIX = "zjt"
+NFT_TABLE = "zjusct_isolation"
+
+
+class NetworkError(Exception):
+    """A network step failed; the message names the command and its error."""
+
+
+def tap_name(vm_uid: str) -> str:
+    """Stable TAP name for a VM: ``zjt`` + 10 hex digits of sha256(uid) (IFNAMSIZ is 16)."""
+    return TAP_PREFIX + hashlib.sha256(vm_uid.encode()).hexdigest()[:10]
+
+
+def mac_address(vm_uid: str) -> str:
+    """Stable, locally administered unicast MAC for a VM (``02:`` + 5 bytes of sha256(uid))."""
+    digest = hashlib.sha256(b"mac:" + vm_uid.encode()).digest()
+    return "02:" + ":".join(f"{b:02x}" for b in digest[:5])
+
+
+def gateway(subnet: str) -> str:
+    """The subnet's first host address, used by the bridge (``10.200.0.1`` for 10.200.0.0/24)."""
+    return str(IPNetwork(subnet)[1])
+
+
+def prefix_length(subnet: str) -> int:
+    """The subnet's prefix length (24 for 10.200.0.0/24)."""
+    return int(IPNetwork(subnet).prefixlen)
+
+
+def allocate_ipv4(subnet: str, used: Iterable[str]) -> str:
+    """The lowest free host address of ``subnet`` after the gateway.
+
+    Raises:
+        NetworkError: the subnet has no free address left.
+    """
+    net = IPNetwork(subnet)
+    taken = set(used) | {gateway(subnet)}
+    for ip in net.iter_hosts():
+        if str(ip) not in taken:
+            return str(ip)
+    raise NetworkError(f"subnet: {subnet} has no free address left ({len(taken)} in use)")
+
+
+def isolation_ruleset(groups: dict) -> str:
+    """nft script replacing the isolation table: frames between TAPs of different owners are dropped.
+
+    Args:
+        groups: owner -> list of that owner's TAP names.
+    """
+    lines = [f"table bridge {NFT_TABLE} {{", "  chain forward {",
+             "    type filter hook forward priority 0; policy accept;"]
+    all_taps = sorted(t for taps in groups.values() for t in taps)
+    for owner in sorted(groups):
+        mine = sorted(groups[owner])
+        others = [t for t in all_taps if t not in mine]
+        if not others:
+            continue
+        for tap in mine:
+            lines.append(f'    iifname "{tap}" oifname {{ {", ".join(others)} }} drop')
+    lines += ["  }", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def _run(argv: list[str], stdin: Optional[str] = None, check: bool = True) -> subprocess.CompletedProcess:
+    try:
+        proc = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise NetworkError(f"{' '.join(argv)}: {exc}") from exc
+    if check and proc.returncode != 0:
+        raise NetworkError(f"{' '.join(argv)}: {proc.stderr.strip()}")
+    return proc
+
+
+def _ip(netns: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return _run(["ip", *(["-n", netns] if netns else []), *args], check=check)
+
+
+def link_exists(netns: str, dev: str) -> bool:
+    """Whether device ``dev`` exists in ``netns``."""
+    return _ip(netns, "link", "show", "dev", dev, check=False).returncode == 0
+
+
+def netns_exists(netns: str) -> bool:
+    """Whether the named network namespace exists (the host's own namespace always does)."""
+    if not netns:
+        return True
+    return netns in _run(["ip", "netns", "list"]).stdout.split()
+
+
+def ensure_bridge(netns: str, bridge: str, subnet: str) -> bool:
+    """Create the namespace, its bridge with the gateway address, and enable forwarding.
+
+    Returns whether anything changed.
+    """
+    changed = False
+    if netns and not netns_exists(netns):
+        _run(["ip", "netns", "add", netns])
+        _ip(netns, "link", "set", "lo", "up")
+        changed = True
+    if not link_exists(netns, bridge):
+        _ip(netns, "link", "add", bridge, "type", "bridge")
+        changed = True
+    address = f"{gateway(subnet)}/{prefix_length(subnet)}"
+    if address not in _ip(netns, "-o", "addr", "show", "dev", bridge).stdout:
+        _ip(netns, "addr", "add", address, "dev", bridge)
+        changed = True
+    if "state UP" not in _ip(netns, "link", "show", "dev", bridge).stdout and \
+            ",UP" not in _ip(netns, "link", "show", "dev", bridge).stdout:
+        _ip(netns, "link", "set", bridge, "up")
+        changed = True
+    exec_prefix = ["ip", "netns", "exec", netns] if netns else []
+    forwarding = _run([*exec_prefix, "cat", "/proc/sys/net/ipv4/ip_forward"]).stdout.strip()
+    if forwarding != "1":
+        _run([*exec_prefix, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])
+        changed = True
+    return changed
+
+
+def ensure_tap(netns: str, bridge: str, tap: str) -> bool:
+    """Create TAP ``tap`` (if missing), enslave it to ``bridge`` and bring it up."""
+    if link_exists(netns, tap):
+        _ip(netns, "link", "set", tap, "master", bridge, "up")
+        return False
+    _ip(netns, "tuntap", "add", "dev", tap, "mode", "tap")
+    try:
+        _ip(netns, "link", "set", tap, "master", bridge, "up")
+    except NetworkError:
+        _ip(netns, "link", "del", tap, check=False)
+        raise
+    return True
+
+
+def remove_tap(netns: str, tap: str) -> bool:
+    """Delete TAP ``tap`` if it exists; returns whether it existed."""
+    if not link_exists(netns, tap):
+        return False
+    _ip(netns, "link", "del", tap)
+    return True
+
+
+def list_taps(netns: str) -> list[str]:
+    """Our TAP devices (``zjt*``) in ``netns``."""
+    out = _ip(netns, "-o", "link", "show", check=False).stdout
+    names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
+    return sorted(n for n in names if n.startswith(TAP_PREFIX))
+
+
+def apply_isolation(netns: str, groups: dict) -> None:
+    """Replace the isolation table in ``netns`` with :func:`isolation_ruleset` of ``groups``."""
+    exec_prefix = ["ip", "netns", "exec", netns] if netns else []
+    script = f"table bridge {NFT_TABLE}\ndelete table bridge {NFT_TABLE}\n" + isolation_ruleset(groups)
+    _run([*exec_prefix, "nft", "-f", "-"], stdin=script)
+
+
+def remove_netns(netns: str) -> None:
+    """Delete the namespace (and with it the bridge, TAPs and tables). Used by teardown."""
+    if netns and netns_exists(netns):
+        _run(["ip", "netns", "del", netns])

@@ -1,0 +1,265 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, ZJUSCT cloud team
+# Apache License 2.0 (see LICENSE)
+"""Run and observe launcher instances on a host (the effects behind ``zjusct.cloud.fc_launcher``).
+
+One launcher instance is one boot of one VM (docs/launcher-protocol.md). Files per VM:
+
+* ``<state>/boot-<N>.json``      the LauncherConfig of boot N (written before the launcher starts)
+* ``<state>/spawned-<N>``        written when boot N's launcher was spawned (time, pid)
+* ``<state>/ready-<N>``          the launcher's ready marker (SSH banner seen)
+* ``<state>/result-<N>.json``    the LauncherResult of boot N (written by the launcher on exit)
+* ``<runtime>/launcher.lock``    held (flock) by the launcher and inherited by its VMM for life
+
+Liveness is the lock, read from ``/proc/locks`` without taking it, so observing never races a
+launcher that is starting and a recycled pid can never look alive (cases L2, L5). Where systemd
+is PID 1 the launcher runs as a transient unit (``systemd-run``); elsewhere as a detached session
+leader with its output in ``<log_dir>``. Both leave the same files, so observation is the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from ansible_collections.zjusct.cloud.plugins.module_utils._phase import BootObservation
+
+SPAWN_GRACE_SECONDS = 20.0
+_BOOT_FILE = re.compile(r"^boot-(\d+)\.json$")
+
+
+class LauncherError(Exception):
+    """A launcher could not be validated, started or stopped."""
+
+
+@dataclass(frozen=True)
+class LauncherPaths:
+    """Where one VM's launcher files live."""
+
+    state_dir: str
+    runtime_dir: str
+    log_dir: str
+    name: str  # "<namespace>_<name>", used for log file and unit names
+
+    def config(self, boot_id: int) -> str:
+        return os.path.join(self.state_dir, f"boot-{boot_id}.json")
+
+    def spawned(self, boot_id: int) -> str:
+        return os.path.join(self.state_dir, f"spawned-{boot_id}")
+
+    def ready(self, boot_id: int) -> str:
+        return os.path.join(self.state_dir, f"ready-{boot_id}")
+
+    def result(self, boot_id: int) -> str:
+        return os.path.join(self.state_dir, f"result-{boot_id}.json")
+
+    @property
+    def lock(self) -> str:
+        return os.path.join(self.runtime_dir, "launcher.lock")
+
+    @property
+    def log(self) -> str:
+        return os.path.join(self.log_dir, f"{self.name}.launcher.log")
+
+    @property
+    def serial_log(self) -> str:
+        return os.path.join(self.log_dir, f"{self.name}.serial.log")
+
+
+def lock_holder(path: str) -> Optional[int]:
+    """The pid holding a flock on ``path`` according to ``/proc/locks``, else None.
+
+    Reads the kernel's lock table (proc(5), "/proc/locks") by device and inode, so it never takes
+    the lock itself.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    with open("/proc/locks", encoding="ascii") as fh:
+        for line in fh:
+            parts = line.split()
+            # "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF" ("->" marks blocked waiters)
+            if "->" in parts:
+                continue
+            if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5].lower() == ident:
+                return int(parts[4])
+    return None
+
+
+def _cmdline_boot(pid: int) -> Optional[int]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            args = fh.read().split(b"\0")
+    except OSError:
+        return None
+    for arg in args:
+        m = re.search(rb"boot-(\d+)\.json$", arg)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def boots(paths: LauncherPaths) -> list[int]:
+    """Boot ids that have a config on disk, ascending."""
+    try:
+        names = os.listdir(paths.state_dir)
+    except FileNotFoundError:
+        return []
+    return sorted(int(m.group(1)) for m in map(_BOOT_FILE.match, names) if m)
+
+
+def _read_json(path: str) -> Optional[dict]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def running_boot(paths: LauncherPaths) -> Optional[tuple[int, int]]:
+    """``(boot_id, pid)`` of the launcher alive for this VM, if any."""
+    pid = lock_holder(paths.lock)
+    if pid is None:
+        return None
+    boot = _cmdline_boot(pid)
+    return (boot if boot is not None else -1, pid)
+
+
+def observe(paths: LauncherPaths, boot_id: int, node: Optional[str] = None) -> BootObservation:
+    """What is there of boot ``boot_id``: alive, starting, exited (with its result) or lost."""
+    spawned = _read_json(paths.spawned(boot_id)) or {}
+    started_at = spawned.get("startedAt")
+    result = _read_json(paths.result(boot_id))
+    ready_at = (_read_json(paths.ready(boot_id)) or {}).get("readyAt") or (result or {}).get("readyAt")
+    if ready_at is None and os.path.exists(paths.ready(boot_id)):
+        ready_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(os.path.getmtime(paths.ready(boot_id))))
+    live = running_boot(paths)
+    if live is not None and live[0] == boot_id:
+        return BootObservation(boot_id, "alive", ready_at=ready_at, started_at=started_at, node=node)
+    if result is not None:
+        return BootObservation(boot_id, "exited", ready_at=ready_at, started_at=started_at, result=result,
+                               node=node)
+    if spawned and time.time() - float(spawned.get("time", 0)) < SPAWN_GRACE_SECONDS and live is None:
+        return BootObservation(boot_id, "starting", started_at=started_at, node=node)
+    if not spawned:
+        return BootObservation(boot_id, "starting", node=node, detail="configured, not spawned yet")
+    return BootObservation(boot_id, "lost", started_at=started_at, node=node,
+                           detail=f"the launcher of boot {boot_id} (pid {spawned.get('pid')}) is gone and left"
+                                  " no result (killed or crashed)")
+
+
+def write_config(paths: LauncherPaths, config: dict) -> bool:
+    """Write boot N's LauncherConfig (atomically); returns whether the file changed."""
+    os.makedirs(paths.state_dir, mode=0o700, exist_ok=True)
+    target = paths.config(int(config["vm"]["bootID"]))
+    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    try:
+        with open(target, encoding="utf-8") as fh:
+            if fh.read() == text:
+                return False
+    except FileNotFoundError:
+        pass
+    tmp = target + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, target)
+    return True
+
+
+def launcher_env(pythonpath: Optional[str]) -> dict:
+    """Environment for launcher processes (PATH plus the launcher package on PYTHONPATH)."""
+    env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), "LC_ALL": "C.UTF-8"}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    return env
+
+
+def check_config(command: list[str], config_path: str, env: dict, timeout: float = 60) -> None:
+    """Run ``<launcher> check --config FILE``; raise :class:`LauncherError` with every problem listed."""
+    try:
+        proc = subprocess.run([*command, "check", "--config", config_path], env=env, capture_output=True,
+                              text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise LauncherError(f"launcher check could not run: {exc}") from exc
+    if proc.returncode != 0:
+        raise LauncherError(f"launcher config {config_path} rejected: {(proc.stdout + proc.stderr).strip()}")
+
+
+def systemd_is_init() -> bool:
+    """True when systemd is PID 1 (sd_booted(3): /run/systemd/system exists)."""
+    return os.path.isdir("/run/systemd/system")
+
+
+def spawn(paths: LauncherPaths, boot_id: int, command: list[str], env: dict, netns: str = "") -> int:
+    """Start boot ``boot_id``'s launcher detached; returns its pid (0 under systemd).
+
+    The argv is ``[ip netns exec <netns>] <command> run --config <boot-N.json>``: the launcher,
+    its readiness probe and the VMM all live in the cloud's network namespace.
+    """
+    os.makedirs(paths.log_dir, mode=0o750, exist_ok=True)
+    argv = [*command, "run", "--config", paths.config(boot_id)]
+    if netns:
+        argv = ["ip", "netns", "exec", netns, *argv]
+    if systemd_is_init():
+        unit = f"zjusct-launcher-{paths.name}-{boot_id}"
+        sd = ["systemd-run", f"--unit={unit}", "--collect", "--property=KillMode=mixed",
+              "--property=TimeoutStopSec=infinity", *[f"--setenv={k}={v}" for k, v in env.items()], *argv]
+        subprocess.run(sd, check=True, capture_output=True, timeout=30)
+        pid = 0
+    else:
+        with open(paths.log, "ab") as log, open(os.devnull, "rb") as devnull:
+            proc = subprocess.Popen(argv, stdin=devnull, stdout=log, stderr=log, env=env, close_fds=True,
+                                    start_new_session=True, cwd="/")
+        pid = proc.pid
+    record = {"pid": pid, "time": time.time(), "startedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    with open(paths.spawned(boot_id), "w", encoding="utf-8") as fh:
+        json.dump(record, fh)
+    return pid
+
+
+def request_stop(paths: LauncherPaths) -> bool:
+    """Send SIGTERM to the live launcher (graceful guest shutdown, then kill after its stop timeout).
+
+    Returns True when a launcher was signalled.
+    """
+    live = running_boot(paths)
+    if live is None:
+        return False
+    try:
+        os.kill(live[1], signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def wait_gone(paths: LauncherPaths, timeout: float) -> bool:
+    """Wait until no launcher (nor its VMM) holds the VM's lock; True when gone within ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while lock_holder(paths.lock) is not None:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def kill(paths: LauncherPaths) -> None:
+    """SIGKILL whatever holds the VM's lock (last resort after a stop timeout)."""
+    pid = lock_holder(paths.lock)
+    if pid is not None:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

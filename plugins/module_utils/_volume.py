@@ -1,0 +1,128 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, ZJUSCT cloud team
+# Apache License 2.0 (see LICENSE)
+"""File-backed root volumes of the single-host backend, and image-set lookup.
+
+A volume is a sparse raw file ``<volumes_dir>/<name>.raw``: a copy (reflink where the file system
+can, else ``cp --sparse=always``) of an image set's ``rootfs.raw``, never the image itself. Its
+ownership marks (owner, claimed-by = CloudVM uid) live in the host store (ARCHITECTURE §5): a
+volume belongs to one owner and is claimed by at most one CloudVM; deleting a CloudVM keeps the
+volume and its claim.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import Optional
+
+
+class VolumeError(Exception):
+    """A volume or image request is invalid or failed (the message names the field)."""
+
+
+def list_images(images_dir: str) -> list[dict]:
+    """Complete image sets under ``images_dir`` (those with a manifest), each manifest + ``dir``."""
+    out: list[dict] = []
+    try:
+        names = sorted(os.listdir(images_dir))
+    except FileNotFoundError:
+        return out
+    for name in names:
+        manifest = os.path.join(images_dir, name, "manifest.json")
+        try:
+            with open(manifest, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        data["dir"] = os.path.join(images_dir, name)
+        out.append(data)
+    return out
+
+
+def resolve_image(images_dir: str, image: str) -> dict:
+    """Find an image set by name (newest build wins), full ``name-version`` directory name, or path.
+
+    Returns:
+        The image set's manifest with ``dir`` added.
+
+    Raises:
+        VolumeError: no complete image set matches, naming the ones available.
+    """
+    if os.path.isabs(image):
+        found = [m for m in list_images(os.path.dirname(image.rstrip("/")))
+                 if m["dir"] == image.rstrip("/")]
+    else:
+        sets = list_images(images_dir)
+        found = [m for m in sets if os.path.basename(m["dir"]) == image] or \
+            sorted((m for m in sets if m.get("name") == image), key=lambda m: m.get("builtAt", ""))
+    if not found:
+        available = ", ".join(os.path.basename(m["dir"]) for m in list_images(images_dir)) or "none"
+        raise VolumeError(f"image: {image!r} is not a built image set in {images_dir} (available: {available};"
+                          " build one with playbooks/guest_image.yml)")
+    return found[-1]
+
+
+def volume_path(volumes_dir: str, name: str) -> str:
+    """Path of volume ``name``'s file."""
+    return os.path.join(volumes_dir, f"{name}.raw")
+
+
+def create_from_image(volumes_dir: str, name: str, image: dict, size_mib: Optional[int]) -> dict:
+    """Copy an image set's rootfs into a new volume file, grown to ``size_mib`` MiB if given.
+
+    The copy is made under a temporary name and renamed at the end, so an interrupted create
+    leaves no volume behind.
+
+    Returns:
+        ``{"location": path, "size_mib": int}``.
+
+    Raises:
+        VolumeError: the file exists, the size is smaller than the image, or a tool failed.
+    """
+    os.makedirs(volumes_dir, mode=0o700, exist_ok=True)
+    target = volume_path(volumes_dir, name)
+    if os.path.exists(target):
+        raise VolumeError(f"root_volume_claim: a volume file {target} already exists but is not in the host store")
+    source = os.path.join(image["dir"], "rootfs.raw")
+    image_mib = os.path.getsize(source) // (1024 * 1024)
+    if size_mib is not None and size_mib < image_mib:
+        raise VolumeError(f"volume_size_mib: {size_mib} is below the image's size {image_mib}")
+    tmp = target + ".creating"
+    try:
+        _run(["cp", "--sparse=always", "--reflink=auto", source, tmp])
+        os.chmod(tmp, 0o600)
+        if size_mib is not None and size_mib > image_mib:
+            os.truncate(tmp, size_mib * 1024 * 1024)
+            _run(["e2fsck", "-f", "-y", "-p", tmp], ok=(0, 1))
+            _run(["resize2fs", tmp])
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return {"location": target, "size_mib": os.path.getsize(target) // (1024 * 1024)}
+
+
+def _run(argv: list[str], ok: tuple = (0,)) -> None:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise VolumeError(f"{' '.join(argv)}: {exc}") from exc
+    if proc.returncode not in ok:
+        raise VolumeError(f"{' '.join(argv)}: {proc.stderr.strip() or proc.stdout.strip()}")
+
+
+def check_claim(volume: dict, owner: str, vm_uid: Optional[str]) -> Optional[str]:
+    """Why ``vm_uid`` (owned by ``owner``) may not use ``volume``, or None when it may.
+
+    Rules: the volume's owner must be the VM's owner; a claim by another CloudVM uid refuses.
+    """
+    if volume["owner"] != owner:
+        return (f"rootVolumeClaim: volume {volume['name']!r} belongs to owner {volume['owner']!r},"
+                f" not {owner!r}")
+    if volume.get("claimed_by") and vm_uid is not None and volume["claimed_by"] != vm_uid:
+        return (f"rootVolumeClaim: volume {volume['name']!r} is claimed by CloudVM uid {volume['claimed_by']};"
+                " release that claim first (docs/runbooks.md)")
+    return None
