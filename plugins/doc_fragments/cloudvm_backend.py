@@ -12,7 +12,7 @@ options:
   backend:
     description:
       - Where CloudVMs live.
-      - V(host) is the single-host cloud (the embedded default): a SQLite host store, launchers run as
+      - V(host) is the single-host cloud (the embedded default) with a SQLite host store, launchers run as
         supervised processes (or systemd services), file-backed root volumes, a bridge in the cloud's
         network namespace. Configured by O(host_config), which C(site.yml) writes.
       - V(kubernetes) uses CloudVM custom resources through the Kubernetes API with the connection options
@@ -22,7 +22,7 @@ options:
     choices: [host, kubernetes]
   host_config:
     description:
-      - Path of the host backend's configuration (JSON written by the C(zjusct.cloud.hypervisor) role):
+      - Path of the host backend's configuration (JSON written by the C(zjusct.cloud.hypervisor) role) with the
         store path, images directory, network namespace, bridge, subnet, runtime and log directories.
       - Falls back to E(ZJUSCT_CLOUD_CONFIG), then C(/etc/zjusct-cloud/host.json).
       - Only used when O(backend=host).

@@ -388,16 +388,22 @@ def _absent(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, d
             net.apply_isolation(cfg.netns, _owner_groups(store))
         for directory in (paths.state_dir, paths.runtime_dir):
             shutil.rmtree(directory, ignore_errors=True)
-        store.record_event("Normal", f"{ns}/{name}", "Deleted",
-                           f"CloudVM deleted; volume {existing['spec']['rootVolumeClaim']} kept")
+        claim = existing["spec"]["rootVolumeClaim"]
+        volume = store.get_volume(claim)
+        if params.get("delete_volume") and volume is not None:
+            if volume["driver"] == "file" and os.path.exists(volume["location"]):
+                os.unlink(volume["location"])
+            store.delete_volume(claim)
+            kept = "deleted"
+        else:
+            kept = "kept"
+        store.record_event("Normal", f"{ns}/{name}", "Deleted", f"CloudVM deleted; volume {claim} {kept}")
     return _result(None, True, existing["spec"], diff)
 
 
 def info(params: dict) -> list[dict]:
     """The cloudvm_info module on the host backend: records filtered by name/namespace/owner/labels."""
     cfg = _config(params)
-    if not os.path.exists(cfg.store_path):
-        return []
     with HostStore(cfg.store_path) as store:
         items = store.list_vms(params.get("namespace"), params.get("owner"))
     if params.get("name"):

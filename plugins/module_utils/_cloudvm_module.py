@@ -57,6 +57,7 @@ def cloudvm_argument_spec() -> dict:
         node_selector={"type": "dict"},
         image={"type": "str"},
         volume_size_mib={"type": "int"},
+        delete_volume={"type": "bool", "default": False},
         wait={"type": "bool", "default": True},
         wait_timeout={"type": "int", "default": 600},
     )

@@ -106,6 +106,12 @@ options:
   volume_size_mib:
     description: Host backend only. Size in MiB of a newly created root volume (at least the image's size).
     type: int
+  delete_volume:
+    description:
+      - Host backend only, with O(state=absent). Also delete the root volume (file and record) once the VM is
+        stopped and deleted. Without it the volume and its ownership mark are kept.
+    type: bool
+    default: false
   wait:
     description: Wait until the target phase (Running with SSH ready, Stopped, or deleted) is reached.
     type: bool

@@ -1,0 +1,47 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, ZJUSCT cloud team
+# Apache License 2.0 (see LICENSE)
+"""The ``zjusct.cloud.host_network`` module's logic: namespace, bridge, orphan TAP sweep."""
+
+from __future__ import annotations
+
+import os
+
+from ansible_collections.zjusct.cloud.plugins.module_utils import _hostnet as net
+from ansible_collections.zjusct.cloud.plugins.module_utils import _supervisor as sup
+from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import HostConfig, load
+from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore
+
+
+def live_taps(cfg: HostConfig) -> set[str]:
+    """TAP names of VMs whose launcher is alive (from the host store's leases and the launcher locks)."""
+    if not os.path.exists(cfg.store_path):
+        return set()
+    keep = set()
+    with HostStore(cfg.store_path) as store:
+        leases = {lease["vm_uid"]: lease["tap"] for lease in store.leases()}
+        for vm in store.list_vms():
+            meta = vm["metadata"]
+            paths = sup.LauncherPaths(cfg.vm_state_dir(meta["namespace"], meta["name"]),
+                                      cfg.vm_runtime_dir(meta["namespace"], meta["name"]), cfg.log_dir, "")
+            if meta["uid"] in leases and sup.running_boot(paths) is not None:
+                keep.add(leases[meta["uid"]])
+    return keep
+
+
+def run_module(params: dict, check_mode: bool) -> dict:
+    """Ensure the bridge; sweep orphaned TAPs. Returns ``changed`` and ``removed_taps``."""
+    cfg = load(params.get("host_config"))
+    changed = False
+    if check_mode:
+        changed = not net.netns_exists(cfg.netns) or not net.link_exists(cfg.netns, cfg.bridge)
+    else:
+        changed = net.ensure_bridge(cfg.netns, cfg.bridge, cfg.subnet)
+    removed: list[str] = []
+    if params.get("sweep") and net.netns_exists(cfg.netns):
+        keep = live_taps(cfg)
+        removed = [t for t in net.list_taps(cfg.netns) if t not in keep]
+        if not check_mode:
+            for tap in removed:
+                net.remove_tap(cfg.netns, tap)
+    return {"changed": changed or bool(removed), "removed_taps": removed}

@@ -1,0 +1,68 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, ZJUSCT cloud team
+# Apache License 2.0 (see LICENSE)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: host_network
+short_description: Prepare the single-host guest network and sweep leftover TAP devices
+version_added: 0.1.0
+author: ZJUSCT cloud team (@zjusct)
+description:
+  - Creates the cloud's network namespace, its bridge with the guests' gateway address and IPv4 forwarding, as
+    configured in the host configuration (C(netns), C(bridge), C(subnet); see docs/network.md).
+  - With O(sweep=true) removes the collection's TAP devices (C(zjt*)) that belong to no live launcher, left by
+    a crash or an interrupted start (case L6), and re-applies the owner isolation rules.
+  - Idempotent; reports C(changed) only when it created or removed something.
+options:
+  host_config:
+    description: Host backend configuration file written by the C(zjusct.cloud.hypervisor) role.
+    type: path
+  sweep:
+    description: Remove orphaned TAP devices and re-apply the isolation table.
+    type: bool
+    default: true
+attributes:
+  check_mode:
+    support: full
+    description: Reports what it would create or remove.
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Bridge, namespace and forwarding for guests; remove orphaned TAPs
+  zjusct.cloud.host_network:
+    host_config: /etc/zjusct-cloud/host.json
+"""
+
+RETURN = r"""
+removed_taps:
+  description: Orphaned TAP devices removed (or that would be, in check mode).
+  returned: always
+  type: list
+  elements: str
+  sample: [zjt0a1b2c3d4e]
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.zjusct.cloud.plugins.module_utils._host_network_module import run_module
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={"host_config": {"type": "path"}, "sweep": {"type": "bool", "default": True}},
+        supports_check_mode=True,
+    )
+    try:
+        result = run_module(module.params, module.check_mode)
+    except Exception as exc:  # every failure is reported with its message
+        module.fail_json(msg=str(exc))
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
