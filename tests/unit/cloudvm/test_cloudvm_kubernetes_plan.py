@@ -1,0 +1,350 @@
+"""The Kubernetes backend's decisions over an in-memory fake of kube-apiserver.
+
+The fake keeps resourceVersion/generation like the API server, refuses stale writes with a 409
+and applies the same rules as the CRD (through ``_spec``), so the retry, idempotency and wait
+logic can be proved exhaustively here; tests/integration/cloudvm_k8s/ proves the same against the
+real API server.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from typing import Any, Optional
+
+import pytest
+from ansible_collections.zjusct.cloud.plugins.module_utils import _cloudvm_kubernetes as k8s
+from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import CloudVMError
+from ansible_collections.zjusct.cloud.plugins.module_utils._spec import validate_spec, validate_update, with_defaults
+
+
+class FakeApi:
+    """A CloudVM store with optimistic concurrency, defaults and validation like the real server."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str], dict] = {}
+        self.rv = 0
+        self.writes = 0
+        self.before_write: Optional[Callable[[], None]] = None  # runs between a GET and the next write
+
+    def _next_rv(self) -> str:
+        self.rv += 1
+        return str(self.rv)
+
+    def get(self, namespace: str, name: str) -> Optional[dict]:
+        obj = self.objects.get((namespace, name))
+        return copy.deepcopy(obj) if obj else None
+
+    def _check(self, spec: dict, old: Optional[dict]) -> dict:
+        spec = with_defaults(spec)
+        errors = validate_spec(spec) + (validate_update(old, spec) if old else [])
+        if errors:
+            raise CloudVMError("invalid: " + "; ".join(errors), api_status=422, api_reason="Invalid")
+        return spec
+
+    def _hook(self) -> None:
+        if self.before_write is not None:
+            hook, self.before_write = self.before_write, None
+            hook()
+
+    def create(self, body: dict, dry_run: bool) -> dict:
+        self._hook()
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        if key in self.objects:
+            raise k8s.Conflict("AlreadyExists")
+        obj = copy.deepcopy(body)
+        obj["spec"] = self._check(obj["spec"], None)
+        obj["metadata"].update(resourceVersion=self._next_rv(), generation=1, uid="u-1")
+        if not dry_run:
+            self.objects[key] = obj
+            self.writes += 1
+        return copy.deepcopy(obj)
+
+    def replace(self, body: dict, dry_run: bool) -> dict:
+        self._hook()
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        cur = self.objects.get(key)
+        if cur is None:
+            raise CloudVMError("not found", api_status=404, api_reason="NotFound")
+        if body["metadata"].get("resourceVersion") != cur["metadata"]["resourceVersion"]:
+            raise k8s.Conflict("Conflict")
+        new = copy.deepcopy(cur)
+        new["spec"] = self._check(body["spec"], cur["spec"])
+        new["metadata"]["labels"] = dict(body["metadata"].get("labels") or {})
+        if new == cur:
+            return copy.deepcopy(cur)
+        if new["spec"] != cur["spec"]:
+            new["metadata"]["generation"] += 1
+        new["metadata"]["resourceVersion"] = self._next_rv()
+        if not dry_run:
+            self.objects[key] = new
+            self.writes += 1
+        return copy.deepcopy(new)
+
+    def delete(self, namespace: str, name: str, dry_run: bool) -> None:
+        if not dry_run:
+            self.objects.pop((namespace, name), None)
+
+    def list(self, namespace: Optional[str], label_selector: str, field_selector: str) -> list[dict]:
+        out = []
+        for (ns, _), obj in self.objects.items():
+            if namespace and ns != namespace:
+                continue
+            fields = dict(f.split("=", 1) for f in field_selector.split(",") if f)
+            if "spec.owner" in fields and obj["spec"]["owner"] != fields["spec.owner"]:
+                continue
+            if "metadata.name" in fields and obj["metadata"]["name"] != fields["metadata.name"]:
+                continue
+            out.append(copy.deepcopy(obj))
+        return out
+
+    # what the controller does -------------------------------------------------------------
+    def set_status(self, namespace: str, name: str, **status: Any) -> None:
+        obj = self.objects[(namespace, name)]
+        status.setdefault("observedGeneration", obj["metadata"]["generation"])
+        obj["status"] = status
+        obj["metadata"]["resourceVersion"] = self._next_rv()
+
+
+class Clock:
+    """Fake time: sleep advances it and gives a controller stand-in a chance to act."""
+
+    def __init__(self, on_sleep: Optional[Callable[[], None]] = None) -> None:
+        self.now = 0.0
+        self.on_sleep = on_sleep
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        if self.on_sleep:
+            self.on_sleep()
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def params(**kw: Any) -> dict:
+    base = {"state": "present", "name": "vm1", "namespace": "ns", "owner": "alice", "root_volume_claim": None,
+            "vcpus": None, "memory_mib": None, "power_state": None, "restart": False, "ssh_authorized_keys": None,
+            "bandwidth": None, "labels": None, "node_selector": None, "image": None, "volume_size_mib": None,
+            "wait": False, "wait_timeout": 30}
+    base.update(kw)
+    return base
+
+
+def obedient_controller(api: FakeApi, ns: str = "ns", name: str = "vm1") -> Callable[[], None]:
+    """Reach what the spec asks for at once (a controller whose VMs boot instantly)."""
+
+    def act() -> None:
+        obj = api.objects.get((ns, name))
+        if obj is None:
+            return
+        spec = obj["spec"]
+        if spec["powerState"] == "Running":
+            api.set_status(ns, name, phase="Running", reason="SSHReady", bootID=spec["bootID"])
+        else:
+            api.set_status(ns, name, phase="Stopped", reason="StopRequested",
+                           bootID=(obj.get("status") or {}).get("bootID", spec["bootID"]))
+
+    return act
+
+
+def backend(api: FakeApi, clock: Optional[Clock] = None) -> k8s.Backend:
+    clock = clock or Clock()
+    return k8s.Backend(api, sleep=clock.sleep, monotonic=clock.monotonic)
+
+
+def test_create_fills_defaults_and_second_run_changes_nothing() -> None:
+    api = FakeApi()
+    first = backend(api).ensure(params(), check_mode=False, diff=False)
+    assert first["changed"] is True
+    assert first["cloudvm"]["spec"] == {"owner": "alice", "rootVolumeClaim": "vm1-root", "vcpus": 1,
+                                        "memoryMiB": 512, "powerState": "Stopped", "bootID": 0}
+    second = backend(api).ensure(params(), check_mode=False, diff=False)
+    assert second["changed"] is False
+    assert api.writes == 1
+
+
+def test_check_mode_predicts_create_and_stores_nothing() -> None:
+    api = FakeApi()
+    result = backend(api).ensure(params(power_state="running", wait=True), check_mode=True, diff=True)
+    assert result["changed"] is True
+    assert result["diff"]["before"] == {}
+    assert result["diff"]["after"]["bootID"] == 1
+    assert api.objects == {}
+
+
+def test_diff_shows_spec_before_and_after() -> None:
+    api = FakeApi()
+    backend(api).ensure(params(), check_mode=False, diff=False)
+    result = backend(api).ensure(params(vcpus=2), check_mode=False, diff=True)
+    assert result["diff"]["before"]["vcpus"] == 1
+    assert result["diff"]["after"]["vcpus"] == 2
+
+
+def test_update_without_owner_keeps_owner_but_create_without_owner_fails() -> None:
+    api = FakeApi()
+    with pytest.raises(CloudVMError, match="owner is required"):
+        backend(api).ensure(params(owner=None), check_mode=False, diff=False)
+    backend(api).ensure(params(), check_mode=False, diff=False)
+    result = backend(api).ensure(params(owner=None, memory_mib=1024), check_mode=False, diff=False)
+    assert result["cloudvm"]["spec"]["owner"] == "alice"
+    assert result["cloudvm"]["spec"]["memoryMiB"] == 1024
+
+
+def test_labels_are_merged_and_label_change_alone_is_a_change() -> None:
+    api = FakeApi()
+    backend(api).ensure(params(labels={"a": "1"}), check_mode=False, diff=False)
+    result = backend(api).ensure(params(labels={"b": 2}), check_mode=False, diff=False)
+    assert result["changed"] is True
+    assert result["cloudvm"]["metadata"]["labels"] == {"a": "1", "b": "2"}
+    assert backend(api).ensure(params(labels={"b": "2"}), check_mode=False, diff=False)["changed"] is False
+
+
+def test_start_never_started_vm_requests_boot_1_and_waits_running() -> None:
+    api = FakeApi()
+    clock = Clock(obedient_controller(api))
+    result = backend(api, clock).ensure(params(power_state="running", wait=True), check_mode=False, diff=False)
+    assert (result["changed"], result["boot_id"], result["phase"]) == (True, 1, "Running")
+
+
+def test_start_on_running_vm_changes_nothing() -> None:
+    api = FakeApi()
+    clock = Clock(obedient_controller(api))
+    backend(api, clock).ensure(params(power_state="running", wait=True), check_mode=False, diff=False)
+    again = backend(api, clock).ensure(params(power_state="running", wait=True), check_mode=False, diff=False)
+    assert (again["changed"], again["boot_id"]) == (False, 1)
+
+
+def test_start_after_guest_shutdown_bumps_boot_id_once_even_when_retried() -> None:
+    api = FakeApi()
+    backend(api).ensure(params(power_state="running"), check_mode=False, diff=False)
+    api.set_status("ns", "vm1", phase="Stopped", reason="GuestShutdown", bootID=1)
+    first = backend(api).ensure(params(power_state="running"), check_mode=False, diff=False)
+    retry = backend(api).ensure(params(power_state="running"), check_mode=False, diff=False)
+    assert (first["changed"], first["boot_id"]) == (True, 2)
+    assert (retry["changed"], retry["boot_id"]) == (False, 2)
+
+
+def test_concurrent_start_between_get_and_put_is_replanned_not_doubled() -> None:
+    """Another run writes the same start between our GET and PUT: our PUT gets 409, we re-plan, see the
+    boot already requested, and write nothing more."""
+    api = FakeApi()
+    backend(api).ensure(params(power_state="running"), check_mode=False, diff=False)
+    api.set_status("ns", "vm1", phase="Stopped", reason="GuestShutdown", bootID=1)
+    api.before_write = lambda: backend(api).ensure(params(power_state="running"), check_mode=False, diff=False)
+    result = backend(api).ensure(params(power_state="running"), check_mode=False, diff=False)
+    assert api.objects[("ns", "vm1")]["spec"]["bootID"] == 2
+    assert (result["changed"], result["boot_id"]) == (False, 2)
+
+
+def test_restart_stops_waits_stopped_then_starts_with_next_boot() -> None:
+    api = FakeApi()
+    seen: list[tuple[str, int]] = []
+    controller = obedient_controller(api)
+
+    def watch() -> None:
+        controller()
+        spec = api.objects[("ns", "vm1")]["spec"]
+        seen.append((spec["powerState"], spec["bootID"]))
+
+    clock = Clock(watch)
+    backend(api, clock).ensure(params(power_state="running", wait=True), check_mode=False, diff=False)
+    result = backend(api, clock).ensure(params(restart=True, wait=True), check_mode=False, diff=False)
+    assert (result["changed"], result["boot_id"], result["phase"]) == (True, 2, "Running")
+    assert ("Stopped", 1) in seen
+    assert seen.index(("Stopped", 1)) < seen.index(("Running", 2))
+
+
+def test_restart_in_check_mode_predicts_next_boot_and_writes_nothing() -> None:
+    api = FakeApi()
+    backend(api, Clock(obedient_controller(api))).ensure(params(power_state="running", wait=True),
+                                                         check_mode=False, diff=False)
+    writes = api.writes
+    result = backend(api).ensure(params(restart=True), check_mode=True, diff=True)
+    assert (result["changed"], result["boot_id"]) == (True, 2)
+    assert result["diff"]["before"]["bootID"] == 1
+    assert api.writes == writes
+
+
+def test_wait_timeout_names_last_phase_and_reason() -> None:
+    api = FakeApi()
+
+    def stuck() -> None:
+        spec = api.objects[("ns", "vm1")]["spec"]
+        api.set_status("ns", "vm1", phase="Pending", reason="WaitingForSSH", bootID=spec["bootID"],
+                       message="boot 1 started, waiting for the SSH banner")
+
+    with pytest.raises(CloudVMError) as err:
+        backend(api, Clock(stuck)).ensure(params(power_state="running", wait=True, wait_timeout=5),
+                                          check_mode=False, diff=False)
+    msg = str(err.value)
+    assert "timed out after 5 s" in msg
+    assert "phase Pending, reason WaitingForSSH" in msg
+    assert err.value.details["changed"] is True
+
+
+def test_wait_for_running_fails_fast_when_the_boot_failed() -> None:
+    api = FakeApi()
+
+    def crash() -> None:
+        spec = api.objects[("ns", "vm1")]["spec"]
+        api.set_status("ns", "vm1", phase="Failed", reason="HypervisorCrashed", bootID=spec["bootID"])
+
+    clock = Clock(crash)
+    with pytest.raises(CloudVMError, match="boot 1 ended in phase Failed \\(reason HypervisorCrashed\\)"):
+        backend(api, clock).ensure(params(power_state="running", wait=True, wait_timeout=600),
+                                   check_mode=False, diff=False)
+    assert clock.now < 5
+
+
+def test_stale_status_from_an_older_generation_does_not_satisfy_a_stop_wait() -> None:
+    api = FakeApi()
+    backend(api).ensure(params(power_state="running"), check_mode=False, diff=False)
+    api.set_status("ns", "vm1", phase="Stopped", reason="NeverStarted", bootID=0)  # observed generation 1 ...
+    obj = api.objects[("ns", "vm1")]
+    obj["status"]["observedGeneration"] = obj["metadata"]["generation"] - 1  # ... is older than the spec
+    assert k8s.target_reached(obj, "Stopped") is False
+    obj["status"]["observedGeneration"] = obj["metadata"]["generation"]
+    assert k8s.target_reached(obj, "Stopped") is True
+
+
+def test_absent_deletes_and_second_run_changes_nothing() -> None:
+    api = FakeApi()
+    backend(api).ensure(params(), check_mode=False, diff=False)
+    checked = backend(api).ensure(params(state="absent", wait=True), check_mode=True, diff=False)
+    assert checked["changed"] is True and ("ns", "vm1") in api.objects
+    gone = backend(api).ensure(params(state="absent", wait=True), check_mode=False, diff=True)
+    assert gone["changed"] is True and "cloudvm" not in gone and gone["diff"]["after"] == {}
+    assert backend(api).ensure(params(state="absent"), check_mode=False, diff=False)["changed"] is False
+
+
+def test_host_only_options_warn() -> None:
+    result = backend(FakeApi()).ensure(params(image="debian-bookworm"), check_mode=False, diff=False)
+    assert result["warnings"] == ["image is ignored by the kubernetes backend (host backend only)"]
+
+
+def test_info_filters_by_owner_and_name_sorted() -> None:
+    api = FakeApi()
+    for ns, name, owner in (("b", "x", "alice"), ("a", "y", "alice"), ("a", "z", "bob")):
+        backend(api).ensure(params(namespace=ns, name=name, owner=owner), check_mode=False, diff=False)
+    got = backend(api).info({"owner": "alice", "namespace": None, "name": None, "label_selectors": []})
+    assert [(o["metadata"]["namespace"], o["metadata"]["name"]) for o in got] == [("a", "y"), ("b", "x")]
+    one = backend(api).info({"owner": None, "namespace": None, "name": "z", "label_selectors": []})
+    assert [o["metadata"]["name"] for o in one] == ["z"]
+
+
+class _FakeApiException(Exception):
+    def __init__(self, status: int, body: dict) -> None:
+        super().__init__(status)
+        self.status, self.reason, self.body = status, "Unprocessable Entity", json.dumps(body)
+
+
+def test_api_error_keeps_the_servers_message_and_causes() -> None:
+    body = {"kind": "Status", "reason": "Invalid", "code": 422,
+            "message": 'CloudVM.cloud.zjusct.io "vm1" is invalid: spec.owner: Invalid value: "string": is immutable',
+            "details": {"causes": [{"reason": "FieldValueInvalid", "field": "spec.owner", "message": "is immutable"}]}}
+    err = k8s.api_error(_FakeApiException(422, body), "replace CloudVM")  # type: ignore[arg-type]
+    assert str(err).startswith("replace CloudVM: CloudVM.cloud.zjusct.io \"vm1\" is invalid: spec.owner:")
+    assert err.details == {"api_status": 422, "api_reason": "Invalid",
+                           "field_errors": [{"field": "spec.owner", "message": "is immutable"}]}
