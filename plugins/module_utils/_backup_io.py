@@ -546,4 +546,50 @@ def restore(rbd: Rbd, dest: str, target: ImageRef, backup_id: Optional[str] = No
     return result
 
 
-__all__ = ["SNAP_PREFIX", "BackupError", "apply_retention", "backup", "restore", "scan", "verify_chain"]
+def run_backup_module(p: Dict[str, Any], rbd: Rbd, check_mode: bool = False) -> Dict[str, Any]:
+    """The ``rbd_backup`` module: dispatch on ``state`` and shape the result (no block lists in results).
+
+    Raises BackupError (with ``problems``), ValueError (bad parameter, named) or RbdError.
+    """
+    from ._rbd import check_name
+
+    for key, lo in (("keep", 1), ("full_every", 1)):
+        val = p.get(key)
+        if val is not None and not lo <= val <= 10000:
+            raise ValueError(f"{key}: {val} is outside the range {lo}-10000")
+    dest = p["dest"]
+    state = p.get("state") or "present"
+    if state == "present":
+        ref = ImageRef(check_name("pool", p["pool"]), check_name("name", p["name"]))
+        res = backup(rbd, ref, dest, vm=p.get("vm"), owner=p.get("owner"), keep=p.get("keep"),
+                     full_every=p.get("full_every") or 7, force_full=bool(p.get("force_full")),
+                     allow_watchers=bool(p.get("allow_watchers")), check_mode=check_mode)
+        out: Dict[str, Any] = {"changed": True, "type": res["plan"]["type"], "reason": res["plan"]["reason"],
+                               "parent": res["plan"]["parent"], "ignored": res.get("ignored", [])}
+        m = res.get("backup")
+        if m:
+            out.update(backup_id=m["id"], chain=m["chain"], snapshot=m["snapshot"],
+                       image_size_bytes=m["image"]["sizeBytes"], data_bytes=m["dataBytes"],
+                       bytes_written=res["bytes_written"], removed_snapshots=res["removed_snapshots"],
+                       removed_partials=res["removed_partials"], seconds=res["seconds"])
+        if "retention" in res:
+            out["retention"] = res["retention"]
+        return out
+    if state == "verified":
+        chain, problems = verify_chain(dest, p.get("backup_id"))
+        if problems:
+            raise BackupError(f"backup {chain[-1].id} is damaged: " + "; ".join(x.message for x in problems[:5]),
+                              problems)
+        return {"changed": False, "backup_id": chain[-1].id, "chain": [m.id for m in chain],
+                "image_size_bytes": chain[-1].image_size, "files_checked": sum(len(m.files) for m in chain)}
+    target = ImageRef(check_name("target_pool", p.get("target_pool") or p["pool"]),
+                      check_name("target_name", p["target_name"]))
+    res = restore(rbd, dest, target, p.get("backup_id"), owner=p.get("owner"),
+                  keep_snapshots=bool(p.get("keep_snapshots")), check_mode=check_mode)
+    if "size_bytes" in res:
+        res["image_size_bytes"] = res.pop("size_bytes")
+    return res
+
+
+__all__ = ["SNAP_PREFIX", "BackupError", "apply_retention", "backup", "restore", "run_backup_module", "scan",
+           "verify_chain"]

@@ -1,0 +1,212 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, ZJUSCT cloud team
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: rbd_backup
+short_description: Verified offline backups of a Ceph RBD image into a directory, and restore into a new image
+version_added: 0.1.0
+author: ZJUSCT cloud team (@zjusct)
+description:
+  - V(present) takes one backup of an image that is not in use (no watchers) by a snapshot, an export (full, or only
+    the changes since the previous backup's snapshot), a manifest with the size and sha256 of each file, a
+    sha256 per 4 MiB chunk of each file and a sha256 per 4 MiB block of the image, verification of the
+    stored file, then a C(complete) marker written last. Then retention keeps O(keep) backups without ever
+    breaking a chain a kept backup needs, and removes backup snapshots of the image that are no longer the base
+    of the next diff.
+  - Every backup is stored as C(<dest>/<id>/) with C(data.rbdiff) (an C(rbd export-diff) stream),
+    C(manifest.json) and C(complete). A backup interrupted at any point has no C(complete) marker and no
+    id-named directory; the next backup removes its leftovers.
+  - V(verified) re-reads the files of a backup's chain and checks them against the manifests, naming each
+    damaged file chunk and image block.
+  - V(restored) verifies the chain, imports it into the NEW image O(target_name), reads the image back and
+    compares every 4 MiB block with the manifest. On any mismatch the new image is removed and the task fails
+    naming the block. An existing target is refused, unless it was restored from the same backup (unchanged).
+  - Each V(present) run makes a new backup, so it always reports changed. Check mode reports the plan only.
+extends_documentation_fragment:
+  - zjusct.cloud.ceph
+options:
+  state:
+    description: V(present) backs up, V(verified) checks a stored backup, V(restored) restores one.
+    type: str
+    choices: [present, verified, restored]
+    default: present
+  pool:
+    description: Pool of the source image (V(present)).
+    type: str
+    default: rbd
+  name:
+    description: Source image (V(present)); also used in messages.
+    type: str
+  dest:
+    description: Directory holding this image's backups (created with mode 0700). A local disk or a mounted
+      off-site target.
+    type: path
+    required: true
+  keep:
+    description: Number of newest backups to keep (1 to 10000); older ones not needed by a kept chain are deleted.
+      Unset keeps everything.
+    type: int
+  full_every:
+    description: Maximum chain length (1 to 10000); a full backup is taken when the chain would get longer.
+      V(1) makes every backup full.
+    type: int
+    default: 7
+  force_full:
+    description: Take a full backup even when a diff is possible.
+    type: bool
+    default: false
+  allow_watchers:
+    description:
+      - Back up an image that is open (crash-consistent only). By default an image with watchers is refused,
+        naming the watchers (a running VM, or a stale client that must be fenced).
+    type: bool
+    default: false
+  vm:
+    description: VM name recorded in the manifest.
+    type: str
+  owner:
+    description: Owner recorded in the manifest; must match the image's owner mark when both exist.
+      With V(restored), the owner mark set on the new image (default the manifest's owner).
+    type: str
+  backup_id:
+    description: Backup to verify or restore (default the newest complete backup in O(dest)).
+    type: str
+  target_pool:
+    description: Pool of the new image (V(restored)); defaults to O(pool).
+    type: str
+  target_name:
+    description: The NEW image to restore into (V(restored)).
+    type: str
+  keep_snapshots:
+    description: With V(restored), keep the backup snapshots that import creates on the new image.
+    type: bool
+    default: false
+"""
+
+EXAMPLES = r"""
+- name: Back up the stopped VM's root volume, keep 7
+  zjusct.cloud.rbd_backup:
+    pool: rbd
+    name: vm-alice-root
+    dest: /srv/backup/vm-alice
+    vm: alice
+    owner: alice
+    keep: 7
+  register: bk
+
+- name: Verify the newest backup
+  zjusct.cloud.rbd_backup:
+    state: verified
+    dest: /srv/backup/vm-alice
+
+- name: Restore it into a new image
+  zjusct.cloud.rbd_backup:
+    state: restored
+    dest: /srv/backup/vm-alice
+    backup_id: "{{ bk.backup_id }}"
+    target_name: vm-alice-root-restored
+"""
+
+RETURN = r"""
+backup_id:
+  description: Id of the backup made, verified or restored (C(YYYYmmddTHHMMSSZ-xxxxxx)).
+  returned: success
+  type: str
+  sample: 20261130T064323Z-a904c0
+type:
+  description: V(full) or V(diff) (state V(present)).
+  returned: state=present
+  type: str
+  sample: diff
+reason:
+  description: Why full or diff was chosen.
+  returned: state=present
+  type: str
+  sample: diff since backup 20261130T064320Z-d2e385 (snapshot zjusct-backup-20261130T064320Z-d2e385)
+chain:
+  description: Backup ids from the full backup to this one.
+  returned: success
+  type: list
+  elements: str
+bytes_written:
+  description: Size in bytes of the stored data file.
+  returned: state=present and not check mode
+  type: int
+image_size_bytes:
+  description: Size in bytes of the image at the backup snapshot.
+  returned: success
+  type: int
+retention:
+  description: C(keep), C(deleted), C(kept_for_chain) backup ids.
+  returned: state=present with keep
+  type: dict
+removed_snapshots:
+  description: Backup snapshots removed from the source image (no longer a diff base).
+  returned: state=present and not check mode
+  type: list
+  elements: str
+problems:
+  description: Verification failures, each naming the backup, file or image block and the byte range.
+  returned: failure of verified or restored
+  type: list
+  elements: str
+image:
+  description: C(pool/name) of the restored image.
+  returned: state=restored
+  type: str
+verified_blocks:
+  description: Number of 4 MiB blocks read back and matched (state V(restored)).
+  returned: state=restored
+  type: int
+seconds:
+  description: Wall time of the operation in seconds.
+  returned: when something was done
+  type: float
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import (
+    Connection,
+    Rbd,
+    RbdError,
+    connection_argument_spec,
+)
+from ansible_collections.zjusct.cloud.plugins.module_utils._backup_io import BackupError, run_backup_module
+
+
+def main() -> None:
+    spec = dict(
+        state=dict(type="str", default="present", choices=["present", "verified", "restored"]),
+        pool=dict(type="str", default="rbd"),
+        name=dict(type="str"),
+        dest=dict(type="path", required=True),
+        keep=dict(type="int"),
+        full_every=dict(type="int", default=7),
+        force_full=dict(type="bool", default=False),
+        allow_watchers=dict(type="bool", default=False),
+        vm=dict(type="str"),
+        owner=dict(type="str"),
+        backup_id=dict(type="str"),
+        target_pool=dict(type="str"),
+        target_name=dict(type="str"),
+        keep_snapshots=dict(type="bool", default=False),
+        **connection_argument_spec(),
+    )
+    module = AnsibleModule(argument_spec=spec, supports_check_mode=True,
+                           required_if=[("state", "present", ["name"]), ("state", "restored", ["target_name"])])
+    try:
+        result = run_backup_module(module.params, Rbd(Connection.from_params(module.params)), module.check_mode)
+    except BackupError as exc:
+        module.fail_json(msg=str(exc), problems=[p.message for p in exc.problems])
+    except (ValueError, RbdError) as exc:
+        module.fail_json(msg=str(exc))
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
