@@ -135,7 +135,7 @@ def derive_status(
     if current is not None and current.state in ("alive", "starting"):
         if not want_running or current.boot_id != boot_id:
             phase, reason, message = "Stopping", "StopRequested", f"stopping boot {current.boot_id}"
-        elif current.ready_at:
+        elif current.ready_at and current.state == "alive":
             phase, reason, message = "Running", "SSHReady", "guest answered SSH"
         else:
             phase = "Pending"

@@ -1,0 +1,54 @@
+"""Start/stop planning (plugins/module_utils/_lifecycle.py): one start request is one boot."""
+
+from __future__ import annotations
+
+from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import params_to_spec, plan_power
+
+BASE = {"owner": "alice", "rootVolumeClaim": "alice-root", "vcpus": 1, "memoryMiB": 512}
+
+
+def test_start_of_a_never_started_vm_requests_boot_1():
+    out = plan_power(dict(BASE, powerState="Stopped", bootID=0), {}, "running")
+    assert out["powerState"] == "Running" and out["bootID"] == 1
+
+
+def test_start_on_running_vm_changes_nothing():
+    spec = dict(BASE, powerState="Running", bootID=4)
+    assert plan_power(spec, {"phase": "Running", "bootID": 4}, "running") == spec
+
+
+def test_retried_start_before_the_status_caught_up_does_not_boot_twice():
+    spec = dict(BASE, powerState="Running", bootID=5)
+    # status still describes the previous boot: the request for boot 5 is in flight
+    assert plan_power(spec, {"phase": "Stopped", "bootID": 4}, "running") == spec
+
+
+def test_start_after_guest_shutdown_bumps_boot_id_once():
+    spec = dict(BASE, powerState="Running", bootID=5)
+    once = plan_power(spec, {"phase": "Stopped", "reason": "GuestShutdown", "bootID": 5}, "running")
+    assert once["bootID"] == 6
+    # the same task retried sees the new request in flight
+    assert plan_power(once, {"phase": "Stopped", "reason": "GuestShutdown", "bootID": 5}, "running") == once
+
+
+def test_start_after_failure_retries_with_a_new_boot():
+    spec = dict(BASE, powerState="Running", bootID=2)
+    assert plan_power(spec, {"phase": "Failed", "bootID": 2}, "running")["bootID"] == 3
+
+
+def test_stop_keeps_boot_id():
+    spec = dict(BASE, powerState="Running", bootID=2)
+    out = plan_power(spec, {"phase": "Running", "bootID": 2}, "stopped")
+    assert out == dict(spec, powerState="Stopped")
+
+
+def test_unknown_phase_never_starts_a_second_copy():
+    spec = dict(BASE, powerState="Running", bootID=2)
+    assert plan_power(spec, {"phase": "Unknown", "bootID": 2}, "running") == spec
+
+
+def test_params_keep_unset_fields_and_fill_defaults():
+    created = params_to_spec({"name": "alice", "owner": "alice"}, None)
+    assert created["rootVolumeClaim"] == "alice-root" and created["vcpus"] == 1
+    updated = params_to_spec({"name": "alice", "memory_mib": 1024}, dict(created, vcpus=2))
+    assert updated["vcpus"] == 2 and updated["memoryMiB"] == 1024

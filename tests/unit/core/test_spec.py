@@ -1,0 +1,55 @@
+"""CloudVM spec rules (plugins/module_utils/_spec.py): every limit is named in its message."""
+
+from __future__ import annotations
+
+import pytest
+from ansible_collections.zjusct.cloud.plugins.module_utils._spec import validate_spec, validate_update, with_defaults
+
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl alice@laptop"
+
+
+def spec(**over):
+    return with_defaults({"owner": "alice", "rootVolumeClaim": "alice-root", **over})
+
+
+def test_defaults_make_a_valid_spec():
+    s = spec()
+    assert s["vcpus"] == 1 and s["memoryMiB"] == 512 and s["powerState"] == "Stopped" and s["bootID"] == 0
+    assert validate_spec(s) == []
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("vcpus", 0, "spec.vcpus: 0 is below the minimum 1"),
+    ("vcpus", 5, "spec.vcpus: 5 is above the maximum 4"),
+    ("memoryMiB", 127, "spec.memoryMiB: 127 is below the minimum 128"),
+    ("memoryMiB", 8192, "spec.memoryMiB: 8192 is above the maximum 4096"),
+    ("powerState", "running", "spec.powerState: 'running' is not one of Running, Stopped"),
+    ("owner", "Alice!", "spec.owner: 'Alice!' is not a DNS label"),
+    ("bootID", -1, "spec.bootID: -1 is below the minimum 0"),
+])
+def test_out_of_range_values_are_named(field, value, message):
+    errors = validate_spec(spec(**{field: value}))
+    assert len(errors) == 1
+    assert errors[0].startswith(message)
+
+
+def test_every_problem_is_listed_at_once():
+    errors = validate_spec(spec(vcpus=9, memoryMiB=1, owner="BAD"))
+    assert {e.split(":")[0] for e in errors} == {"spec.vcpus", "spec.memoryMiB", "spec.owner"}
+
+
+def test_ssh_keys_are_checked_one_by_one():
+    errors = validate_spec(spec(sshAuthorizedKeys=[KEY, "not a key"]))
+    assert errors == ["spec.sshAuthorizedKeys[1]: 'not a key' is not an OpenSSH public key"]
+
+
+def test_bandwidth_ceiling_must_cover_the_guarantee():
+    errors = validate_spec(spec(network={"bandwidth": {"guaranteedMbps": 50, "ceilMbps": 20}}))
+    assert errors == ["spec.network.bandwidth.ceilMbps: 20 is below guaranteedMbps 50"]
+
+
+def test_owner_and_claim_are_immutable_and_boot_id_never_decreases():
+    old = spec(bootID=3)
+    assert validate_update(old, spec(bootID=4)) == []
+    errors = validate_update(old, spec(owner="bob", rootVolumeClaim="x", bootID=2))
+    assert [e.split(":")[0] for e in errors] == ["spec.owner", "spec.rootVolumeClaim", "spec.bootID"]
