@@ -401,16 +401,42 @@ def _absent(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, d
     return _result(None, True, existing["spec"], diff)
 
 
+def observed_status(cfg: HostConfig, vm: dict) -> dict:
+    """The status derived from what runs now, without acting (for reads: info, inventory).
+
+    A stored status is never returned as is: a launcher killed since the last reconcile shows as
+    Failed/LauncherLost here, not Running (case L2).
+    """
+    meta, spec = vm["metadata"], vm["spec"]
+    paths = _paths(cfg, meta["namespace"], meta["name"])
+    known = sup.boots(paths)
+    if not known:
+        return vm.get("status") or {}
+    current: Optional[BootObservation] = sup.observe(paths, known[-1], cfg.node)
+    others: tuple[BootObservation, ...] = ()
+    assert current is not None
+    if spec["powerState"] == "Running" and current.boot_id < int(spec["bootID"]) and \
+            current.state in ("alive", "starting"):
+        others, current = (current,), None
+    kept = ("sshEndpoint", "sshProxyCommand", "observedGeneration")
+    status = {k: v for k, v in (vm.get("status") or {}).items() if k in kept}
+    status.update(derive_status(spec, current, others).as_dict())
+    return status
+
+
 def info(params: dict) -> list[dict]:
-    """The cloudvm_info module on the host backend: records filtered by name/namespace/owner/labels."""
+    """The cloudvm_info module on the host backend: records filtered by name/namespace/owner/labels.
+
+    Each status is re-derived from what runs now (:func:`observed_status`).
+    """
     cfg = _config(params)
     with HostStore(cfg.store_path) as store:
         items = store.list_vms(params.get("namespace"), params.get("owner"))
     if params.get("name"):
         items = [vm for vm in items if vm["metadata"]["name"] == params["name"]]
     for selector in params.get("label_selectors") or []:
-        key, _, value = selector.partition("!=") if "!=" in selector else selector.partition("=")
         negate = "!=" in selector
+        key, _, value = selector.partition("!=" if negate else "=")
         items = [vm for vm in items
                  if (vm["metadata"]["labels"].get(key.strip()) == value.strip()) != negate]
-    return items
+    return [dict(vm, status=observed_status(cfg, vm)) for vm in items]
