@@ -1,0 +1,564 @@
+"""LauncherConfig v1: parse and validate a config document into plain dataclasses.
+
+Pure: nothing here touches the system except :func:`environment_problems`, which only reads (stat, open for
+reading a few bytes). Every problem is reported, each naming its JSON path, the value and the allowed range:
+``machine.memoryMiB: 8192 is above the maximum 4096``. The JSON Schema in ``schemas/launcher-config-v1.json``
+describes the same structural rules; the cross-field rules it cannot express are marked "semantic" in
+docs/launcher-protocol.md (gateway inside the IPv4 subnet, unicast MAC, kernel command line length).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from zjusct_launcher import API_VERSION
+
+KIND = "LauncherConfig"
+
+# Bounds fixed by the contract (notes/CONTRACT-guest.md) and by the kernel.
+VCPUS = (1, 4)
+MEMORY_MIB = (128, 4096)
+BOOT_ID = (0, 2**31 - 1)
+KVM_PROBE_TIMEOUT_SECONDS = (1, 60)
+TCG_TB_MIB = (16, 2048)
+READINESS_TIMEOUT_SECONDS = (1, 3600)
+STOP_TIMEOUT_SECONDS = (1, 3600)
+PORT = (1, 65535)
+# arch/x86/include/asm/setup.h: COMMAND_LINE_SIZE 2048 (incl. NUL); the launcher appends <= 128 bytes.
+CMDLINE_MAX = 1900
+# sockaddr_un.sun_path is 108 bytes incl. NUL (unix(7)); the longest socket name we add is "/qmp.sock".
+RUNTIME_DIR_MAX = 96
+# linux/if.h IFNAMSIZ 16 incl. NUL.
+IFNAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
+DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+MAC_RE = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
+CEPH_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+INSTANCE_ID_RE = re.compile(r"^[A-Za-z0-9_.:/-]{1,128}$")
+MAX_SSH_KEYS = 64
+MAX_SSH_KEY_LEN = 16384
+
+
+@dataclass(frozen=True)
+class VMRef:
+    namespace: str
+    name: str
+    uid: str
+    boot_id: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {"namespace": self.namespace, "name": self.name, "uid": self.uid, "bootID": self.boot_id}
+
+
+@dataclass(frozen=True)
+class Machine:
+    vcpus: int
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class Boot:
+    kernel: str
+    initrd: str | None
+    cmdline: str
+
+
+@dataclass(frozen=True)
+class RbdSource:
+    pool: str
+    image: str
+    conf: str
+    user: str
+    keyring_path: str | None
+
+
+@dataclass(frozen=True)
+class RootDisk:
+    path: str | None
+    rbd: RbdSource | None
+    cache: str  # "Writeback" | "None"
+
+
+@dataclass(frozen=True)
+class Identity:
+    hostname: str
+    instance_id: str
+    ssh_authorized_keys: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Network:
+    mode: str  # "tap" | "user" | "none"
+    tap: str | None = None
+    create_tap: bool = False
+    bridge: str | None = None
+    mac: str | None = None
+    ipv4: str | None = None  # CIDR
+    gateway: str | None = None
+    dns: tuple[str, ...] = ()
+    host_forward_port: int | None = None
+
+
+@dataclass(frozen=True)
+class Hypervisor:
+    type: str  # "qemu" | "firecracker"
+    accel: str = "auto"
+    allow_tcg: bool = True
+    binary: str | None = None
+    kvm_probe_timeout_seconds: int = 5
+    tcg_translation_cache_mib: int = 256
+
+
+@dataclass(frozen=True)
+class Readiness:
+    host: str
+    port: int
+    timeout_seconds: int
+
+
+@dataclass(frozen=True)
+class LauncherConfig:
+    vm: VMRef
+    machine: Machine
+    boot: Boot
+    root_disk: RootDisk
+    identity: Identity
+    network: Network
+    hypervisor: Hypervisor
+    readiness: Readiness | None
+    stop_timeout_seconds: int
+    runtime_dir: str
+    serial_log_path: str
+    result_path: str
+    termination_message_path: str | None
+    ready_marker_path: str
+    raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+
+
+class ConfigError(Exception):
+    """The config is invalid; ``problems`` lists every problem, one sentence each."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+_MISSING = object()
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        text = value if len(value) <= 80 else value[:77] + "..."
+        return '"' + text.replace('"', '\\"') + '"'
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        return "an object" if isinstance(value, dict) else "an array"
+    return str(value)
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+class _Checker:
+    """Collects problems while reading a JSON document. Each getter returns a usable default on error."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def bad(self, path: str, message: str) -> None:
+        self.problems.append(f"{path}: {message}")
+
+    def obj(self, path: str, value: Any, allowed: tuple[str, ...], required: tuple[str, ...]) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            self.bad(path, f"expected an object, got {_type_name(value)}")
+            return {}
+        for key in value:
+            if key not in allowed:
+                self.bad(f"{path}.{key}" if path else key, f"unknown field (allowed: {', '.join(allowed)})")
+        for key in required:
+            if key not in value:
+                self.bad(f"{path}.{key}" if path else key, "required field is missing")
+        return value
+
+    def get(self, parent: dict[str, Any], path: str, key: str, default: Any = _MISSING) -> Any:
+        value = parent.get(key, _MISSING)
+        if value is _MISSING:
+            return default
+        return value
+
+    def string(self, path: str, value: Any, *, pattern: re.Pattern[str] | None = None, what: str = "",
+               max_len: int = 4096, allow_empty: bool = False) -> str:
+        if not isinstance(value, str):
+            self.bad(path, f"expected a string, got {_type_name(value)}")
+            return ""
+        if not value and not allow_empty:
+            self.bad(path, "must not be empty")
+            return ""
+        if len(value) > max_len:
+            self.bad(path, f"is {len(value)} characters long, above the maximum {max_len}")
+            return value
+        if pattern is not None and value and not pattern.match(value):
+            self.bad(path, f"{_show(value)} is not {what}")
+        elif any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+            self.bad(path, f"{_show(value)} contains control characters")
+        return value
+
+    def integer(self, path: str, value: Any, bounds: tuple[int, int]) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.bad(path, f"expected an integer, got {_type_name(value)} {_show(value)}")
+            return bounds[0]
+        if value < bounds[0]:
+            self.bad(path, f"{value} is below the minimum {bounds[0]}")
+        elif value > bounds[1]:
+            self.bad(path, f"{value} is above the maximum {bounds[1]}")
+        return value
+
+    def boolean(self, path: str, value: Any) -> bool:
+        if not isinstance(value, bool):
+            self.bad(path, f"expected a boolean, got {_type_name(value)} {_show(value)}")
+            return False
+        return value
+
+    def enum(self, path: str, value: Any, choices: tuple[str, ...]) -> str:
+        if not isinstance(value, str) or value not in choices:
+            self.bad(path, f"{_show(value)} is not one of {', '.join(choices)}")
+            return choices[0]
+        return value
+
+    def abs_path(self, path: str, value: Any) -> str:
+        text = self.string(path, value, max_len=1024)
+        if not text:
+            return text
+        if not text.startswith("/"):
+            self.bad(path, f"{_show(text)} is not an absolute path")
+        elif os.path.normpath(text) != text and os.path.normpath(text) != text.rstrip("/"):
+            self.bad(path, f"{_show(text)} is not a normalised path (no '.', '..' or '//' components)")
+        elif "\x00" in text:
+            self.bad(path, "contains a NUL byte")
+        return text
+
+    def optional(self, path: str, value: Any, reader: Callable[[str, Any], Any]) -> Any:
+        return None if value is None else reader(path, value)
+
+
+def _ipv4(c: _Checker, path: str, value: Any) -> str:
+    text = c.string(path, value, max_len=15)
+    if text:
+        try:
+            ipaddress.IPv4Address(text)
+        except ValueError:
+            c.bad(path, f"{_show(text)} is not an IPv4 address")
+    return text
+
+
+def _mac(c: _Checker, path: str, value: Any) -> str:
+    text = c.string(path, value, pattern=MAC_RE, what="a MAC address like 52:54:00:12:34:56", max_len=17)
+    if text and MAC_RE.match(text) and int(text[:2], 16) & 1:
+        c.bad(path, f"{_show(text)} is a multicast address (the first octet must be even)")
+    return text.lower()
+
+
+def _parse_vm(c: _Checker, raw: Any) -> VMRef:
+    d = c.obj("vm", raw, ("namespace", "name", "uid", "bootID"), ("namespace", "name", "uid", "bootID"))
+    ns = c.string("vm.namespace", d.get("namespace", ""), pattern=DNS_LABEL_RE, max_len=63,
+                  what="a DNS-1123 label (lower-case letters, digits, '-', at most 63)")
+    name = c.string("vm.name", d.get("name", ""), pattern=DNS_SUBDOMAIN_RE, max_len=253,
+                    what="a DNS-1123 subdomain (lower-case letters, digits, '-', '.')")
+    uid = c.string("vm.uid", d.get("uid", ""), pattern=UUID_RE, what="a UUID", max_len=36)
+    boot_id = c.integer("vm.bootID", d.get("bootID", 0), BOOT_ID) if "bootID" in d else 0
+    return VMRef(ns, name, uid, boot_id)
+
+
+def _parse_machine(c: _Checker, raw: Any) -> Machine:
+    d = c.obj("machine", raw, ("vcpus", "memoryMiB"), ("vcpus", "memoryMiB"))
+    vcpus = c.integer("machine.vcpus", d["vcpus"], VCPUS) if "vcpus" in d else 1
+    mem = c.integer("machine.memoryMiB", d["memoryMiB"], MEMORY_MIB) if "memoryMiB" in d else 128
+    return Machine(vcpus, mem)
+
+
+def _parse_boot(c: _Checker, raw: Any) -> Boot:
+    d = c.obj("boot", raw, ("kernel", "initrd", "cmdline"), ("kernel", "cmdline"))
+    kernel = c.abs_path("boot.kernel", d["kernel"]) if "kernel" in d else ""
+    initrd = c.optional("boot.initrd", d.get("initrd"), c.abs_path)
+    cmdline = ""
+    if "cmdline" in d:
+        cmdline = c.string("boot.cmdline", d["cmdline"], max_len=CMDLINE_MAX, allow_empty=True)
+    return Boot(kernel, initrd, cmdline)
+
+
+def _parse_root_disk(c: _Checker, raw: Any) -> RootDisk:
+    d = c.obj("rootDisk", raw, ("path", "rbd", "cache"), ())
+    has_path, has_rbd = "path" in d, "rbd" in d
+    if isinstance(raw, dict) and has_path == has_rbd:
+        c.bad("rootDisk", "exactly one of path or rbd must be given" if has_path else
+              "one of path or rbd is required")
+    path = c.abs_path("rootDisk.path", d["path"]) if has_path else None
+    rbd = None
+    if has_rbd:
+        r = c.obj("rootDisk.rbd", d["rbd"], ("pool", "image", "conf", "user", "keyringPath"),
+                  ("pool", "image", "conf", "user"))
+        what = "a Ceph name (letters, digits, '_', '.', '-')"
+        rbd = RbdSource(
+            pool=c.string("rootDisk.rbd.pool", r.get("pool", ""), pattern=CEPH_NAME_RE, what=what, max_len=128),
+            image=c.string("rootDisk.rbd.image", r.get("image", ""), pattern=CEPH_NAME_RE, what=what, max_len=128),
+            conf=c.abs_path("rootDisk.rbd.conf", r["conf"]) if "conf" in r else "",
+            user=c.string("rootDisk.rbd.user", r.get("user", ""), pattern=CEPH_NAME_RE, what=what, max_len=128),
+            keyring_path=c.optional("rootDisk.rbd.keyringPath", r.get("keyringPath"), c.abs_path),
+        )
+    cache = c.enum("rootDisk.cache", d.get("cache", "Writeback"), ("Writeback", "None"))
+    return RootDisk(path, rbd, cache)
+
+
+def _parse_identity(c: _Checker, raw: Any, vm: VMRef) -> Identity:
+    d = c.obj("identity", raw, ("hostname", "instanceID", "sshAuthorizedKeys"), ())
+    hostname = c.string("identity.hostname", d.get("hostname", vm.name[:63] or "vm"), pattern=DNS_LABEL_RE,
+                        max_len=63, what="a host name (DNS-1123 label)")
+    instance_id = c.string("identity.instanceID", d.get("instanceID", vm.uid or "unset"), pattern=INSTANCE_ID_RE,
+                           max_len=128, what="an instance id (letters, digits, '_', '.', ':', '/', '-')")
+    keys_raw = d.get("sshAuthorizedKeys", [])
+    keys: list[str] = []
+    if not isinstance(keys_raw, list):
+        c.bad("identity.sshAuthorizedKeys", f"expected an array, got {_type_name(keys_raw)}")
+    elif len(keys_raw) > MAX_SSH_KEYS:
+        c.bad("identity.sshAuthorizedKeys", f"has {len(keys_raw)} keys, above the maximum {MAX_SSH_KEYS}")
+    else:
+        for i, key in enumerate(keys_raw):
+            p = f"identity.sshAuthorizedKeys[{i}]"
+            text = c.string(p, key, max_len=MAX_SSH_KEY_LEN)
+            if text and not re.match(r"^(ssh-|ecdsa-|sk-)[A-Za-z0-9@.-]+ [A-Za-z0-9+/=]+( .*)?$", text):
+                c.bad(p, f"{_show(text)} is not an OpenSSH public key line (\"<type> <base64> [comment]\")")
+            keys.append(text)
+    return Identity(hostname, instance_id, tuple(keys))
+
+
+def _parse_network(c: _Checker, raw: Any) -> Network:
+    mode_fields = {
+        "tap": ("mode", "tap", "createTap", "bridge", "mac", "ipv4", "gateway", "dns"),
+        "user": ("mode", "hostForwardPort", "mac"),
+        "none": ("mode",),
+    }
+    if not isinstance(raw, dict):
+        c.bad("network", f"expected an object, got {_type_name(raw)}")
+        return Network("none")
+    mode = c.enum("network.mode", raw.get("mode"), ("tap", "user", "none")) if "mode" in raw else "none"
+    if "mode" not in raw:
+        c.bad("network.mode", "required field is missing")
+    required = {"tap": ("mode", "tap", "mac"), "user": ("mode", "hostForwardPort"), "none": ("mode",)}[mode]
+    d = c.obj("network", raw, mode_fields[mode], required)
+    if mode == "none":
+        return Network("none")
+    mac = _mac(c, "network.mac", d["mac"]) if "mac" in d else None
+    if mode == "user":
+        port = c.integer("network.hostForwardPort", d["hostForwardPort"], (1024, 65535)) \
+            if "hostForwardPort" in d else None
+        return Network("user", mac=mac, host_forward_port=port)
+    tap = c.string("network.tap", d.get("tap", ""), pattern=IFNAME_RE, max_len=15,
+                   what="an interface name (1-15 of letters, digits, '_', '.', '-')")
+    create = c.boolean("network.createTap", d.get("createTap", False))
+    bridge = None
+    if d.get("bridge") is not None:
+        bridge = c.string("network.bridge", d["bridge"], pattern=IFNAME_RE, max_len=15, what="an interface name")
+        if not create:
+            c.bad("network.bridge", "is only used when createTap is true (the launcher attaches the TAP it creates)")
+    ipv4 = gateway = None
+    dns: list[str] = []
+    if d.get("ipv4") not in (None, ""):
+        ipv4 = c.string("network.ipv4", d["ipv4"], max_len=18)
+        try:
+            iface = ipaddress.IPv4Interface(ipv4)
+            if iface.network.prefixlen < 8 or iface.network.prefixlen > 30:
+                c.bad("network.ipv4", f"prefix /{iface.network.prefixlen} is outside /8../30")
+            elif iface.ip in (iface.network.network_address, iface.network.broadcast_address):
+                c.bad("network.ipv4", f"{_show(ipv4)} is the network or broadcast address of its subnet")
+        except ValueError:
+            c.bad("network.ipv4", f"{_show(ipv4)} is not an IPv4 address with prefix like 10.200.0.5/24")
+            iface = None
+        if "/" not in ipv4 and iface is not None:
+            c.bad("network.ipv4", f"{_show(ipv4)} lacks the prefix length (e.g. /24)")
+        if d.get("gateway") is not None:
+            gateway = _ipv4(c, "network.gateway", d["gateway"])
+            try:
+                if iface is not None and ipaddress.IPv4Address(gateway) not in iface.network:
+                    c.bad("network.gateway", f"{_show(gateway)} is outside the subnet {iface.network}")
+            except ValueError:
+                pass
+    elif d.get("gateway") is not None:
+        c.bad("network.gateway", "requires network.ipv4")
+    dns_raw = d.get("dns", [])
+    if dns_raw is None:
+        dns_raw = []
+    if not isinstance(dns_raw, list):
+        c.bad("network.dns", f"expected an array, got {_type_name(dns_raw)}")
+    elif len(dns_raw) > 3:
+        c.bad("network.dns", f"has {len(dns_raw)} servers, above the maximum 3 (resolv.conf MAXNS)")
+    else:
+        dns = [_ipv4(c, f"network.dns[{i}]", x) for i, x in enumerate(dns_raw)]
+    return Network("tap", tap=tap, create_tap=create, bridge=bridge, mac=mac, ipv4=ipv4, gateway=gateway,
+                   dns=tuple(dns))
+
+
+def _parse_hypervisor(c: _Checker, raw: Any) -> Hypervisor:
+    d = c.obj("hypervisor", raw, ("type", "accel", "allowTCG", "binary", "kvmProbeTimeoutSeconds",
+                                  "tcgTranslationCacheMiB"), ("type",))
+    typ = c.enum("hypervisor.type", d["type"], ("qemu", "firecracker")) if "type" in d else "qemu"
+    accel = c.enum("hypervisor.accel", d.get("accel", "auto"), ("auto", "kvm", "tcg"))
+    allow = c.boolean("hypervisor.allowTCG", d.get("allowTCG", True))
+    binary = c.optional("hypervisor.binary", d.get("binary"), c.abs_path)
+    probe = c.integer("hypervisor.kvmProbeTimeoutSeconds", d.get("kvmProbeTimeoutSeconds", 5),
+                      KVM_PROBE_TIMEOUT_SECONDS)
+    tb = c.integer("hypervisor.tcgTranslationCacheMiB", d.get("tcgTranslationCacheMiB", 256), TCG_TB_MIB)
+    if typ == "firecracker" and accel == "tcg":
+        c.bad("hypervisor.accel", '"tcg" is not available with firecracker (it needs KVM)')
+    if accel == "tcg" and not allow:
+        c.bad("hypervisor.accel", '"tcg" contradicts hypervisor.allowTCG: false')
+    return Hypervisor(typ, accel, allow, binary, probe, tb)
+
+
+def _parse_readiness(c: _Checker, raw: Any, net: Network) -> Readiness | None:
+    if raw is None:
+        return None
+    d = c.obj("readiness", raw, ("host", "port", "timeoutSeconds"), ())
+    default_host, default_port = "", 22
+    if net.mode == "user":
+        default_host, default_port = "127.0.0.1", net.host_forward_port or 22
+    elif net.mode == "tap" and net.ipv4:
+        default_host = net.ipv4.split("/")[0]
+    host = _ipv4(c, "readiness.host", d["host"]) if "host" in d else default_host
+    if not host and "host" not in d:
+        c.bad("readiness.host", "required field is missing (no guest IPv4 to default to)")
+    port = c.integer("readiness.port", d["port"], PORT) if "port" in d else default_port
+    timeout = c.integer("readiness.timeoutSeconds", d.get("timeoutSeconds", 300), READINESS_TIMEOUT_SECONDS)
+    return Readiness(host, port, timeout)
+
+
+TOP_FIELDS = ("apiVersion", "kind", "vm", "machine", "boot", "rootDisk", "identity", "network", "hypervisor",
+              "readiness", "stopTimeoutSeconds", "runtimeDir", "serialLogPath", "result", "readyMarkerPath")
+TOP_REQUIRED = ("apiVersion", "kind", "vm", "machine", "boot", "rootDisk", "network", "hypervisor", "runtimeDir",
+                "serialLogPath", "result")
+
+
+def parse(doc: Any) -> LauncherConfig:
+    """Validate a decoded JSON document and return the config.
+
+    Args:
+        doc: the decoded JSON (any type; a non-object is a problem).
+    Returns:
+        LauncherConfig with defaults filled in (docs/launcher-protocol.md lists them).
+    Raises:
+        ConfigError: with every problem found, in document order.
+    """
+    c = _Checker()
+    d = c.obj("", doc, TOP_FIELDS, TOP_REQUIRED)
+    if not isinstance(doc, dict):
+        raise ConfigError(["(document): expected a JSON object, got " + _type_name(doc)])
+    if "apiVersion" in d and d["apiVersion"] != API_VERSION:
+        c.bad("apiVersion", f"{_show(d['apiVersion'])} is not supported (this launcher speaks {API_VERSION})")
+    if "kind" in d and d["kind"] != KIND:
+        c.bad("kind", f"{_show(d['kind'])} is not {KIND}")
+    vm = _parse_vm(c, d.get("vm", {})) if "vm" in d else VMRef("", "", "", 0)
+    machine = _parse_machine(c, d["machine"]) if "machine" in d else Machine(1, 128)
+    boot = _parse_boot(c, d["boot"]) if "boot" in d else Boot("", None, "")
+    root = _parse_root_disk(c, d["rootDisk"]) if "rootDisk" in d else RootDisk(None, None, "Writeback")
+    identity = _parse_identity(c, d.get("identity", {}), vm)
+    net = _parse_network(c, d["network"]) if "network" in d else Network("none")
+    hyp = _parse_hypervisor(c, d["hypervisor"]) if "hypervisor" in d else Hypervisor("qemu")
+    readiness = _parse_readiness(c, d.get("readiness"), net)
+    if readiness is None and net.mode != "none" and "network" in d:
+        c.bad("readiness", f"is required when network.mode is {net.mode}")
+    if hyp.type == "firecracker":
+        if net.mode == "user":
+            c.bad("network.mode", '"user" is only available with hypervisor.type qemu')
+        if root.rbd is not None:
+            c.bad("rootDisk.rbd", "is only available with hypervisor.type qemu (Firecracker has no librbd)")
+        if root.cache == "None":
+            c.bad("rootDisk.cache", '"None" (O_DIRECT) is only available with hypervisor.type qemu')
+    stop = c.integer("stopTimeoutSeconds", d.get("stopTimeoutSeconds", 30), STOP_TIMEOUT_SECONDS)
+    runtime_dir = c.abs_path("runtimeDir", d["runtimeDir"]) if "runtimeDir" in d else ""
+    if len(runtime_dir) > RUNTIME_DIR_MAX:
+        c.bad("runtimeDir", f"is {len(runtime_dir)} characters long, above the maximum {RUNTIME_DIR_MAX} "
+                            "(unix socket paths are limited to 107 bytes)")
+    serial = c.abs_path("serialLogPath", d["serialLogPath"]) if "serialLogPath" in d else ""
+    res = c.obj("result", d.get("result", {}), ("path", "terminationMessagePath"), ("path",)) \
+        if "result" in d else {}
+    result_path = c.abs_path("result.path", res["path"]) if "path" in res else ""
+    term = c.optional("result.terminationMessagePath", res.get("terminationMessagePath"), c.abs_path)
+    ready = d.get("readyMarkerPath")
+    ready_path = c.abs_path("readyMarkerPath", ready) if ready is not None else \
+        (runtime_dir.rstrip("/") + "/ready" if runtime_dir else "")
+    if c.problems:
+        raise ConfigError(c.problems)
+    return LauncherConfig(vm, machine, boot, root, identity, net, hyp, readiness, stop, runtime_dir, serial,
+                          result_path, term, ready_path, raw=doc)
+
+
+def environment_problems(cfg: LauncherConfig) -> list[str]:
+    """Read-only checks of the files a config names (exist, right kind). Pure apart from stat/open.
+
+    Returns problems in the same ``path: message`` form as :func:`parse`.
+    """
+    problems: list[str] = []
+
+    def need_file(path: str, label: str) -> bool:
+        if not os.path.isfile(path):
+            problems.append(f"{label}: {path!r} does not exist or is not a regular file")
+            return False
+        if not os.access(path, os.R_OK):
+            problems.append(f"{label}: {path!r} is not readable")
+            return False
+        return True
+
+    if need_file(cfg.boot.kernel, "boot.kernel") and cfg.hypervisor.type == "firecracker":
+        with open(cfg.boot.kernel, "rb") as fh:
+            if fh.read(4) != b"\x7fELF":
+                problems.append(f"boot.kernel: {cfg.boot.kernel!r} is not an uncompressed ELF vmlinux "
+                                "(Firecracker cannot boot a bzImage)")
+    if cfg.boot.initrd:
+        need_file(cfg.boot.initrd, "boot.initrd")
+    if cfg.root_disk.path is not None:
+        p = cfg.root_disk.path
+        if not (os.path.isfile(p) or (os.path.exists(p) and _is_block(p))):
+            problems.append(f"rootDisk.path: {p!r} does not exist or is neither a file nor a block device")
+        elif not os.access(p, os.R_OK | os.W_OK):
+            problems.append(f"rootDisk.path: {p!r} is not readable and writable")
+    if cfg.root_disk.rbd is not None:
+        need_file(cfg.root_disk.rbd.conf, "rootDisk.rbd.conf")
+        if cfg.root_disk.rbd.keyring_path:
+            need_file(cfg.root_disk.rbd.keyring_path, "rootDisk.rbd.keyringPath")
+    if cfg.network.mode == "tap" and not cfg.network.create_tap and not os.path.exists(
+            f"/sys/class/net/{cfg.network.tap}"):
+        problems.append(f"network.tap: {cfg.network.tap!r} does not exist (createTap is false)")
+    if cfg.network.bridge and not os.path.isdir(f"/sys/class/net/{cfg.network.bridge}/bridge"):
+        problems.append(f"network.bridge: {cfg.network.bridge!r} is not an existing bridge")
+    return problems
+
+
+def _is_block(path: str) -> bool:
+    import stat
+
+    try:
+        return stat.S_ISBLK(os.stat(path).st_mode)
+    except OSError:
+        return False

@@ -1,0 +1,106 @@
+"""Firecracker driver: the JSON config for ``--config-file`` (pure), the command line, the exit-code meaning,
+and a tiny HTTP/1.1-over-unix-socket client for the API (``PUT /actions {"action_type": "SendCtrlAltDel"}``).
+
+Facts from Firecracker's API specification (firecracker.yaml) and docs (api_requests/actions.md):
+boot-source {kernel_image_path, boot_args, initrd_path}; drives [{drive_id, path_on_host, is_root_device,
+is_read_only, cache_type: Unsafe|Writeback}]; network-interfaces [{iface_id, guest_mac, host_dev_name}];
+machine-config {vcpu_count, mem_size_mib, smt}. The guest console is the process's stdout. Firecracker exits when
+the guest resets (``reboot=k``: the i8042 reset line), with status 0; SendCtrlAltDel needs the guest's i8042
+driver. Exit statuses: 0 Ok, 1 generic error, 2 unexpected error, 3 bad configuration, 4 argument parsing,
+148 bad syscall (seccomp), larger values: fatal signals caught by Firecracker.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+from typing import Any
+
+from zjusct_launcher.config import LauncherConfig
+from zjusct_launcher.paths import RuntimePaths
+
+DEFAULT_BINARY = "firecracker"
+# Boot args Firecracker guests need: reset through the keyboard controller, no PCI probing, fast i8042 probe.
+EXTRA_BOOT_ARGS = "reboot=k pci=off i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd"
+EXIT_MEANINGS = {0: "ok", 1: "generic error", 2: "unexpected error", 3: "bad configuration",
+                 4: "argument parsing error", 148: "bad syscall (seccomp)"}
+
+
+def build_config(cfg: LauncherConfig, paths: RuntimePaths) -> dict[str, Any]:
+    boot: dict[str, Any] = {"kernel_image_path": cfg.boot.kernel,
+                            "boot_args": (cfg.boot.cmdline + " " + EXTRA_BOOT_ARGS).strip()}
+    if cfg.boot.initrd:
+        boot["initrd_path"] = cfg.boot.initrd
+    drives = [
+        {"drive_id": "rootfs", "path_on_host": cfg.root_disk.path, "is_root_device": True,
+         "is_read_only": False, "cache_type": "Writeback"},
+        {"drive_id": "identity", "path_on_host": paths.identity_disk, "is_root_device": False,
+         "is_read_only": True, "cache_type": "Writeback"},
+    ]
+    doc: dict[str, Any] = {
+        "boot-source": boot,
+        "drives": drives,
+        "machine-config": {"vcpu_count": cfg.machine.vcpus, "mem_size_mib": cfg.machine.memory_mib,
+                           "smt": False},
+        "network-interfaces": [],
+    }
+    if cfg.network.mode == "tap":
+        doc["network-interfaces"].append({"iface_id": "eth0", "guest_mac": cfg.network.mac,
+                                          "host_dev_name": cfg.network.tap})
+    return doc
+
+
+def instance_id(cfg: LauncherConfig) -> str:
+    """Firecracker ``--id``: 1-64 of alphanumerics and '-'."""
+    return re.sub(r"[^A-Za-z0-9-]", "-", f"{cfg.vm.namespace}-{cfg.vm.name}")[:64]
+
+
+def build_argv(cfg: LauncherConfig, binary: str, paths: RuntimePaths) -> list[str]:
+    return [binary, "--api-sock", paths.fc_socket, "--config-file", paths.fc_config, "--id", instance_id(cfg)]
+
+
+def describe_exit(status: int) -> str:
+    return EXIT_MEANINGS.get(status, "fatal signal caught by firecracker" if status > 148 else "unknown")
+
+
+class ApiError(Exception):
+    pass
+
+
+def api_request(socket_path: str, method: str, path: str, body: dict[str, Any] | None = None,
+                timeout_seconds: float = 5.0) -> tuple[int, bytes]:
+    """One HTTP/1.1 request over the API unix socket (``Connection: close``). Returns (status, body)."""
+    payload = json.dumps(body).encode() if body is not None else b""
+    head = (f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nAccept: application/json\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n")
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
+            sock.settimeout(timeout_seconds)
+            sock.connect(socket_path)
+            sock.sendall(head.encode() + payload)
+            data = b""
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+                if b"\r\n\r\n" in data:
+                    header, _, rest = data.partition(b"\r\n\r\n")
+                    match = re.search(rb"(?im)^content-length:\s*(\d+)", header)
+                    if match is None or len(rest) >= int(match.group(1)):
+                        break
+    except OSError as exc:
+        raise ApiError(f"{method} {path}: {exc}") from exc
+    status_line = data.split(b"\r\n", 1)[0].decode(errors="replace")
+    parts = status_line.split()
+    if len(parts) < 2 or not parts[1].isdigit():
+        raise ApiError(f"{method} {path}: malformed response {status_line!r}")
+    return int(parts[1]), data.partition(b"\r\n\r\n")[2]
+
+
+def send_ctrl_alt_del(socket_path: str, timeout_seconds: float = 5.0) -> None:
+    status, body = api_request(socket_path, "PUT", "/actions", {"action_type": "SendCtrlAltDel"},
+                               timeout_seconds)
+    if status != 204:
+        raise ApiError(f"SendCtrlAltDel: HTTP {status}: {body.decode(errors='replace')[:200]}")

@@ -1,0 +1,88 @@
+"""Bounded usable-KVM probe.
+
+``/dev/kvm`` existing proves little: on nested or broken hosts KVM_CREATE_VM succeeds but vCPUs never run
+(shared/recipes/guest.md). The probe therefore runs QEMU with ``-accel kvm`` on a 64 KiB firmware whose reset
+vector writes one byte to QEMU's ``isa-debug-exit`` port; QEMU then exits with status ``(0x31 << 1) | 1 = 99``
+(hw/misc/debugexit.c). Any other outcome, or no exit within the timeout, means KVM is not usable.
+The verdict is computed at most once per launcher run (the caller keeps it).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+
+DEBUG_EXIT_PORT = 0xF4
+PROBE_VALUE = 0x31
+PROBE_EXIT_STATUS = (PROBE_VALUE << 1) | 1
+KVM_GET_API_VERSION = 0xAE00  # linux/kvm.h _IO(KVMIO, 0x00); the stable API version is 12.
+
+
+@dataclass(frozen=True)
+class KvmVerdict:
+    usable: bool
+    detail: str
+    seconds: float
+
+
+def probe_firmware() -> bytes:
+    """A 64 KiB BIOS image (QEMU requires a multiple of 64 KiB) whose reset vector (offset 0xFFF0) runs
+    ``mov al, 0x31; out 0xf4, al; cli; hlt; jmp hlt``."""
+    code = bytes([0xB0, PROBE_VALUE, 0xE6, DEBUG_EXIT_PORT, 0xFA, 0xF4, 0xEB, 0xFD])
+    image = bytearray(65536)
+    image[0xFFF0:0xFFF0 + len(code)] = code
+    return bytes(image)
+
+
+def kvm_device_usable(device: str = "/dev/kvm") -> tuple[bool, str]:
+    """Open the device and ask KVM_GET_API_VERSION (must be 12). Cheap, necessary, not sufficient."""
+    try:
+        fd = os.open(device, os.O_RDWR | os.O_CLOEXEC)
+    except OSError as exc:
+        return False, f"{device}: {exc.strerror}"
+    try:
+        version = fcntl.ioctl(fd, KVM_GET_API_VERSION)
+    except OSError as exc:
+        return False, f"{device}: KVM_GET_API_VERSION failed: {exc.strerror}"
+    finally:
+        os.close(fd)
+    if version != 12:
+        return False, f"{device}: KVM API version {version}, expected 12"
+    return True, f"{device}: KVM API version 12"
+
+
+def probe(qemu_binary: str, timeout_seconds: float, accel: str = "kvm", device: str = "/dev/kvm") -> KvmVerdict:
+    """Run the probe guest under ``accel`` (``kvm``; ``tcg`` only to test the probe itself).
+
+    Bounded: QEMU is killed after ``timeout_seconds``. Never raises for probe failures; returns the verdict.
+    """
+    start = time.monotonic()
+    if accel == "kvm":
+        ok, detail = kvm_device_usable(device)
+        if not ok:
+            return KvmVerdict(False, detail, time.monotonic() - start)
+    with tempfile.TemporaryDirectory(prefix="zjusct-kvm-probe-") as tmp:
+        bios = os.path.join(tmp, "probe.bin")
+        with open(bios, "wb") as fh:
+            fh.write(probe_firmware())
+        argv = [qemu_binary, "-accel", accel, "-M", "pc", "-m", "16", "-nodefaults", "-no-user-config",
+                "-display", "none", "-bios", bios,
+                "-device", f"isa-debug-exit,iobase={DEBUG_EXIT_PORT:#x},iosize=0x04"]
+        try:
+            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, timeout=timeout_seconds, check=False)
+        except subprocess.TimeoutExpired:
+            return KvmVerdict(False, f"probe guest did not finish within {timeout_seconds:g} s under {accel}",
+                              time.monotonic() - start)
+        except OSError as exc:
+            return KvmVerdict(False, f"cannot run {qemu_binary}: {exc.strerror}", time.monotonic() - start)
+    elapsed = time.monotonic() - start
+    if proc.returncode == PROBE_EXIT_STATUS:
+        return KvmVerdict(True, f"probe guest ran under {accel} in {elapsed:.2f} s", elapsed)
+    tail = proc.stderr.decode(errors="replace").strip().splitlines()[-1:] if proc.stderr else []
+    return KvmVerdict(False, f"probe guest exited {proc.returncode} under {accel}"
+                      + (f": {tail[0]}" if tail else ""), elapsed)

@@ -1,0 +1,116 @@
+"""QEMU driver: the command line (pure) and the RBD key extraction.
+
+Command-line facts (QEMU 7.2 docs, qemu-options.hx / qapi/block-core.json):
+* ``-blockdev`` accepts JSON, which avoids comma escaping for paths; ``cache.direct=false`` +
+  ``cache.no-flush=false`` is "writeback" (guest flushes reach the disk); ``direct=true`` is "none".
+  "unsafe" (``no-flush=true``) is never used.
+* The rbd driver takes pool/image/conf/user and ``key-secret`` (id of a ``secret`` object); the key is read
+  from a 0600 file in the 0700 runtimeDir, so no secret appears on the command line.
+* ``-no-reboot`` makes a guest reboot end QEMU (SHUTDOWN reason guest-reset); ``-action panic=shutdown`` with
+  the ``pvpanic`` device turns a guest panic into GUEST_PANICKED + SHUTDOWN reason guest-panic and an exit.
+* Option values parsed by QemuOpts escape ',' as ',,'.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from zjusct_launcher.config import LauncherConfig
+from zjusct_launcher.paths import RuntimePaths
+
+DEFAULT_BINARY = "qemu-system-x86_64"
+# Fixed PCI slots keep the disk order stable: vda = root (0x3), vdb = config disk (0x4), eth0 (0x5).
+ROOT_ADDR, IDENTITY_ADDR, NET_ADDR = "0x3", "0x4", "0x5"
+RBD_SECRET_ID = "rbdkey0"  # noqa: S105 - an object id, not a secret
+
+
+def opt_escape(value: str) -> str:
+    return value.replace(",", ",,")
+
+
+def _cache(mode: str) -> dict[str, bool]:
+    return {"direct": mode == "None", "no-flush": False}
+
+
+def root_blockdev(cfg: LauncherConfig, paths: RuntimePaths, is_block_device: bool) -> dict[str, Any]:
+    cache = _cache(cfg.root_disk.cache)
+    if cfg.root_disk.rbd is not None:
+        rbd = cfg.root_disk.rbd
+        proto: dict[str, Any] = {"driver": "rbd", "pool": rbd.pool, "image": rbd.image, "conf": rbd.conf,
+                                 "user": rbd.user, "cache": cache}
+        if rbd.keyring_path:
+            proto["key-secret"] = RBD_SECRET_ID
+            proto["auth-client-required"] = ["cephx"]
+    else:
+        proto = {"driver": "host_device" if is_block_device else "file", "filename": cfg.root_disk.path,
+                 "cache": cache}
+    return {"driver": "raw", "node-name": "root", "cache": cache, "discard": "unmap", "file": proto}
+
+
+def build_argv(cfg: LauncherConfig, binary: str, accel: str, paths: RuntimePaths,
+               root_is_block_device: bool = False) -> list[str]:
+    """The QEMU argument list for one boot.
+
+    Args:
+        accel: ``kvm`` or ``tcg`` (the decision, never ``auto``).
+        root_is_block_device: rootDisk.path is a block device (host_device driver) rather than a file.
+    """
+    m = cfg.machine
+    argv = [binary, "-name", f"{cfg.vm.namespace}_{cfg.vm.name}", "-M", "q35"]
+    if accel == "kvm":
+        argv += ["-accel", "kvm", "-cpu", "host"]
+    else:
+        argv += ["-accel", f"tcg,tb-size={cfg.hypervisor.tcg_translation_cache_mib}", "-cpu", "max"]
+    argv += ["-smp", str(m.vcpus), "-m", f"{m.memory_mib}M",
+             "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+             "-action", "panic=shutdown", "-device", "pvpanic",
+             "-chardev", f"file,id=serial0,path={opt_escape(cfg.serial_log_path)},append=on",
+             "-serial", "chardev:serial0",
+             "-qmp", f"unix:{opt_escape(paths.qmp_socket)},server=on,wait=off",
+             "-kernel", cfg.boot.kernel]
+    if cfg.boot.initrd:
+        argv += ["-initrd", cfg.boot.initrd]
+    argv += ["-append", cfg.boot.cmdline]
+    if cfg.root_disk.rbd is not None and cfg.root_disk.rbd.keyring_path:
+        argv += ["-object", f"secret,id={RBD_SECRET_ID},file={opt_escape(paths.rbd_secret)},format=base64"]
+    argv += ["-blockdev", json.dumps(root_blockdev(cfg, paths, root_is_block_device), separators=(",", ":")),
+             "-device", f"virtio-blk-pci,drive=root,bus=pcie.0,addr={ROOT_ADDR}"]
+    identity = {"driver": "raw", "node-name": "identity", "read-only": True,
+                "file": {"driver": "file", "filename": paths.identity_disk, "read-only": True}}
+    argv += ["-blockdev", json.dumps(identity, separators=(",", ":")),
+             "-device", f"virtio-blk-pci,drive=identity,bus=pcie.0,addr={IDENTITY_ADDR}"]
+    net = cfg.network
+    if net.mode != "none":
+        if net.mode == "tap":
+            argv += ["-netdev", f"tap,id=net0,ifname={net.tap},script=no,downscript=no"]
+        else:
+            argv += ["-netdev", f"user,id=net0,hostfwd=tcp:127.0.0.1:{net.host_forward_port}-:22"]
+        device = f"virtio-net-pci,netdev=net0,bus=pcie.0,addr={NET_ADDR}"
+        if net.mac:
+            device += f",mac={net.mac}"
+        argv += ["-device", device]
+    return argv
+
+
+_KEY_RE = re.compile(r"^\s*key\s*=\s*(\S+)\s*$")
+
+
+def keyring_key(keyring_text: str, user: str) -> str:
+    """The base64 key of ``[client.<user>]`` in a Ceph keyring (INI-like: ``key = AQ...``).
+
+    Raises ValueError (naming the section, never the key) when absent.
+    """
+    wanted = f"[client.{user}]"
+    section = None
+    for line in keyring_text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("[") and stripped.endswith("]"):
+            section = stripped
+            continue
+        if section == wanted:
+            match = _KEY_RE.match(line)
+            if match:
+                return match.group(1)
+    raise ValueError(f"no 'key = ...' line in section {wanted}")

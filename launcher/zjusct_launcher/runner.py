@@ -1,0 +1,466 @@
+"""The run state machine: validate -> lock -> prepare -> start VMM -> readiness -> wait -> stop -> result.
+
+Effects live here; decisions are in :mod:`config`, :mod:`decide`, :mod:`qemu`, :mod:`firecracker`,
+:mod:`identity`. The result is written on every exit path except AlreadyRunning (another launcher owns it) and a
+config file that cannot be read as JSON at all (no result path is known then).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import select
+import shutil
+import signal
+import stat
+import subprocess
+import threading
+import time
+import traceback
+from collections import deque
+from typing import Any
+
+from zjusct_launcher import config as cfgmod
+from zjusct_launcher import firecracker, identity, kvm, lock, log, qemu, readiness, tap
+from zjusct_launcher.decide import Facts, decide, exit_status
+from zjusct_launcher.paths import RuntimePaths
+from zjusct_launcher.qmp import QmpClient, QmpError
+from zjusct_launcher.result import EXIT_ALREADY_RUNNING, Result, publish, write_atomic
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+QMP_CONNECT_TIMEOUT_SECONDS = 30.0
+FC_API_TIMEOUT_SECONDS = 10.0
+POLL_SECONDS = 1.0
+PANIC_MARKER = b"Kernel panic - not syncing"
+
+
+class _Fail(Exception):
+    """Ends the run early with a reason (HypervisorMissing, LauncherError...)."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _vm_json(doc: Any) -> dict[str, Any]:
+    vm = doc.get("vm") if isinstance(doc, dict) else None
+    return vm if isinstance(vm, dict) else {}
+
+
+def _result_paths(doc: Any) -> tuple[str | None, str | None]:
+    """Best-effort result paths from an invalid document (only absolute string paths are used)."""
+    res = doc.get("result") if isinstance(doc, dict) else None
+    if not isinstance(res, dict):
+        return None, None
+    path, term = res.get("path"), res.get("terminationMessagePath")
+    ok = [p if isinstance(p, str) and p.startswith("/") else None for p in (path, term)]
+    return ok[0], ok[1]
+
+
+def run_file(config_path: str) -> int:
+    """``zjusct-launcher run --config FILE``. Returns the process exit code."""
+    started = time.time()
+    runner = Runner(started)
+    try:
+        with open(config_path, "rb") as fh:
+            doc = json.loads(fh.read())
+    except (OSError, ValueError) as exc:
+        log.error("config unreadable; no result path known, nothing written", config=config_path, error=str(exc))
+        return 2
+    try:
+        cfg = cfgmod.parse(doc)
+        problems = cfgmod.environment_problems(cfg)
+    except cfgmod.ConfigError as exc:
+        problems = exc.problems
+    if problems:
+        for p in problems:
+            log.error("config invalid", problem=p)
+        path, term = _result_paths(doc)
+        vm = _vm_json(doc)
+        boot_id = vm.get("bootID") if isinstance(vm.get("bootID"), int) else 0
+        res = Result(vm=vm, boot_id=boot_id, reason="ConfigInvalid", started_at=log.rfc3339(started),
+                     finished_at=log.rfc3339(), message="; ".join(problems))
+        for err in publish(res, path, term):
+            log.error("cannot write result", error=err)
+        return res.exit_code
+    return runner.run(cfg)
+
+
+class Runner:
+    def __init__(self, started: float):
+        self.started = started
+        self.stop_requested = False
+        self.stop_signal: str | None = None
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._on_signal)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pidfd: int | None = None
+        self.qmp: QmpClient | None = None
+        self.tap_created: str | None = None
+        self.ready_at: str | None = None
+        self.readiness_timed_out = False
+        self.killed_after_timeout = False
+        self.shutdown_reason: str | None = None
+        self.guest_panicked = False
+        self.serial_offset = 0
+        self.vmm_stderr: deque[str] = deque(maxlen=20)
+        self._ready_stop = threading.Event()
+        self._ready_outcome: list[bytes | None] = []
+
+    # -- signals ---------------------------------------------------------------------------------------
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.stop_requested = True
+        self.stop_signal = signal.Signals(signum).name
+        try:
+            os.write(self._wake_w, b"s")
+        except OSError:
+            pass
+
+    # -- top level -------------------------------------------------------------------------------------
+    def run(self, cfg: cfgmod.LauncherConfig) -> int:
+        self.cfg = cfg
+        self.paths = RuntimePaths(cfg.runtime_dir)
+        try:
+            os.makedirs(cfg.runtime_dir, mode=0o700, exist_ok=True)
+            os.chmod(cfg.runtime_dir, 0o700)
+            self.lock_fd = lock.acquire(self.paths.lock)
+        except lock.AlreadyRunning:
+            log.error("another launcher holds the runtimeDir lock; leaving its result alone",
+                      lock=self.paths.lock, reason="AlreadyRunning")
+            return EXIT_ALREADY_RUNNING
+        except OSError as exc:
+            return self._finish("LauncherError", f"runtimeDir {cfg.runtime_dir}: {exc}", None)
+        status: int | None = None
+        try:
+            reason, message, status = self._run_locked()
+        except _Fail as exc:
+            reason, message = exc.reason, exc.message
+        except Exception as exc:  # the launcher's own bug or an unexpected OS error: still write a result
+            log.error("launcher error", error=repr(exc), traceback=traceback.format_exc())
+            reason, message = "LauncherError", f"launcher error: {exc!r}"
+        finally:
+            status = self._cleanup(status)
+        return self._finish(reason, message, status)
+
+    def _finish(self, reason: str, message: str, status: int | None) -> int:
+        res = Result(vm=self.cfg.vm.as_json(), boot_id=self.cfg.vm.boot_id, reason=reason,
+                     started_at=log.rfc3339(self.started), finished_at=log.rfc3339(), message=message,
+                     hypervisor_exit_status=status, ready_at=self.ready_at)
+        for err in publish(res, self.cfg.result_path, self.cfg.termination_message_path):
+            log.error("cannot write result", error=err)
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        log.info("launcher finished", reason=reason, exitCode=res.exit_code, message=message,
+                 cpuSeconds=round(usage.ru_utime + usage.ru_stime, 3), maxRssKiB=usage.ru_maxrss)
+        return res.exit_code
+
+    # -- the run ---------------------------------------------------------------------------------------
+    def _run_locked(self) -> tuple[str, str, int | None]:
+        cfg, paths = self.cfg, self.paths
+        for stale in (*paths.transient(), cfg.ready_marker_path):
+            _unlink(stale)
+        write_atomic(paths.launcher_pid, f"{os.getpid()}\n".encode())
+        log.info("launcher started", vm=f"{cfg.vm.namespace}/{cfg.vm.name}", bootID=cfg.vm.boot_id,
+                 hypervisor=cfg.hypervisor.type, runtimeDir=cfg.runtime_dir)
+        if self.stop_requested:
+            return "StopRequested", f"{self.stop_signal} before the VMM started; nothing was started", None
+        binary = self._resolve_binary()
+        accel = self._decide_accel(binary)
+        self._prepare()
+        if self.stop_requested:
+            return "StopRequested", f"{self.stop_signal} before the VMM started; nothing was started", None
+        self._start_vmm(binary, accel)
+        return self._supervise()
+
+    def _resolve_binary(self) -> str:
+        hyp = self.cfg.hypervisor
+        default = qemu.DEFAULT_BINARY if hyp.type == "qemu" else firecracker.DEFAULT_BINARY
+        if hyp.binary:
+            if os.path.isfile(hyp.binary) and os.access(hyp.binary, os.X_OK):
+                return hyp.binary
+            raise _Fail("HypervisorMissing", f"hypervisor.binary: {hyp.binary} is not an executable file")
+        found = shutil.which(default)
+        if not found:
+            raise _Fail("HypervisorMissing", f"{default} not found in PATH ({os.environ.get('PATH', '')}); "
+                                             "install it or set hypervisor.binary")
+        return found
+
+    def _decide_accel(self, binary: str) -> str:
+        hyp = self.cfg.hypervisor
+        if hyp.type == "qemu" and hyp.accel == "tcg":
+            return "tcg"
+        if hyp.type == "qemu":
+            verdict = kvm.probe(binary, hyp.kvm_probe_timeout_seconds)
+        else:
+            ok, detail = kvm.kvm_device_usable()
+            qemu_bin = shutil.which(qemu.DEFAULT_BINARY)
+            verdict = kvm.probe(qemu_bin, hyp.kvm_probe_timeout_seconds) if ok and qemu_bin else \
+                kvm.KvmVerdict(ok, detail, 0.0)
+        log.info("kvm probe", usable=verdict.usable, detail=verdict.detail, seconds=round(verdict.seconds, 3))
+        if verdict.usable:
+            return "kvm"
+        if hyp.type == "qemu" and hyp.accel == "auto" and hyp.allow_tcg:
+            return "tcg"
+        raise _Fail("HypervisorMissing", f"KVM is not usable ({verdict.detail}) and "
+                    + ("firecracker needs KVM" if hyp.type == "firecracker" else
+                       "TCG is not allowed" if hyp.accel == "auto" else "hypervisor.accel is kvm"))
+
+    def _prepare(self) -> None:
+        cfg, paths = self.cfg, self.paths
+        fd = os.open(paths.identity_disk, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(identity.build(cfg))
+        rbd = cfg.root_disk.rbd
+        if rbd is not None and rbd.keyring_path:
+            try:
+                with open(rbd.keyring_path, encoding="utf-8") as fh:
+                    key = qemu.keyring_key(fh.read(), rbd.user)
+            except (OSError, ValueError) as exc:
+                raise _Fail("LauncherError", f"rootDisk.rbd.keyringPath {rbd.keyring_path}: {exc}") from None
+            fd = os.open(paths.rbd_secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(key)
+        if cfg.hypervisor.type == "firecracker":
+            write_atomic(paths.fc_config, json.dumps(firecracker.build_config(cfg, paths), indent=2).encode(),
+                         mode=0o600)
+        os.makedirs(os.path.dirname(cfg.serial_log_path), mode=0o755, exist_ok=True)
+        try:
+            self.serial_offset = os.path.getsize(cfg.serial_log_path)
+        except OSError:
+            self.serial_offset = 0
+        if cfg.network.mode == "tap" and cfg.network.create_tap:
+            try:
+                tap.create(cfg.network.tap or "", cfg.network.bridge)
+            except tap.TapError as exc:
+                raise _Fail("LauncherError", str(exc)) from None
+            self.tap_created = cfg.network.tap
+            log.info("tap created", tap=cfg.network.tap, bridge=cfg.network.bridge)
+
+    def _start_vmm(self, binary: str, accel: str) -> None:
+        cfg, paths = self.cfg, self.paths
+        if cfg.hypervisor.type == "qemu":
+            root = cfg.root_disk.path
+            is_blk = root is not None and stat.S_ISBLK(os.stat(root).st_mode)
+            argv = qemu.build_argv(cfg, binary, accel, paths, is_blk)
+            stdout: Any = subprocess.DEVNULL
+        else:
+            argv = firecracker.build_argv(cfg, binary, paths)
+            stdout = open(cfg.serial_log_path, "ab")
+        parent = os.getpid()
+        libc = ctypes.CDLL(None, use_errno=True)
+        lock_fd = self.lock_fd
+
+        def child_setup() -> None:  # runs in the child between fork and exec
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != parent:  # the launcher died before prctl took effect
+                os._exit(127)
+
+        cpu = _cpu_seconds()
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.PIPE,
+                                         pass_fds=(lock_fd,), start_new_session=True, preexec_fn=child_setup)
+        except OSError as exc:
+            raise _Fail("HypervisorMissing", f"cannot start {binary}: {exc.strerror}") from None
+        finally:
+            if stdout is not subprocess.DEVNULL:
+                stdout.close()
+        write_atomic(paths.vmm_pid, f"{self.proc.pid}\n".encode())
+        try:
+            self.pidfd = os.pidfd_open(self.proc.pid)
+        except (AttributeError, OSError):
+            self.pidfd = None
+        log.info("vmm started", pid=self.proc.pid, accel=accel, argv=argv, launcherCpuSecondsBeforeVmm=round(cpu, 4),
+                 launcherMaxRssKiB=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+        threading.Thread(target=self._relay_stderr, name="vmm-stderr", daemon=True).start()
+
+    def _relay_stderr(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        for raw in self.proc.stderr:
+            line = raw.decode(errors="replace").rstrip()
+            if line:
+                self.vmm_stderr.append(line)
+                log.log("warning", "vmm stderr", line=line)
+
+    def _alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _supervise(self) -> tuple[str, str, int | None]:
+        cfg = self.cfg
+        assert self.proc is not None
+        if cfg.hypervisor.type == "qemu":
+            try:
+                self.qmp = QmpClient.connect(self.paths.qmp_socket, QMP_CONNECT_TIMEOUT_SECONDS, self._alive)
+            except QmpError as exc:
+                log.warning("no QMP connection; a stop will end in a kill", error=str(exc))
+        ready_r, ready_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        if cfg.readiness is not None:
+            threading.Thread(target=self._readiness, args=(ready_w,), name="readiness", daemon=True).start()
+        else:
+            self._mark_ready(None)
+        stop_deadline: float | None = None
+        graceful_sent = False
+        try:
+            while True:
+                if (self.stop_requested or self.readiness_timed_out) and stop_deadline is None:
+                    stop_deadline = time.monotonic() + cfg.stop_timeout_seconds
+                if stop_deadline is not None and not graceful_sent:
+                    graceful_sent = True
+                    self._graceful_stop()
+                if self.proc.poll() is not None:
+                    break
+                if stop_deadline is not None and time.monotonic() >= stop_deadline:
+                    log.warning("stop timeout passed; killing the VMM", timeoutSeconds=cfg.stop_timeout_seconds)
+                    self.killed_after_timeout = True
+                    self.proc.kill()
+                    self.proc.wait()
+                    break
+                fds = [self._wake_r, ready_r]
+                if self.qmp is not None and not self.qmp.closed:
+                    fds.append(self.qmp.fileno())
+                if self.pidfd is not None:
+                    fds.append(self.pidfd)
+                timeout = POLL_SECONDS if self.pidfd is None else 60.0
+                if stop_deadline is not None:
+                    timeout = max(0.0, min(timeout, stop_deadline - time.monotonic()))
+                readable, _, _ = select.select(fds, [], [], timeout)
+                if self._wake_r in readable:
+                    self._drain(self._wake_r)
+                if self.qmp is not None:
+                    self._handle_events(self.qmp.poll_events())
+                if ready_r in readable:
+                    self._drain(ready_r)
+                    self._handle_readiness()
+        finally:
+            self._ready_stop.set()
+            os.close(ready_r)
+            os.close(ready_w)
+        if self.qmp is not None:
+            self._handle_events(self.qmp.poll_events())
+        rc = self.proc.wait()
+        facts = Facts(hypervisor=cfg.hypervisor.type, returncode=rc, stop_requested=self.stop_requested,
+                      readiness_timed_out=self.readiness_timed_out, killed_after_timeout=self.killed_after_timeout,
+                      shutdown_reason=self.shutdown_reason, guest_panicked=self.guest_panicked,
+                      serial_panic=self._serial_shows_panic())
+        reason, message = decide(facts, cfg.stop_timeout_seconds)
+        if reason == "HypervisorCrashed" and self.vmm_stderr:
+            message += f"; last stderr: {self.vmm_stderr[-1]}"
+        return reason, message, exit_status(rc)
+
+    def _graceful_stop(self) -> None:
+        why = "readiness timeout" if self.readiness_timed_out and not self.stop_requested else self.stop_signal
+        try:
+            if self.cfg.hypervisor.type == "qemu":
+                if self.qmp is None or self.qmp.closed:
+                    log.warning("graceful stop impossible without QMP; waiting for the stop timeout")
+                    return
+                self.qmp.execute("system_powerdown")
+                log.info("graceful stop sent", method="QMP system_powerdown", cause=why)
+            else:
+                firecracker.send_ctrl_alt_del(self.paths.fc_socket)
+                log.info("graceful stop sent", method="SendCtrlAltDel", cause=why)
+        except (QmpError, firecracker.ApiError) as exc:
+            log.warning("graceful stop failed; waiting for the stop timeout", error=str(exc))
+
+    def _handle_events(self, events: list[dict[str, Any]]) -> None:
+        for ev in events:
+            name = ev.get("event")
+            data = ev.get("data") or {}
+            if name == "SHUTDOWN":
+                self.shutdown_reason = data.get("reason")
+                log.info("qemu shutdown event", reason=self.shutdown_reason, guest=data.get("guest"))
+            elif name == "GUEST_PANICKED":
+                self.guest_panicked = True
+                log.warning("guest panicked", action=data.get("action"))
+            elif name in ("RESET", "POWERDOWN", "STOP"):
+                log.info("qemu event", event=name)
+
+    def _readiness(self, ready_w: int) -> None:
+        r = self.cfg.readiness
+        assert r is not None
+        banner = readiness.wait_for_banner(r.host, r.port, r.timeout_seconds, self._ready_stop)
+        self._ready_outcome.append(banner)
+        try:
+            os.write(ready_w, b"r")
+        except OSError:
+            pass
+
+    def _handle_readiness(self) -> None:
+        if not self._ready_outcome or self.ready_at is not None or self.readiness_timed_out:
+            return
+        banner = self._ready_outcome[0]
+        if banner is not None:
+            self._mark_ready(banner)
+        elif not self._ready_stop.is_set() and self._alive():
+            r = self.cfg.readiness
+            self.readiness_timed_out = True
+            log.warning("readiness timeout: no SSH banner; stopping the guest",
+                        host=r.host if r else None, port=r.port if r else None,
+                        timeoutSeconds=r.timeout_seconds if r else None)
+
+    def _mark_ready(self, banner: bytes | None) -> None:
+        self.ready_at = log.rfc3339()
+        marker = {"bootID": self.cfg.vm.boot_id, "readyAt": self.ready_at,
+                  "banner": banner.split(b"\r")[0].split(b"\n")[0].decode(errors="replace") if banner else None}
+        write_atomic(self.cfg.ready_marker_path, (json.dumps(marker) + "\n").encode())
+        log.info("guest ready", readyAt=self.ready_at, banner=marker["banner"])
+
+    def _serial_shows_panic(self) -> bool:
+        try:
+            with open(self.cfg.serial_log_path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                fh.seek(max(self.serial_offset, size - 1024 * 1024))
+                return PANIC_MARKER in fh.read()
+        except OSError:
+            return False
+
+    @staticmethod
+    def _drain(fd: int) -> None:
+        try:
+            while os.read(fd, 4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+
+    # -- cleanup ---------------------------------------------------------------------------------------
+    def _cleanup(self, status: int | None) -> int | None:
+        """Leave nothing behind: VMM dead and reaped, TAP removed (if ours), transient files gone."""
+        self._ready_stop.set()
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                log.warning("killing the VMM during cleanup", pid=self.proc.pid)
+                self.proc.kill()
+            rc = self.proc.wait()
+            if status is None:
+                status = exit_status(rc)
+        if self.qmp is not None:
+            self.qmp.close()
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+        if self.tap_created:
+            try:
+                tap.remove(self.tap_created)
+                log.info("tap removed", tap=self.tap_created)
+            except tap.TapError as exc:
+                log.error("cannot remove tap", tap=self.tap_created, error=str(exc))
+        for path in (*self.paths.transient(), self.cfg.ready_marker_path):
+            try:
+                _unlink(path)
+            except OSError as exc:
+                log.error("cannot remove runtime file", path=path, error=str(exc))
+        return status
