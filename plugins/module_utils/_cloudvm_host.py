@@ -273,7 +273,11 @@ def _wait(cfg: HostConfig, store: HostStore, ns: str, name: str, target: str, ti
             status = reconcile(cfg, store, vm)
         boot = int(vm["spec"]["bootID"])
         same_boot = int(status.get("bootID", -1)) == boot
-        if status["phase"] == target and (target != "Running" or same_boot):
+        if target == "Running" and status["phase"] == "Running" and same_boot:
+            return store.get_vm(ns, name) or vm
+        if target == "Stopped" and status["phase"] in ("Stopped", "Failed") and \
+                sup.running_boot(_paths(cfg, ns, name)) is None:
+            # Stopped means no launcher (nor VMM) of the VM remains; a boot that failed is off too.
             return store.get_vm(ns, name) or vm
         if target == "Running" and same_boot and status["phase"] in ("Failed", "Stopped"):
             raise CloudVMError(f"boot {boot} of {ns}/{name} ended: phase {status['phase']}, reason"

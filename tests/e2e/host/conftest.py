@@ -1,0 +1,138 @@
+"""Fixtures for the single-host backend's end-to-end tests: a private host config, real playbooks.
+
+Every test here drives the product the way an operator does — ``ansible-playbook playbooks/...``
+from the repository root — against real QEMU guests on a bridge inside a network namespace that
+the fixture creates and removes. The host configuration points at temporary state, volume, runtime
+and log directories and at the cached guest image, so nothing under /var/lib or /etc is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+VENV_BIN = Path(sys.executable).parent
+
+
+@dataclass
+class Cloud:
+    """A private single-host cloud: its host config path and directories."""
+
+    config_path: Path
+    config: dict
+    root: Path
+    key: Path
+
+    def env(self) -> dict:
+        env = dict(os.environ)
+        env.update(ZJUSCT_CLOUD_CONFIG=str(self.config_path), ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+                   PATH=f"{VENV_BIN}:{env.get('PATH', '')}", ANSIBLE_FORCE_COLOR="0",
+                   ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", ANSIBLE_LOAD_CALLBACK_PLUGINS="1")
+        return env
+
+    def playbook(self, name: str, *extra: str, check: bool = True, timeout: int = 1200) -> dict:
+        """Run ``playbooks/<name>.yml`` with ``-e`` pairs; returns the json callback's document."""
+        argv = [str(VENV_BIN / "ansible-playbook"), f"playbooks/{name}.yml",
+                "-e", f"ssh_public_key_file={self.key}.pub"]
+        for pair in extra:
+            argv += ["-e", pair]
+        proc = subprocess.run(argv, cwd=REPO, env=self.env(), capture_output=True, text=True, timeout=timeout,
+                              check=False)
+        try:
+            doc = json.loads(proc.stdout)
+        except ValueError:
+            doc = {"raw": proc.stdout}
+        doc["rc"] = proc.returncode
+        doc["stderr"] = proc.stderr
+        if check:
+            assert proc.returncode == 0, f"{name} failed: {proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
+        return doc
+
+    def vm(self, name: str) -> dict:
+        """The CloudVM as cloudvm_info returns it (status re-derived from what runs)."""
+        argv = [str(VENV_BIN / "ansible"), "localhost", "-m", "zjusct.cloud.cloudvm_info", "-a", f"name={name}"]
+        proc = subprocess.run(argv, cwd=REPO, env=self.env(), capture_output=True, text=True, timeout=120,
+                              check=True)
+        doc = json.loads(proc.stdout)
+        items = doc["plays"][0]["tasks"][0]["hosts"]["localhost"]["cloudvms"]
+        return items[0] if items else {}
+
+    def ssh(self, ip: str, command: str, timeout: int = 60) -> subprocess.CompletedProcess:
+        """Run ``command`` in a guest over SSH from inside the cloud's network namespace."""
+        return subprocess.run(
+            ["ip", "netns", "exec", self.config["netns"], "ssh", "-i", str(self.key), "-o", "BatchMode=yes",
+             "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=10",
+             f"root@{ip}", command], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def launcher_pids(cloud: Cloud, vm: str, namespace: str = "default") -> list[int]:
+    """Pids of launcher processes (not their VMMs) of one VM, found by their config path."""
+    marker = f"{cloud.config['state_dir']}/vms/{namespace}_{vm}/boot-"
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                args = fh.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "zjusct_launcher" in " ".join(args) and any(a.startswith(marker) for a in args):
+            pids.append(int(entry))
+    return pids
+
+
+@pytest.fixture(scope="module")
+def cloud(guest_image, tmp_path_factory) -> Cloud:
+    """A private host config with its own netns and subnet; everything torn down afterwards."""
+    root = tmp_path_factory.mktemp("cloud")
+    tag = uuid.uuid4().hex[:6]
+    netns = f"zjc-e2e-{tag}"
+    config = {
+        "node": "e2e-host",
+        "store_path": str(root / "cloud.db"),
+        "images_dir": str(Path(guest_image.dir).parent),
+        "default_image": guest_image.manifest["name"],
+        "volumes_dir": str(root / "volumes"),
+        "state_dir": str(root / "state"),
+        "runtime_dir": f"/run/zjc-e2e-{tag}",
+        "log_dir": str(root / "log"),
+        "netns": netns,
+        "bridge": "zjbr0",
+        "subnet": "10.213.0.0/24",
+        "launcher_command": [sys.executable, "-m", "zjusct_launcher"],
+        "launcher_pythonpath": str(REPO / "launcher"),
+        "stop_timeout_seconds": 90,
+        "readiness_timeout_seconds": 600,
+        "tcg_translation_cache_mib": 128,
+    }
+    config_path = root / "host.json"
+    config_path.write_text(json.dumps(config))
+    key = root / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    cloud = Cloud(config_path, config, root, key)
+    try:
+        yield cloud
+    finally:
+        for vm_dir in (Path(config["state_dir"]) / "vms").glob("*"):
+            for pid in launcher_pids(cloud, vm_dir.name.split("_", 1)[1], vm_dir.name.split("_", 1)[0]):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        subprocess.run(["ip", "netns", "del", netns], check=False, capture_output=True)
+        shutil.rmtree(config["runtime_dir"], ignore_errors=True)
+        logs = root / "log"
+        if logs.exists():
+            for log in logs.glob("*.log"):
+                print(f"--- {log.name} (tail)\n{log.read_text(errors='replace')[-3000:]}")
