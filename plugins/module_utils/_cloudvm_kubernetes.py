@@ -22,6 +22,7 @@ Objects are plain dicts as the API returns them (``managedFields`` removed). Tim
 from __future__ import annotations
 
 import copy
+import os
 import time
 from typing import Any, Callable, Optional, Protocol
 
@@ -192,12 +193,17 @@ def _client(params: dict) -> KubernetesCloudVMApi:
     for option in ("impersonate_user", "impersonate_groups"):
         if params.get(option):
             auth[option] = params[option]
+    kubeconfig = auth.get("kubeconfig") or os.environ.get("K8S_AUTH_KUBECONFIG")
+    if isinstance(kubeconfig, str) and not os.path.exists(os.path.expanduser(kubeconfig)):
+        raise CloudVMError(f"kubeconfig: {kubeconfig} does not exist")
     try:
         k8s = get_api_client(**auth)
     except CoreException as exc:
         raise CloudVMError(f"backend kubernetes: {exc}") from exc
-    except Exception as exc:  # a missing or unreadable kubeconfig, bad context name ...
-        raise CloudVMError(f"backend kubernetes: cannot configure the API client: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:  # unreachable server (discovery asks /version), bad context name ...
+        what = "cannot reach the Kubernetes API" if "MaxRetryError" in type(exc).__name__ else \
+            "cannot configure the API client"
+        raise CloudVMError(f"backend kubernetes: {what}: {type(exc).__name__}: {exc}") from exc
     return KubernetesCloudVMApi(CustomObjectsApi(k8s.client.client))
 
 

@@ -1,0 +1,247 @@
+"""The zjusct.cloud.cloudvm and cloudvm_info modules run by ansible-playbook (collection from this
+checkout) against the real kube-apiserver with the CloudVM CRD from config/crd/.
+
+Nothing runs VMs on Kubernetes yet ([controller]): tests that need a phase transition start a
+``FakeController`` thread that writes status through the status subresource exactly as the
+controller will, or write one status themselves (a guest that shut itself down).
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from tests.cluster import TENANT_NAMESPACE
+from tests.integration.cloudvm_k8s.cloudvm_helpers import (
+    CloudVMs,
+    PlayRun,
+    cloudvm_task,
+    finish_play,
+    run_play,
+)
+
+pytestmark = pytest.mark.k8s
+
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIE1qBq5mUL3Tj8Yo3Gc0wLkqj0ZC1S4Kk5uGq2pX3cQh alice@laptop"
+
+
+def _vm(ns: str, name: str, **args: Any) -> dict[str, Any]:
+    return cloudvm_task(namespace=ns, name=name, **args)
+
+
+def test_case_A2_create_is_idempotent_diffed_and_deleted(play: Callable[..., PlayRun], cvm_api: CloudVMs,
+                                                         k8s_namespace: str) -> None:
+    ns = k8s_namespace
+    run = play([
+        _vm(ns, "idem", owner="alice", memory_mib=1024, ssh_authorized_keys=[KEY], labels={"tier": "gold"}),
+        _vm(ns, "idem", owner="alice", memory_mib=1024, ssh_authorized_keys=[KEY], labels={"tier": "gold"}),
+        _vm(ns, "idem", vcpus=2),
+        _vm(ns, "idem", state="absent"),
+        _vm(ns, "idem", state="absent"),
+    ], diff=True)
+    created, again, update, deleted, deleted_again = run.results
+    assert created["changed"] is True, created
+    assert created["cloudvm"]["spec"] == {"owner": "alice", "rootVolumeClaim": "idem-root", "vcpus": 1,
+                                          "memoryMiB": 1024, "powerState": "Stopped", "bootID": 0,
+                                          "sshAuthorizedKeys": [KEY]}
+    assert created["diff"]["before"] == {} and created["diff"]["after"]["memoryMiB"] == 1024
+    assert again["changed"] is False, again
+    assert again["cloudvm"]["metadata"]["resourceVersion"] == created["cloudvm"]["metadata"]["resourceVersion"]
+    assert update["changed"] is True
+    assert (update["diff"]["before"]["vcpus"], update["diff"]["after"]["vcpus"]) == (1, 2)
+    assert update["cloudvm"]["spec"]["memoryMiB"] == 1024  # options left out keep their values
+    assert deleted["changed"] is True and "cloudvm" not in deleted
+    assert deleted_again["changed"] is False
+    assert cvm_api.get(ns, "idem") is None
+
+
+def test_case_A2_check_mode_creates_nothing_and_predicts_the_object(play: Callable[..., PlayRun], cvm_api: CloudVMs,
+                                                                    k8s_namespace: str) -> None:
+    ns = k8s_namespace
+    cvm_api.create(ns, "exists", vcpus=1)
+    run = play([
+        _vm(ns, "fresh", owner="alice", power_state="running"),
+        _vm(ns, "exists", vcpus=3, power_state="running"),
+        _vm(ns, "exists", owner="bob"),
+        _vm(ns, "exists", state="absent"),
+    ], check=True, diff=True)
+    fresh, update, immutable, delete = run.results
+    assert fresh["changed"] is True and fresh["cloudvm"]["spec"]["bootID"] == 1, fresh  # server-side dry run
+    assert update["changed"] is True and update["diff"]["after"]["vcpus"] == 3
+    assert immutable.get("failed") is True and "spec.owner" in immutable["msg"], immutable  # dry run validates too
+    assert delete["changed"] is True
+    assert cvm_api.get(ns, "fresh") is None
+    still = cvm_api.get(ns, "exists")
+    assert still is not None and still["spec"]["vcpus"] == 1 and still["spec"]["bootID"] == 0
+
+
+def test_module_refusals_carry_the_servers_field_path_and_touch_nothing(play: Callable[..., PlayRun],
+                                                                        cvm_api: CloudVMs, k8s_namespace: str) -> None:
+    ns = k8s_namespace
+    cases = [
+        ({"owner": "bob"}, "spec.owner: Invalid value", "is immutable (was alice, requested bob)"),
+        ({"root_volume_claim": "other-root"}, "spec.rootVolumeClaim: Invalid value", "is immutable"),
+        ({"vcpus": 0}, "spec.vcpus: Invalid value: 0", "greater than or equal to 1"),
+        ({"vcpus": 5}, "spec.vcpus: Invalid value: 5", "less than or equal to 4"),
+        ({"memory_mib": 127}, "spec.memoryMiB: Invalid value: 127", "greater than or equal to 128"),
+        ({"memory_mib": 4097}, "spec.memoryMiB: Invalid value: 4097", "less than or equal to 4096"),
+        ({"ssh_authorized_keys": ["ssh-rsa"]}, "spec.sshAuthorizedKeys[0]: Invalid value", "should match"),
+        ({"bandwidth": {"guaranteed_mbps": 100, "ceil_mbps": 10}}, "spec.network.bandwidth.ceilMbps",
+         "10 is below guaranteedMbps 100"),
+    ]
+    before = cvm_api.create(ns, "rej")
+    run = play([_vm(ns, "rej", vcpus=2, **change) for change, _, _ in cases])
+    for (change, field, text), result in zip(cases, run.results, strict=True):
+        assert result.get("failed") is True, (change, result)
+        assert field in result["msg"] and text in result["msg"], (change, result["msg"])
+        assert result["api_status"] == 422 and result["api_reason"] == "Invalid", result
+    after = cvm_api.get(ns, "rej")
+    assert after is not None
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+
+
+def test_start_stop_restart_and_start_on_running_is_no_change(play: Callable[..., PlayRun], cvm_api: CloudVMs,
+                                                              fake_controller: Callable[..., Any],
+                                                              k8s_namespace: str) -> None:
+    """Status transitions come from a FakeController thread (status subresource, as the controller)."""
+    ns = k8s_namespace
+    ctl = fake_controller(ns, "pwr")
+    run = play([
+        _vm(ns, "pwr", owner="alice", power_state="running", wait_timeout=60),
+        _vm(ns, "pwr", power_state="running", wait_timeout=60),
+        _vm(ns, "pwr", restart=True, wait_timeout=60),
+        _vm(ns, "pwr", power_state="stopped", wait_timeout=60),
+        _vm(ns, "pwr", power_state="stopped", wait_timeout=60),
+    ])
+    start, start_again, restart, stop, stop_again = run.results
+    assert (start["changed"], start["boot_id"], start["phase"]) == (True, 1, "Running"), start
+    assert start["cloudvm"]["status"]["sshEndpoint"] == {"host": "10.200.0.2", "port": 22}
+    assert (start_again["changed"], start_again["boot_id"], start_again["phase"]) == (False, 1, "Running")
+    assert (restart["changed"], restart["boot_id"], restart["phase"]) == (True, 2, "Running"), restart
+    assert (stop["changed"], stop["phase"]) == (True, "Stopped"), stop
+    assert (stop_again["changed"], stop_again["phase"]) == (False, "Stopped")
+    # the restart stopped boot 1 and saw it Stopped before asking for boot 2
+    assert ctl.history.index(("Stopped", 1)) < ctl.history.index(("Running", 2)), ctl.history
+    assert not ctl.errors
+
+
+def test_case_L7_start_after_guest_shutdown_bumps_boot_id_exactly_once_when_retried(
+        play: Callable[..., PlayRun], cvm_api: CloudVMs, k8s_namespace: str) -> None:
+    """The guest's own shutdown is written as the controller would report it (status subresource)."""
+    ns = k8s_namespace
+    cvm_api.create(ns, "gs", powerState="Running", bootID=1)
+    cvm_api.set_status(ns, "gs", phase="Stopped", reason="GuestShutdown", bootID=1, message="guest powered off",
+                       exitResult={"reason": "GuestShutdown", "exitCode": 0, "finishedAt": "2026-01-01T00:00:00Z"})
+    run = play([_vm(ns, "gs", power_state="running", wait=False)] * 3)
+    first, *retries = run.results
+    assert (first["changed"], first["boot_id"]) == (True, 2), first
+    assert [(r["changed"], r["boot_id"]) for r in retries] == [(False, 2), (False, 2)]
+    assert cvm_api.get(ns, "gs")["spec"]["bootID"] == 2  # type: ignore[index]
+
+
+def test_concurrent_starts_request_one_boot(k8s_cluster: Any, cloudvm_crd: dict[str, Any], cvm_api: CloudVMs,
+                                            k8s_namespace: str, tmp_path: Path) -> None:
+    """Two ansible-playbook runs start the same stopped VM at once: resourceVersion-guarded writes make
+    exactly one of them request boot 2; the other re-plans after its 409 and changes nothing."""
+    ns = k8s_namespace
+    cvm_api.create(ns, "race", powerState="Running", bootID=1)
+    cvm_api.set_status(ns, "race", phase="Stopped", reason="GuestShutdown", bootID=1)
+    tasks = [_vm(ns, "race", power_state="running", wait=False)]
+    procs = [run_play(tasks, kubeconfig=k8s_cluster.kubeconfig, tmp_path=tmp_path, background=True)
+             for _ in range(2)]
+    results = [finish_play(p).results[0] for p in procs]  # type: ignore[arg-type]
+    assert sorted(r["changed"] for r in results) == [False, True], results
+    assert {r["boot_id"] for r in results} == {2}
+    assert cvm_api.get(ns, "race")["spec"]["bootID"] == 2  # type: ignore[index]
+
+
+def test_wait_timeout_names_last_phase_and_reason(play: Callable[..., PlayRun], fake_controller: Callable[..., Any],
+                                                  k8s_namespace: str) -> None:
+    """A FakeController that never sees the SSH banner keeps the VM Pending (WaitingForSSH)."""
+    ns = k8s_namespace
+    fake_controller(ns, "slow", mode="stuck")
+    (result,) = play([_vm(ns, "slow", owner="alice", power_state="running", wait_timeout=6)]).results
+    assert result.get("failed") is True
+    assert "timed out after 6 s waiting until Running (SSH ready) with bootID 1" in result["msg"], result["msg"]
+    assert "last phase Pending, reason WaitingForSSH" in result["msg"], result["msg"]
+    assert result["changed"] is True  # the start request was written
+
+
+def test_tenant_manages_cloudvms_only_in_her_namespace(play: Callable[..., PlayRun], cvm_api: CloudVMs,
+                                                       k8s_namespace: str) -> None:
+    if cvm_api.get(TENANT_NAMESPACE, "alice-vm") is not None:  # left over by an interrupted run
+        cvm_api.api.delete_namespaced_custom_object("cloud.zjusct.io", "v1alpha1", TENANT_NAMESPACE, "cloudvms",
+                                                    "alice-vm")
+    run = play([
+        _vm(TENANT_NAMESPACE, "alice-vm", owner="alice"),
+        {"zjusct.cloud.cloudvm_info": {"namespace": TENANT_NAMESPACE, "owner": "alice"}},
+        _vm(k8s_namespace, "intruder", owner="alice"),
+        {"zjusct.cloud.cloudvm_info": {"owner": "alice"}},
+        _vm(TENANT_NAMESPACE, "alice-vm", state="absent"),
+    ], user="alice")
+    created, listed, elsewhere, everywhere, deleted = run.results
+    assert created["changed"] is True, created
+    assert [o["metadata"]["name"] for o in listed["cloudvms"]] == ["alice-vm"], listed
+    assert elsewhere.get("failed") is True and elsewhere["api_status"] == 403, elsewhere
+    assert 'cannot get resource "cloudvms"' in elsewhere["msg"] or "forbidden" in elsewhere["msg"], elsewhere["msg"]
+    assert everywhere.get("failed") is True and everywhere["api_status"] == 403, everywhere
+    assert deleted["changed"] is True
+    assert cvm_api.get(k8s_namespace, "intruder") is None
+
+
+def test_case_A3_credentials_never_in_results_or_vvv_output(play: Callable[..., PlayRun], k8s_cluster: Any,
+                                                            k8s_api: Any, k8s_namespace: str, tmp_path: Path) -> None:
+    """A kubeconfig passed as a dict (embedded client key) and a bearer token passed as api_key, in
+    successful and failing tasks, with -vvv: neither secret appears anywhere in the output."""
+    ns = k8s_namespace
+    kubeconfig = yaml.safe_load(Path(k8s_cluster.kubeconfig).read_text())
+    key_data = kubeconfig["users"][0]["user"]["client-key-data"]
+    key_pem_line = base64.b64decode(key_data).decode().splitlines()[1]
+    ca = tmp_path / "ca.crt"
+    ca.write_bytes(base64.b64decode(kubeconfig["clusters"][0]["cluster"]["certificate-authority-data"]))
+    core, rbac = client.CoreV1Api(k8s_api), client.RbacAuthorizationV1Api(k8s_api)
+    core.create_namespaced_service_account(ns, {"metadata": {"name": "robot"}})
+    rbac.create_namespaced_role_binding(ns, {
+        "metadata": {"name": "robot-edit"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+        "subjects": [{"kind": "ServiceAccount", "name": "robot", "namespace": ns}]})
+    request = {"spec": {"expirationSeconds": 3600}}
+    token = core.create_namespaced_service_account_token("robot", ns, request).status.token
+    by_token = {"host": k8s_cluster.server, "api_key": token, "ca_cert": str(ca)}
+    deadline = time.monotonic() + 30
+    while True:  # the RoleBinding reaches the authorizer's cache within a moment
+        review = client.AuthorizationV1Api(k8s_api).create_subject_access_review({"spec": {
+            "user": f"system:serviceaccount:{ns}:robot",
+            "resourceAttributes": {"namespace": ns, "verb": "create", "group": "cloud.zjusct.io",
+                                   "resource": "cloudvms"}}})
+        if review.status.allowed or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    tasks = [
+        _vm(ns, "sec", owner="alice", kubeconfig=kubeconfig),
+        _vm(ns, "sec", owner="bob", kubeconfig=kubeconfig),  # fails: immutable owner
+        _vm(ns, "sec", vcpus=2, **by_token),
+        _vm(ns, "sec", vcpus=9, **by_token),  # fails: above the maximum
+        {"zjusct.cloud.cloudvm_info": {"namespace": ns, **by_token}},
+    ]
+    for json_output in (True, False):
+        run = play(tasks, user="", verbosity=3, json_output=json_output)
+        text = run.stdout + run.stderr
+        for secret in (key_data, key_pem_line, token):
+            assert secret not in text
+        if json_output:
+            ok, refused, by_tok, too_big, info = run.results
+            assert ok["changed"] is True, ok
+            assert refused.get("failed") and "spec.owner" in refused["msg"], refused
+            assert by_tok.get("changed") is True, by_tok
+            assert too_big.get("failed") and "spec.vcpus" in too_big["msg"], too_big
+            assert [o["metadata"]["name"] for o in info["cloudvms"]] == ["sec"], info
+        else:
+            assert "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER" in text or "********" in text
