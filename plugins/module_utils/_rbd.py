@@ -31,7 +31,7 @@ MiB = 1024 * 1024
 META_OWNER = "cloud.zjusct.io/owner"
 META_CLAIMED_BY = "cloud.zjusct.io/claimed-by"
 _ERRNO_RE = re.compile(r"\((\d+)\) ([A-Za-z][^\n]*)")
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.+-][A-Za-z0-9_.+=:-]{0,249}$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.+][A-Za-z0-9_.+=:-]{0,249}$")
 
 
 class RbdError(Exception):

@@ -1,0 +1,120 @@
+"""zjusct.cloud.rbd_volume against a real Ceph cluster (run function with the real rbd CLI)."""
+
+from __future__ import annotations
+
+import pytest
+from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import ImageRef, MiB
+from ansible_collections.zjusct.cloud.plugins.module_utils._rbd_volume import VolumeRefused, run_volume
+
+from .conftest import read_image, write_at
+
+pytestmark = pytest.mark.ceph
+
+
+def P(name: str, **kw):
+    base = {"pool": "rbd", "name": name, "state": "present", "size_mib": None, "allow_shrink": False,
+            "clone_from": None, "snapshot": None, "snapshot_state": "present", "from_snapshot": None,
+            "export_format": None, "path": None, "diffs": [], "force": False, "owner": None, "claimed_by": None,
+            "release_claim": False, "purge_snapshots": False}
+    base.update(kw)
+    return base
+
+
+def test_create_is_idempotent_and_reports_marks(rbd, image_name):
+    res = run_volume(P(image_name, size_mib=64, owner="alice", claimed_by="uid-1"), rbd)
+    assert res["changed"] and res["image"]["size_mib"] == 64
+    assert res["image"]["owner"] == "alice" and res["image"]["claimed_by"] == "uid-1"
+    assert "exclusive-lock" in res["image"]["features"] and res["image"]["watchers"] == []
+    again = run_volume(P(image_name, size_mib=64, owner="alice", claimed_by="uid-1"), rbd)
+    assert not again["changed"] and again["actions"] == []
+    assert rbd.meta(ImageRef("rbd", image_name))["cloud.zjusct.io/owner"] == "alice"
+
+
+def test_check_mode_creates_nothing(rbd, image_name):
+    res = run_volume(P(image_name, size_mib=64, snapshot="s1"), rbd, check_mode=True)
+    assert res["changed"] and res["actions"] == ["create 64", "snap_create s1"]
+    assert res["diff"]["after"]["exists"] and not res["diff"]["before"]["exists"]
+    assert rbd.info(ImageRef("rbd", image_name)) is None
+    assert image_name not in rbd.ls("rbd")
+
+
+def test_clone_from_protected_template_then_grow_and_shrink_rules(rbd, image_name):
+    tpl = image_name + "-tpl"
+    run_volume(P(tpl, size_mib=32, snapshot="v1", snapshot_state="protected"), rbd)
+    with pytest.raises(VolumeRefused, match="not protected"):
+        run_volume(P(tpl, snapshot="v2"), rbd)  # create v2 unprotected
+        run_volume(P(image_name, clone_from=f"rbd/{tpl}@v2"), rbd)
+    res = run_volume(P(image_name, clone_from=f"rbd/{tpl}@v1", size_mib=64), rbd)
+    assert res["image"]["parent"] == f"rbd/{tpl}@v1" and res["image"]["size_mib"] == 64
+    assert not run_volume(P(image_name, clone_from=f"rbd/{tpl}@v1", size_mib=64), rbd)["changed"]
+    with pytest.raises(VolumeRefused, match="size_mib: 16 is below the current size 64 MiB"):
+        run_volume(P(image_name, state="resized", size_mib=16), rbd)
+    assert run_volume(P(image_name, state="resized", size_mib=16, allow_shrink=True), rbd)["image"]["size_mib"] == 16
+    assert run_volume(P(image_name, state="resized", size_mib=128), rbd)["image"]["size_mib"] == 128
+
+
+def test_snapshot_states(rbd, image_name):
+    run_volume(P(image_name, size_mib=8), rbd)
+    assert run_volume(P(image_name, snapshot="a", snapshot_state="protected"), rbd)["changed"]
+    snaps = run_volume(P(image_name, snapshot="a", snapshot_state="protected"), rbd)["image"]["snapshots"]
+    assert [(s["name"], s["protected"]) for s in snaps] == [("a", True)]
+    res = run_volume(P(image_name, snapshot="a", snapshot_state="absent"), rbd)
+    assert res["actions"] == ["snap_unprotect a", "snap_remove a"] and res["image"]["snapshots"] == []
+
+
+def test_case_V2_absent_refused_while_a_watcher_exists_and_names_it(rbd, image_name, watcher):
+    run_volume(P(image_name, size_mib=8), rbd)
+    watcher(ImageRef("rbd", image_name))
+    w = rbd.status(ImageRef("rbd", image_name))[0]
+    with pytest.raises(VolumeRefused, match=f"has watchers {w['address']} \\(client.{w['client']}\\)"):
+        run_volume(P(image_name, state="absent"), rbd)
+    assert rbd.info(ImageRef("rbd", image_name)) is not None
+
+
+def test_absent_refused_while_claimed_or_with_snapshots_then_allowed(rbd, image_name):
+    run_volume(P(image_name, size_mib=8, claimed_by="uid-1", snapshot="s", snapshot_state="protected"), rbd)
+    with pytest.raises(VolumeRefused, match="claimed by 'uid-1'"):
+        run_volume(P(image_name, state="absent", purge_snapshots=True), rbd)
+    with pytest.raises(VolumeRefused, match="has snapshots s"):
+        run_volume(P(image_name, state="absent", release_claim=True, claimed_by="uid-1"), rbd)
+    res = run_volume(P(image_name, state="absent", release_claim=True, claimed_by="uid-1", purge_snapshots=True), rbd)
+    assert res["changed"] and res["image"] is None
+    assert not run_volume(P(image_name, state="absent"), rbd)["changed"]
+
+
+def test_ownership_mismatch_is_refused_and_changes_nothing(rbd, image_name):
+    run_volume(P(image_name, size_mib=8, owner="alice", claimed_by="uid-1"), rbd)
+    with pytest.raises(VolumeRefused, match="owner: 'mallory' does not match the owner mark 'alice'"):
+        run_volume(P(image_name, size_mib=16, owner="mallory"), rbd)
+    with pytest.raises(VolumeRefused, match="claimed by 'uid-1'"):
+        run_volume(P(image_name, claimed_by="uid-2"), rbd)
+    assert rbd.info(ImageRef("rbd", image_name))["size"] == 8 * MiB
+
+
+def test_export_full_and_diff_then_import_chain_into_new_image(rbd, image_name, ceph_cluster, tmp_path):
+    ref = ImageRef("rbd", image_name)
+    run_volume(P(image_name, size_mib=16), rbd)
+    write_at(ceph_cluster, ref, 4096, b"first" * 1000, str(tmp_path))
+    run_volume(P(image_name, snapshot="s1"), rbd)
+    write_at(ceph_cluster, ref, 9 * MiB, b"second" * 1000, str(tmp_path))
+    run_volume(P(image_name, snapshot="s2"), rbd)
+    full, diff = str(tmp_path / "full.raw"), str(tmp_path / "s1-s2.rbdiff")
+    assert run_volume(P(image_name, state="exported", snapshot="s1", path=full), rbd)["changed"]
+    assert not run_volume(P(image_name, state="exported", snapshot="s1", path=full), rbd)["changed"]
+    run_volume(P(image_name, state="exported", snapshot="s2", from_snapshot="s1", path=diff), rbd)
+    # a raw full export has no snapshot to diff from: use the diff format for the base of a chain
+    base = str(tmp_path / "s1.rbdiff")
+    run_volume(P(image_name, state="exported", snapshot="s1", export_format="diff", path=base), rbd)
+    new = image_name + "-imp"
+    res = run_volume(P(new, state="imported", path=base, diffs=[diff]), rbd)
+    assert res["changed"]
+    assert not run_volume(P(new, state="imported", path=base, diffs=[diff]), rbd)["changed"]
+    want = read_image(ceph_cluster, ref.at("s2"), str(tmp_path / "want"))
+    got = read_image(ceph_cluster, ImageRef("rbd", new), str(tmp_path / "got"))
+    assert got == want and b"second" * 1000 in got
+    raw_new = image_name + "-raw"
+    run_volume(P(raw_new, state="imported", path=full), rbd)
+    assert read_image(ceph_cluster, ImageRef("rbd", raw_new), str(tmp_path / "got2")) == \
+        read_image(ceph_cluster, ref.at("s1"), str(tmp_path / "want2"))
+    with pytest.raises(VolumeRefused, match="already exists; import only into a new image"):
+        run_volume(P(image_name, state="imported", path=full), rbd)
