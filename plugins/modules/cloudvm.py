@@ -127,9 +127,24 @@ attributes:
   diff_mode:
     support: full
     description: Shows the CloudVM's spec before and after.
+requirements:
+  - With O(backend=kubernetes) on the managed node, the Python library C(kubernetes) (24.2.0 or later) and the
+    collection C(kubernetes.core).
 notes:
-  - On Kubernetes the API server enforces the same rules (OpenAPI schema and CEL rules), so kubectl, AWX and
-    this module get the same refusal.
+  - >-
+    On Kubernetes the API server enforces the same rules (OpenAPI schema and CEL rules), so kubectl, AWX and
+    this module get the same refusal; the module reports the server's message, which names the field path
+    such as C(spec.owner: Invalid value: "string": is immutable), followed by the old and new value. A refused
+    request changes nothing.
+  - On Kubernetes, check mode is a server-side dry run, so it validates exactly like a real run.
+  - On Kubernetes every write carries the resourceVersion the plan was computed from; when another client
+    wrote in between (HTTP 409) the module reads again and re-plans, so concurrent or retried starts request
+    one boot only.
+  - On Kubernetes, O(root_volume_claim) names a raw-block PersistentVolumeClaim in the same namespace; this
+    module does not create it. Waits rely on the controller's C(status.observedGeneration) and C(status.bootID).
+    O(image) and O(volume_size_mib) are ignored there (with a warning).
+  - O(state=absent) on Kubernetes deletes with foreground propagation, so the CloudVM is gone only after its
+    launcher Pod is.
 seealso:
   - module: zjusct.cloud.cloudvm_info
   - module: zjusct.cloud.fc_launcher
@@ -164,6 +179,24 @@ EXAMPLES = r"""
     name: alice
     restart: true
 
+- name: Create alice's VM on Kubernetes (kubeconfig from K8S_AUTH_KUBECONFIG), 100 Mbit/s guaranteed
+  zjusct.cloud.cloudvm:
+    backend: kubernetes
+    namespace: tenant-alice
+    name: alice
+    owner: alice
+    root_volume_claim: alice-root
+    vcpus: 2
+    memory_mib: 2048
+    bandwidth:
+      guaranteed_mbps: 100
+      ceil_mbps: 1000
+      pool: campus
+    labels:
+      course: hpc101
+    power_state: running
+    wait_timeout: 300
+
 - name: Delete the VM, keeping its root volume
   zjusct.cloud.cloudvm:
     name: alice
@@ -195,6 +228,24 @@ boot_id:
   returned: success
   type: int
   sample: 1
+api_status:
+  description: HTTP status of the Kubernetes API's refusal (422 invalid, 403 forbidden, 404 not found).
+  returned: failure on the kubernetes backend, when the API server refused the request
+  type: int
+  sample: 422
+api_reason:
+  description: Reason of the Kubernetes API's refusal (the Status reason).
+  returned: failure on the kubernetes backend, when the API server refused the request
+  type: str
+  sample: Invalid
+field_errors:
+  description: The fields the API server refused, with its message for each.
+  returned: failure on the kubernetes backend, when the API server refused the request
+  type: list
+  elements: dict
+  sample:
+    - field: spec.owner
+      message: "Invalid value: \"string\": is immutable (was alice, requested bob)"
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -35,6 +35,12 @@ attributes:
   check_mode:
     support: full
     description: Read-only; runs the same in check mode.
+requirements:
+  - With O(backend=kubernetes) on the managed node, the Python library C(kubernetes) (24.2.0 or later) and the
+    collection C(kubernetes.core).
+notes:
+  - On Kubernetes, O(owner) is a field selector (C(spec.owner) is a selectable field of the CRD) and O(name)
+    without O(namespace) searches every namespace, which needs cluster-wide list rights.
 seealso:
   - module: zjusct.cloud.cloudvm
 """
@@ -44,6 +50,14 @@ EXAMPLES = r"""
   zjusct.cloud.cloudvm_info:
     owner: alice
   register: vms
+
+- name: Running VMs of a course in a tenant namespace on Kubernetes
+  zjusct.cloud.cloudvm_info:
+    backend: kubernetes
+    namespace: tenant-alice
+    label_selectors:
+      - course=hpc101
+  register: course_vms
 
 - name: Show their phases
   ansible.builtin.debug:
