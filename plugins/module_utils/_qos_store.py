@@ -1,0 +1,246 @@
+# -*- coding: utf-8 -*-
+# Copyright: zjusct.cloud contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Persistence of bandwidth arbitration in the host store (SQLite): node capacity, pools, grants, attachments.
+
+Tables (created with ``CREATE TABLE IF NOT EXISTS`` by :func:`ensure_schema`, next to the host store's own):
+
+* ``qos_node`` (one row): ``nic_mbps``, ``ratio``, ``next_seq``;
+* ``qos_pools``: ``name``, ``capacity_mbps``;
+* ``qos_grants``: one row per admitted VM: request (guaranteed, ceil, priority, pool), ``granted_mbps``, ``seq``;
+* ``qos_attachments``: where a VM's classes live: ``vm``, ``netns`` ('' = the root namespace), ``device``,
+  ``ifb`` ('' = no ingress shaping), ``mac``, ``ipv4``, ``minor`` (class id 7a:<minor> on the device and IFB).
+
+Every decision is an event row in the host store's ``events`` table (same columns as ``HostStore.record_event``:
+kind Normal|Warning, subject ``vm/<vm>``, reason ``BandwidthGranted|BandwidthPreempted|BandwidthDenied|
+BandwidthReleased``, message, data JSON). The events table is created here only when it does not exist yet.
+
+Concurrency: use :meth:`QoSStore.transaction` (``BEGIN IMMEDIATE``) around load -> decide -> save so two
+processes arbitrating the same pools are serialized (the SQLite write lock plays the role of KVMCloud's advisory
+lock per pool).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from ansible_collections.zjusct.cloud.plugins.module_utils import _qos as q
+
+SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS qos_node (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        nic_mbps INTEGER NOT NULL,
+        ratio REAL NOT NULL,
+        next_seq INTEGER NOT NULL DEFAULT 1)""",
+    """CREATE TABLE IF NOT EXISTS qos_pools (
+        name TEXT PRIMARY KEY,
+        capacity_mbps INTEGER NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS qos_grants (
+        vm TEXT PRIMARY KEY,
+        pool TEXT NOT NULL,
+        guaranteed_mbps INTEGER NOT NULL,
+        ceil_mbps INTEGER NOT NULL,
+        priority INTEGER NOT NULL,
+        granted_mbps INTEGER NOT NULL,
+        seq INTEGER NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS qos_attachments (
+        vm TEXT PRIMARY KEY,
+        netns TEXT NOT NULL,
+        device TEXT NOT NULL,
+        ifb TEXT NOT NULL,
+        mac TEXT,
+        ipv4 TEXT,
+        minor INTEGER NOT NULL,
+        UNIQUE (netns, device, minor))""",
+    """CREATE TABLE IF NOT EXISTS events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        ts TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        message TEXT NOT NULL,
+        data TEXT NOT NULL DEFAULT '{}')""",
+)
+
+REASONS = {q.GRANTED: "BandwidthGranted", q.PREEMPTED: "BandwidthPreempted", q.DENIED: "BandwidthDenied"}
+
+
+def ensure_schema(conn: sqlite3.Connection) -> None:
+    """Create the QoS tables (and ``events`` if missing). Idempotent."""
+    for statement in SCHEMA:
+        conn.execute(statement)
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """Where a VM's class lives: device (its TAP) in netns ('' = root namespace), optional IFB for ingress."""
+
+    vm: str
+    netns: str
+    device: str
+    ifb: str
+    mac: str | None
+    ipv4: str | None
+    minor: int
+
+
+class QoSStore:
+    """Arbitration state in SQLite. ``conn`` is a sqlite3 connection (e.g. ``HostStore(path).conn``) opened with
+    ``isolation_level=None`` (autocommit; we issue BEGIN IMMEDIATE ourselves)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        if self.conn.isolation_level is not None:
+            self.conn.isolation_level = None
+        ensure_schema(conn)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (BEGIN IMMEDIATE), committed on success; nested use joins the outer one."""
+        if self.conn.in_transaction:
+            yield self.conn
+            return
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    # -- configuration --
+    def configure(self, nic_mbps: int, ratio: float, pools: dict[str, int]) -> list[str]:
+        """Set the node capacity and the pools (name -> capacity Mbit/s); returns what changed.
+
+        Pools not listed are removed when no VM uses them. Raises QoSInputError when a value is out of range or
+        a new capacity is below what is already guaranteed/used in a pool (field, value and usage named).
+        """
+        node = q.NodeCapacity(nic_mbps, ratio)
+        q.validate_node(node)
+        for name, cap in pools.items():
+            q.validate_pool(q.Pool(name, cap))
+        changes: list[str] = []
+        with self.transaction() as conn:
+            state = self.load()
+            if state.node_guaranteed_mbps() > node.guarantee_limit_mbps:
+                raise q.QoSInputError(
+                    f"node.nic_mbps/ratio: {nic_mbps} x {ratio} = {node.guarantee_limit_mbps} Mbit/s is below the "
+                    f"{state.node_guaranteed_mbps()} Mbit/s already guaranteed")
+            for name in state.pools:
+                used = state.pool_used_mbps(name)
+                if name not in pools and any(g.request.pool == name for g in state.grants.values()):
+                    raise q.QoSInputError(f"pools[{name}]: still used by admitted VMs, cannot be removed")
+                if name in pools and pools[name] < used:
+                    raise q.QoSInputError(f"pools[{name}].capacity_mbps: {pools[name]} is below the {used} Mbit/s "
+                                          f"in use (guaranteed + granted)")
+            if (state.node.nic_mbps, state.node.ratio) != (nic_mbps, ratio):
+                conn.execute("INSERT INTO qos_node (id, nic_mbps, ratio) VALUES (1, ?, ?) ON CONFLICT (id) DO "
+                             "UPDATE SET nic_mbps = excluded.nic_mbps, ratio = excluded.ratio", (nic_mbps, ratio))
+                changes.append(f"node {nic_mbps} Mbit/s x {ratio}")
+            for name, cap in sorted(pools.items()):
+                if name not in state.pools or state.pools[name].capacity_mbps != cap:
+                    conn.execute("INSERT INTO qos_pools (name, capacity_mbps) VALUES (?, ?) ON CONFLICT (name) "
+                                 "DO UPDATE SET capacity_mbps = excluded.capacity_mbps", (name, cap))
+                    changes.append(f"pool {name} {cap} Mbit/s")
+            for name in sorted(set(state.pools) - set(pools)):
+                conn.execute("DELETE FROM qos_pools WHERE name = ?", (name,))
+                changes.append(f"pool {name} removed")
+        return changes
+
+    # -- state --
+    def load(self) -> q.State:
+        """The arbitration state (node 0 Mbit/s when never configured)."""
+        row = self.conn.execute("SELECT nic_mbps, ratio, next_seq FROM qos_node WHERE id = 1").fetchone()
+        node = q.NodeCapacity(int(row[0]), float(row[1])) if row else q.NodeCapacity(0, 1.0)
+        next_seq = int(row[2]) if row else 1
+        pools = {r[0]: q.Pool(r[0], int(r[1])) for r in
+                 self.conn.execute("SELECT name, capacity_mbps FROM qos_pools")}
+        grants = {}
+        for r in self.conn.execute("SELECT vm, pool, guaranteed_mbps, ceil_mbps, priority, granted_mbps, seq "
+                                   "FROM qos_grants"):
+            req = q.Request(r[0], int(r[2]), int(r[3]), int(r[4]), r[1])
+            grants[r[0]] = q.Grant(req, int(r[5]), int(r[6]))
+        return q.State(node, pools, grants, next_seq)
+
+    def save_grants(self, before: q.State, after: q.State) -> None:
+        """Write the grant rows that differ between ``before`` and ``after`` (and next_seq)."""
+        with self.transaction() as conn:
+            for vm in set(before.grants) - set(after.grants):
+                conn.execute("DELETE FROM qos_grants WHERE vm = ?", (vm,))
+            for vm, g in after.grants.items():
+                if before.grants.get(vm) != g:
+                    r = g.request
+                    conn.execute("INSERT OR REPLACE INTO qos_grants (vm, pool, guaranteed_mbps, ceil_mbps, priority,"
+                                 " granted_mbps, seq) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                 (vm, r.pool, r.guaranteed_mbps, r.ceil_mbps, r.priority, g.granted_mbps, g.seq))
+            if after.next_seq != before.next_seq:
+                conn.execute("UPDATE qos_node SET next_seq = ? WHERE id = 1", (after.next_seq,))
+
+    # -- attachments --
+    def attachments(self, netns: str | None = None, device: str | None = None) -> list[Attachment]:
+        query, args = "SELECT vm, netns, device, ifb, mac, ipv4, minor FROM qos_attachments WHERE 1=1", []
+        if netns is not None:
+            query += " AND netns = ?"
+            args.append(netns)
+        if device is not None:
+            query += " AND device = ?"
+            args.append(device)
+        return [Attachment(*r) for r in self.conn.execute(query + " ORDER BY netns, device, minor", args)]
+
+    def attachment(self, vm: str) -> Attachment | None:
+        r = self.conn.execute("SELECT vm, netns, device, ifb, mac, ipv4, minor FROM qos_attachments WHERE vm = ?",
+                              (vm,)).fetchone()
+        return Attachment(*r) if r else None
+
+    def attach(self, vm: str, netns: str, device: str, ifb: str, mac: str | None, ipv4: str | None) -> Attachment:
+        """Record (or keep) where ``vm``'s class lives; allocates the lowest free class minor on the device."""
+        with self.transaction() as conn:
+            old = self.attachment(vm)
+            if old and (old.netns, old.device) == (netns, device):
+                minor = old.minor
+            else:
+                used = {a.minor for a in self.attachments(netns, device) if a.vm != vm}
+                minor = next(m for m in range(0x10, 0x1000) if m not in used)
+            conn.execute("INSERT OR REPLACE INTO qos_attachments (vm, netns, device, ifb, mac, ipv4, minor) "
+                         "VALUES (?, ?, ?, ?, ?, ?, ?)", (vm, netns, device, ifb, mac, ipv4, minor))
+        return Attachment(vm, netns, device, ifb, mac, ipv4, minor)
+
+    def detach(self, vm: str) -> None:
+        with self.transaction() as conn:
+            conn.execute("DELETE FROM qos_attachments WHERE vm = ?", (vm,))
+
+    # -- events --
+    def record(self, decision: q.Decision, request: q.Request | None = None) -> None:
+        """One event for the decision and one per preempted VM (subject ``vm/<vm>``)."""
+        data: dict[str, Any] = decision.as_dict()
+        if request is not None:
+            data["request"] = {"guaranteed_mbps": request.guaranteed_mbps, "ceil_mbps": request.ceil_mbps,
+                               "priority": request.priority, "pool": request.pool}
+        kind = "Warning" if decision.outcome == q.DENIED else "Normal"
+        self.event(kind, decision.vm, REASONS[decision.outcome], decision.reason, data)
+        for p in decision.preemptions:
+            self.event("Warning", p.vm, "BandwidthPreempted",
+                       f"gave back {p.lost_mbps} Mbit/s of borrowed bandwidth to {decision.vm}",
+                       {"vm": p.vm, "lost_mbps": p.lost_mbps, "by": decision.vm})
+
+    def event(self, kind: str, vm: str, reason: str, message: str, data: dict) -> None:
+        ts = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        with self.transaction() as conn:
+            conn.execute("INSERT INTO events (ts, kind, subject, reason, message, data) VALUES (?, ?, ?, ?, ?, ?)",
+                         (ts, kind, f"vm/{vm}", reason, message, json.dumps(data, sort_keys=True)))
+
+    def events(self, vm: str | None = None) -> list[dict]:
+        """Bandwidth events, oldest first (all VMs when ``vm`` is None)."""
+        query = "SELECT ts, kind, subject, reason, message, data FROM events WHERE reason LIKE 'Bandwidth%'"
+        args: list = []
+        if vm is not None:
+            query += " AND subject = ?"
+            args.append(f"vm/{vm}")
+        rows = self.conn.execute(query + " ORDER BY id", args).fetchall()
+        return [{"ts": r[0], "kind": r[1], "subject": r[2], "reason": r[3], "message": r[4],
+                 "data": json.loads(r[5])} for r in rows]
