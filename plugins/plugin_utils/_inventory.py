@@ -1,0 +1,380 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, ZJUSCT cloud team
+# Apache License 2.0 (see LICENSE)
+"""The CloudVM inventory's decisions: which VMs become hosts, under which names, with which
+variables and in which groups.
+
+Everything here is a pure function over plain data, shared by both sources of the
+``zjusct.cloud.cloudvm`` inventory plugin (Kubernetes CloudVM objects, the host backend's store)
+and tested without any server:
+
+* :class:`InventoryOptions` holds the plugin's options after validation (errors name the option,
+  the value and what is allowed).
+* :func:`vm_record` reduces a CRD-shaped CloudVM dict to the few fields the inventory uses; the
+  records are what the plugin caches (a 10,000-VM cache stays a few MiB).
+* :func:`select` filters records (namespaces, owners, label selector, phases).
+* :func:`host_entries` turns the selected records into :class:`HostEntry` values (name, hostvars,
+  groups) and reports name collisions.
+
+Shapes: a CloudVM dict has ``metadata{namespace,name,uid,labels}``, ``spec{owner,vcpus,memoryMiB,
+bootID}``, ``status{phase,reason,bootID,node,sshEndpoint{host,port},sshProxyCommand}`` as in
+config/crd/cloudvms.cloud.zjusct.io.yaml (sshProxyCommand is written by the host backend only).
+Units: memory in MiB, ports are TCP ports.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import string
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Optional
+
+SOURCES = ("kubernetes", "host")
+PHASES = ("Pending", "Running", "Stopping", "Stopped", "Failed", "Blocked", "Unknown")
+GROUP_BY = ("owner", "namespace", "node", "phase")
+HOSTNAME_FIELDS = ("namespace", "name", "owner", "uid", "node")
+DEFAULT_HOSTNAME = "{name}.{namespace}"
+# Without a prefix ``name`` and ``namespace`` would be reserved variable names (Ansible warns) and
+# ``node`` or ``labels`` easily collide with a site's own variables.
+DEFAULT_PREFIX = "cloudvm_"
+_GROUP_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
+_VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Label keys: optional DNS-subdomain prefix and a name (Kubernetes "Labels and Selectors").
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+class InventoryOptionError(ValueError):
+    """An option has a value the plugin cannot use; the message names option, value and what is allowed."""
+
+
+# --------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class InventoryOptions:
+    """The plugin's options after validation (connection options live in :mod:`._kube_list`).
+
+    Attributes:
+        source: ``kubernetes`` (CloudVM objects through kube-apiserver) or ``host`` (the host store).
+        namespaces: namespaces to list; empty means all (one cluster-wide list).
+        label_selector: Kubernetes label selector (equality and set based), "" for none.
+        owners: only VMs whose ``spec.owner`` is one of these; empty for all.
+        include_phases: phases whose VMs become hosts (default only Running: SSH answers).
+        include_all: every VM whatever its phase (overrides ``include_phases``).
+        hostname_format: ``str.format`` template over ``namespace``, ``name``, ``owner``, ``uid``,
+            ``node``; the default ``{name}.{namespace}`` cannot collide because neither part may
+            contain a dot.
+        hostvar_prefix: prefix of every host variable this plugin sets except the ``ansible_*`` ones
+            (default ``cloudvm_``; "" gives the bare names, of which ``name`` and ``namespace`` are
+            reserved by Ansible).
+        group_by: built-in groups: ``owner`` → ``owner_<owner>``, ``namespace`` →
+            ``namespace_<namespace>``, ``node`` → ``node_<node>``, ``phase`` → ``phase_<phase>``
+            (characters other than letters, digits and ``_`` become ``_``).
+        ansible_user: SSH user of the guests.
+        use_proxy_command: use the ``status.sshProxyCommand`` the backend publishes.
+        jump_host: SSH jump host (``ProxyJump``) for VMs without a proxy command; may use the
+            hostname fields, e.g. ``root@{node}``; "" for none.
+    """
+
+    source: str = "kubernetes"
+    namespaces: tuple[str, ...] = ()
+    label_selector: str = ""
+    owners: tuple[str, ...] = ()
+    include_phases: tuple[str, ...] = ("Running",)
+    include_all: bool = False
+    hostname_format: str = DEFAULT_HOSTNAME
+    hostvar_prefix: str = DEFAULT_PREFIX
+    group_by: tuple[str, ...] = ("owner", "namespace", "node")
+    ansible_user: str = "root"
+    use_proxy_command: bool = True
+    jump_host: str = ""
+    selector: tuple["Requirement", ...] = field(default=(), compare=False, repr=False)
+
+    @classmethod
+    def from_options(cls, get: Callable[[str], Any]) -> "InventoryOptions":
+        """Build and validate the options from a getter (the plugin's ``get_option``).
+
+        Raises:
+            InventoryOptionError: a value is outside what is allowed (message names the option).
+        """
+        source = get("source") or "kubernetes"
+        if source not in SOURCES:
+            raise InventoryOptionError(f"source: {source!r} is not one of {', '.join(SOURCES)}")
+        phases = tuple(get("include_phases") or ())
+        for phase in phases:
+            if phase not in PHASES:
+                raise InventoryOptionError(f"include_phases: {phase!r} is not a phase; allowed: {', '.join(PHASES)}")
+        group_by = tuple(get("group_by") or ())
+        for key in group_by:
+            if key not in GROUP_BY:
+                raise InventoryOptionError(f"group_by: {key!r} is not one of {', '.join(GROUP_BY)}")
+        fmt = get("hostname_format") or DEFAULT_HOSTNAME
+        check_format("hostname_format", fmt)
+        jump = get("jump_host") or ""
+        if jump:
+            check_format("jump_host", jump)
+        prefix = get("hostvar_prefix")
+        prefix = DEFAULT_PREFIX if prefix is None else prefix
+        if prefix and not _VAR_NAME.match(prefix):
+            raise InventoryOptionError(
+                f"hostvar_prefix: {prefix!r} must start with a letter or _ and contain only letters, digits and _")
+        selector_text = get("label_selector") or ""
+        return cls(
+            source=source,
+            namespaces=tuple(get("namespaces") or ()),
+            label_selector=selector_text,
+            owners=tuple(get("owners") or ()),
+            include_phases=phases,
+            include_all=bool(get("include_all")),
+            hostname_format=fmt,
+            hostvar_prefix=prefix,
+            group_by=group_by,
+            ansible_user=get("ansible_user") or "root",
+            use_proxy_command=bool(get("use_proxy_command")) if get("use_proxy_command") is not None else True,
+            jump_host=jump,
+            selector=parse_label_selector(selector_text),
+        )
+
+
+def check_format(option: str, fmt: str) -> None:
+    """Refuse a ``str.format`` template that uses anything but the hostname fields.
+
+    Raises:
+        InventoryOptionError: unknown field, positional field, or malformed braces.
+    """
+    try:
+        parsed = list(string.Formatter().parse(fmt))
+    except ValueError as exc:
+        raise InventoryOptionError(f"{option}: {fmt!r} is not a valid format string: {exc}") from exc
+    for _literal, name, _spec, _conv in parsed:
+        if name is None:
+            continue
+        if name not in HOSTNAME_FIELDS:
+            raise InventoryOptionError(
+                f"{option}: {fmt!r} uses {{{name}}}; allowed fields: {', '.join('{' + f + '}' for f in HOSTNAME_FIELDS)}")
+
+
+# --------------------------------------------------------------------------- label selectors
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One label selector requirement: ``op`` is ``=``, ``!=``, ``in``, ``notin``, ``exists`` or ``!``."""
+
+    key: str
+    op: str
+    values: frozenset[str] = frozenset()
+
+    def matches(self, labels: dict) -> bool:
+        """Whether a label map satisfies this requirement (Kubernetes semantics: ``!=`` and ``notin``
+        match objects without the key)."""
+        present = self.key in labels
+        value = labels.get(self.key)
+        if self.op == "exists":
+            return present
+        if self.op == "!":
+            return not present
+        if self.op in ("=", "in"):
+            return present and value in self.values
+        return not present or value not in self.values  # != and notin
+
+
+_SET_RE = re.compile(r"^(?P<key>\S+)\s+(?P<op>in|notin)\s*\((?P<values>[^()]*)\)$")
+
+
+def _split_top(text: str) -> list[str]:
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur))
+    return [p.strip() for p in parts]
+
+
+def parse_label_selector(text: str) -> tuple[Requirement, ...]:
+    """Parse a Kubernetes label selector (``a=b,c!=d,e in (f,g),h notin (i),j,!k``).
+
+    The grammar is the one of kube-apiserver (k8s.io/apimachinery/pkg/labels/selector.go); the
+    Kubernetes source sends the text unchanged to the server, the host source evaluates it here.
+
+    Raises:
+        InventoryOptionError: a requirement cannot be parsed (named in the message).
+    """
+    if not text or not text.strip():
+        return ()
+    out = []
+    for part in _split_top(text):
+        if not part:
+            raise InventoryOptionError(f"label_selector: {text!r} has an empty requirement")
+        m = _SET_RE.match(part)
+        if m:
+            values = frozenset(v.strip() for v in m.group("values").split(",") if v.strip())
+            req = Requirement(m.group("key"), m.group("op"), values)
+        elif "!=" in part:
+            key, value = (s.strip() for s in part.split("!=", 1))
+            req = Requirement(key, "!=", frozenset({value}))
+        elif "==" in part or "=" in part:
+            key, value = (s.strip() for s in re.split("==?", part, maxsplit=1))
+            req = Requirement(key, "=", frozenset({value}))
+        elif part.startswith("!"):
+            req = Requirement(part[1:].strip(), "!")
+        else:
+            req = Requirement(part, "exists")
+        if not _LABEL_KEY.match(req.key):
+            raise InventoryOptionError(f"label_selector: {part!r} has an invalid label key {req.key!r}")
+        out.append(req)
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------- records
+
+
+def vm_record(obj: dict) -> dict:
+    """Reduce a CRD-shaped CloudVM dict to what the inventory needs (JSON-serialisable, cacheable).
+
+    Returns:
+        ``{namespace, name, uid, labels, owner, vcpus, memory_mib, boot_id, phase, reason, node,
+        ssh_host, ssh_port, ssh_proxy_command}``; missing status fields are None (phase "" when
+        the controller has not written a status yet). ``boot_id`` is the boot the status
+        describes (``status.bootID``), else the requested one (``spec.bootID``).
+    """
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    endpoint = status.get("sshEndpoint") or {}
+    boot = status.get("bootID")
+    return {
+        "namespace": meta.get("namespace", ""),
+        "name": meta.get("name", ""),
+        "uid": meta.get("uid", ""),
+        "labels": dict(meta.get("labels") or {}),
+        "owner": spec.get("owner", ""),
+        "vcpus": spec.get("vcpus"),
+        "memory_mib": spec.get("memoryMiB"),
+        "boot_id": boot if boot is not None else spec.get("bootID"),
+        "phase": status.get("phase") or "",
+        "reason": status.get("reason"),
+        "node": status.get("node"),
+        "ssh_host": endpoint.get("host"),
+        "ssh_port": endpoint.get("port"),
+        "ssh_proxy_command": status.get("sshProxyCommand"),
+    }
+
+
+def select(records: Iterable[dict], opts: InventoryOptions) -> list[dict]:
+    """The records that pass the namespace, owner, label selector and phase filters, sorted by
+    namespace and name (a stable inventory order)."""
+    namespaces = set(opts.namespaces)
+    owners = set(opts.owners)
+    phases = set(opts.include_phases)
+    out = []
+    for rec in records:
+        if namespaces and rec["namespace"] not in namespaces:
+            continue
+        if owners and rec["owner"] not in owners:
+            continue
+        if opts.selector and not all(req.matches(rec["labels"]) for req in opts.selector):
+            continue
+        if not opts.include_all and rec["phase"] not in phases:
+            continue
+        out.append(rec)
+    out.sort(key=lambda r: (r["namespace"], r["name"]))
+    return out
+
+
+# --------------------------------------------------------------------------- hosts
+
+
+@dataclass(frozen=True)
+class HostEntry:
+    """One inventory host: its name, variables and the built-in groups it belongs to."""
+
+    name: str
+    hostvars: dict
+    groups: tuple[str, ...]
+
+
+def group_name(kind: str, value: str) -> str:
+    """``<kind>_<value>`` with every character other than letters, digits and ``_`` replaced by ``_``
+    (Ansible group names must be valid variable names)."""
+    return _GROUP_UNSAFE.sub("_", f"{kind}_{value}")
+
+
+def _fields(rec: dict) -> dict:
+    return {"namespace": rec["namespace"], "name": rec["name"], "owner": rec["owner"], "uid": rec["uid"],
+            "node": rec["node"] or ""}
+
+
+def ssh_common_args(rec: dict, opts: InventoryOptions) -> Optional[str]:
+    """The ``ansible_ssh_common_args`` a VM needs, or None.
+
+    The backend's ``sshProxyCommand`` wins (host backend: the guests' bridge lives in a network
+    namespace, reached with ``ip netns exec <ns> nc %h %p``), then the ``jump_host`` option. The
+    value is split by the ssh connection plugin with shlex, so the command is shell-quoted.
+    """
+    if opts.use_proxy_command and rec.get("ssh_proxy_command"):
+        return "-o " + shlex.quote("ProxyCommand=" + rec["ssh_proxy_command"])
+    if opts.jump_host:
+        jump = opts.jump_host.format(**_fields(rec))
+        return "-o " + shlex.quote("ProxyJump=" + jump)
+    return None
+
+
+def hostvars_for(rec: dict, opts: InventoryOptions) -> dict:
+    """The host variables of one VM (``ansible_*`` from status.sshEndpoint, the rest prefixed)."""
+    p = opts.hostvar_prefix
+    hv: dict = {"ansible_user": opts.ansible_user}
+    if rec.get("ssh_host"):
+        hv["ansible_host"] = rec["ssh_host"]
+    if rec.get("ssh_port"):
+        hv["ansible_port"] = rec["ssh_port"]
+    args = ssh_common_args(rec, opts)
+    if args:
+        hv["ansible_ssh_common_args"] = args
+    hv.update({
+        p + "namespace": rec["namespace"], p + "name": rec["name"], p + "uid": rec["uid"],
+        p + "owner": rec["owner"], p + "vcpus": rec["vcpus"], p + "memory_mib": rec["memory_mib"],
+        p + "node": rec["node"], p + "boot_id": rec["boot_id"], p + "phase": rec["phase"],
+        p + "reason": rec["reason"], p + "labels": rec["labels"],
+    })
+    return hv
+
+
+def groups_for(rec: dict, opts: InventoryOptions) -> tuple[str, ...]:
+    """Built-in groups of one VM, in ``group_by`` order; a VM without a node gets no node group."""
+    out = []
+    for kind in opts.group_by:
+        value = rec["node"] if kind == "node" else rec[kind]
+        if value:
+            out.append(group_name(kind, str(value)))
+    return tuple(out)
+
+
+def host_entries(records: Iterable[dict], opts: InventoryOptions) -> tuple[list[HostEntry], list[str]]:
+    """Hosts for the selected records (call :func:`select` first).
+
+    Returns:
+        ``(entries, warnings)``: when ``hostname_format`` maps two VMs to one name, the first (in
+        namespace/name order) keeps it and a warning names the others, which are left out.
+    """
+    entries: list[HostEntry] = []
+    seen: dict[str, str] = {}
+    warnings: list[str] = []
+    for rec in records:
+        name = opts.hostname_format.format(**_fields(rec))
+        ident = f"{rec['namespace']}/{rec['name']}"
+        if name in seen:
+            warnings.append(f"hostname_format {opts.hostname_format!r}: CloudVM {ident} has the same host name "
+                            f"{name!r} as {seen[name]}; left out")
+            continue
+        seen[name] = ident
+        entries.append(HostEntry(name, hostvars_for(rec, opts), groups_for(rec, opts)))
+    return entries, warnings
