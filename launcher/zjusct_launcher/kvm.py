@@ -69,7 +69,10 @@ def probe(qemu_binary: str, timeout_seconds: float, accel: str = "kvm", device: 
         bios = os.path.join(tmp, "probe.bin")
         with open(bios, "wb") as fh:
             fh.write(probe_firmware())
-        argv = [qemu_binary, "-accel", accel, "-M", "pc", "-m", "16", "-nodefaults", "-no-user-config",
+        # Same machine and CPU model as the real run: on some hosts KVM runs real-mode code but QEMU aborts
+        # setting the host CPU's MSRs (-cpu host), which only this shape of probe catches.
+        cpu = ["-cpu", "host"] if accel == "kvm" else ["-cpu", "max"]
+        argv = [qemu_binary, "-accel", accel, "-M", "q35", *cpu, "-m", "16", "-nodefaults", "-no-user-config",
                 "-display", "none", "-bios", bios,
                 "-device", f"isa-debug-exit,iobase={DEBUG_EXIT_PORT:#x},iosize=0x04"]
         try:

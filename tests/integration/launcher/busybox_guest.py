@@ -3,8 +3,11 @@
 Its init reads the launcher's config disk (/dev/vdb, ustar) with busybox tar, configures eth0 from the
 ``network`` member, and serves a fake SSH banner on port 22 that also accepts one command per connection:
 ``poweroff`` | ``reboot`` | ``panic`` (sysrq c) | ``write <text>`` (to /dev/vda + fsync) | ``read`` |
-``identity`` (prints the config disk members) | ``sh <cmd>`` (diagnostics). Kernel cmdline ``zjtest.acpi=1`` runs busybox acpid so the ACPI
-power button powers the guest off; without it the guest ignores the power button (case L4).
+``identity`` (prints the config disk members) | ``sh <cmd>`` (diagnostics).
+Kernel command line switches: ``zjtest.acpi=1`` runs busybox acpid so the ACPI power button powers the guest
+off (without it the guest ignores the power button: case L4); ``zjtest.nossh=1`` serves no banner (readiness
+timeout); ``zjtest.nopvpanic=1`` leaves the pvpanic driver out (a panic then reboots through ``panic=-1`` and
+is only visible on the serial console).
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ INIT = r"""#!/bin/busybox sh
 /bin/busybox --install -s /bin
 export PATH=/bin
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
-for m in $(cat /modules.list); do [ -f /lib/modules/$m.ko ] && insmod /lib/modules/$m.ko 2>/dev/null; done
+for m in $(cat /modules.list); do
+  case "$m" in pvpanic*) grep -q 'zjtest.nopvpanic=1' /proc/cmdline && continue ;; esac
+  [ -f /lib/modules/$m.ko ] && insmod /lib/modules/$m.ko 2>/dev/null
+done
 echo "zjtest: modules loaded"
 i=0; while [ ! -b /dev/vdb ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
 mkdir -p /run/id
@@ -44,8 +50,10 @@ if grep -q 'zjtest.acpi=1' /proc/cmdline; then
   acpid -c /etc/acpi
   echo "zjtest: acpid running"
 fi
-echo "zjtest: serving"
-nc -ll -p 22 -e /bin/zjsh &
+if ! grep -q 'zjtest.nossh=1' /proc/cmdline; then
+  echo "zjtest: serving"
+  nc -ll -p 22 -e /bin/zjsh &
+fi
 while true; do sleep 3600; done
 """
 

@@ -1,0 +1,299 @@
+"""The launcher with real QEMU/TCG guests (a busybox initrd guest; see busybox_guest.py).
+
+To keep CI time low every guest of this module boots at once (module fixture ``fleet``); each test then drives
+its own VM. Each test names the behaviour and checks the result document, the exit code and what is left behind
+(runtime files, processes, the lock).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.launcher import busybox_guest as bg
+from tests.integration.launcher.harness import (
+    PYTHON,
+    Launched,
+    base_config,
+    free_port,
+    leftovers,
+    wait_dead,
+)
+
+pytestmark = [pytest.mark.guest, pytest.mark.slow]
+
+BASE_CMDLINE = "console=ttyS0 panic=-1 quiet"
+# name -> (extra cmdline, config overrides)
+SCENARIOS: dict[str, tuple[str, dict[str, Any]]] = {
+    "stop": ("zjtest.acpi=1", {}),
+    "poweroff": ("", {"hypervisor": {"type": "qemu", "accel": "auto", "allowTCG": True,
+                                     "kvmProbeTimeoutSeconds": 5, "tcgTranslationCacheMiB": 32}}),
+    "reboot": ("", {}),
+    "ignore": ("", {"stopTimeoutSeconds": 5}),
+    "crash": ("", {}),
+    "panic": ("", {}),
+    "panicserial": ("zjtest.nopvpanic=1", {}),
+    "orphan": ("", {}),
+    "noready": ("zjtest.nossh=1 zjtest.acpi=1", {"readiness": {"timeoutSeconds": 45}, "stopTimeoutSeconds": 60}),
+}
+
+
+class Fleet:
+    def __init__(self, root: Path):
+        self.root = root
+        self.kernel, _ = bg.kernel()
+        self.initrd = bg.build_initrd()
+        self.vms: dict[str, Launched] = {}
+        self.ports: dict[str, int] = {}
+        self.configs: dict[str, dict[str, Any]] = {}
+
+    def config(self, name: str, extra_cmdline: str, overrides: dict[str, Any], boot_id: int = 1) -> dict[str, Any]:
+        work = self.root / name
+        work.mkdir(exist_ok=True)
+        disk = work / "disk.raw"
+        if not disk.exists():
+            bg.make_disk(str(disk))
+        port = self.ports.setdefault(name, free_port())
+        cfg = base_config(work, f"bb-{name}", kernel=self.kernel, initrd=self.initrd, disk=str(disk),
+                          cmdline=f"{BASE_CMDLINE} {extra_cmdline}".strip(), port=port, boot_id=boot_id)
+        cfg.update(overrides)
+        return cfg
+
+    def start(self, name: str, boot_id: int = 1) -> Launched:
+        extra, overrides = SCENARIOS[name]
+        cfg = self.config(name, extra, overrides, boot_id)
+        self.configs[name] = cfg
+        vm = Launched(cfg, self.root / name)
+        self.vms[f"{name}#{boot_id}"] = vm
+        return vm
+
+    def vm(self, name: str, boot_id: int = 1) -> Launched:
+        return self.vms[f"{name}#{boot_id}"]
+
+    def teardown(self) -> None:
+        for vm in self.vms.values():
+            vm.kill()
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    if shutil.which("qemu-system-x86_64") is None or shutil.which("busybox") is None:
+        pytest.skip("qemu-system-x86_64 / busybox-static missing")
+    f = Fleet(tmp_path_factory.mktemp("fleet"))
+    try:
+        for name in SCENARIOS:
+            f.start(name)
+        yield f
+    finally:
+        f.teardown()
+
+
+def assert_clean(vm: Launched, vmm_pid: int | None) -> None:
+    """Case L6: no process, socket, pid file or ready marker is left; the lock is free."""
+    from zjusct_launcher import lock
+
+    assert leftovers(vm.runtime_dir) == [], f"left in runtimeDir: {leftovers(vm.runtime_dir)}"
+    if vmm_pid is not None:
+        assert wait_dead(vmm_pid, 10), f"VMM {vmm_pid} still alive"
+    assert not lock.is_held(str(vm.runtime_dir / "launcher.lock"))
+
+
+def finish(vm: Launched, timeout: float = 300) -> tuple[int, dict[str, Any]]:
+    rc, result = vm.wait(timeout)
+    assert result is not None, f"no result written (rc {rc}):\n{vm.log_tail()}"
+    assert result["exitCode"] == rc
+    return rc, result
+
+
+def test_boot_to_ssh_banner_then_sigterm_is_stop_requested(fleet: Fleet) -> None:
+    vm = fleet.vm("stop")
+    ready = vm.wait_ready()
+    assert ready["banner"].startswith("SSH-2.0-zjtest bb-stop"), "hostname from the config disk reached the guest"
+    ident = bg.guest_command(fleet.ports["stop"], "identity")
+    assert f"== instance-id\n{vm.cfg['identity']['instanceID']}\n" in ident
+    assert "IPV4=10.0.2.15/24" in ident and "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAITestKeyOnly" in ident
+    pid = vm.vmm_pid()
+    vm.signal(signal.SIGTERM)
+    rc, result = finish(vm)
+    assert (rc, result["reason"]) == (0, "StopRequested"), result
+    assert result["readyAt"] is not None and result["hypervisorExitStatus"] == 0
+    assert_clean(vm, pid)
+
+
+def test_guest_poweroff_is_guest_shutdown_with_accel_auto_fallback(fleet: Fleet) -> None:
+    vm = fleet.vm("poweroff")
+    vm.wait_ready()
+    probe = [line for line in vm.log_lines() if line.get("msg") == "kvm probe"]
+    assert probe, "accel auto ran the bounded KVM probe"
+    pid = vm.vmm_pid()
+    bg.guest_command(fleet.ports["poweroff"], "poweroff")
+    rc, result = finish(vm)
+    assert (rc, result["reason"]) == (0, "GuestShutdown"), result
+    assert_clean(vm, pid)
+
+
+def test_guest_reboot_ends_the_run_as_guest_reboot(fleet: Fleet) -> None:
+    vm = fleet.vm("reboot")
+    vm.wait_ready()
+    pid = vm.vmm_pid()
+    bg.guest_command(fleet.ports["reboot"], "reboot")
+    rc, result = finish(vm)
+    assert (rc, result["reason"]) == (0, "GuestReboot"), result
+    assert_clean(vm, pid)
+
+
+def test_case_L4_guest_ignoring_power_button_is_killed_after_stop_timeout(fleet: Fleet) -> None:
+    vm = fleet.vm("ignore")
+    vm.wait_ready()
+    pid = vm.vmm_pid()
+    sent = time.time()
+    vm.signal(signal.SIGTERM)
+    rc, result = finish(vm, timeout=5 + 120)
+    assert (rc, result["reason"]) == (1, "StopTimeoutKilled"), result
+    assert result["hypervisorExitStatus"] == 128 + signal.SIGKILL
+    assert time.time() - sent < 5 + 120, "ended within the stop timeout plus a generous margin"
+    assert_clean(vm, pid)
+
+
+def test_kill9_of_qemu_is_hypervisor_crashed_second_launcher_refused_and_synced_data_survives(
+        fleet: Fleet) -> None:
+    vm = fleet.vm("crash")
+    vm.wait_ready()
+    port = fleet.ports["crash"]
+    assert "written" in bg.guest_command(port, "write zjusct-durable-1234")
+    # A second launcher for the same runtimeDir exits 3 and touches no result (its own or the first's).
+    second_cfg = json.loads(vm.config_path.read_text())
+    second_cfg["result"]["path"] = str(vm.workdir / "second-result.json")
+    second = Launched(second_cfg, vm.workdir, tag="-second")
+    rc2, res2 = second.wait(60)
+    assert rc2 == 3 and res2 is None and not vm.result_path.exists()
+    assert any(line.get("reason") == "AlreadyRunning" for line in second.log_lines())
+    pid = vm.vmm_pid()
+    os.kill(pid, signal.SIGKILL)
+    rc, result = finish(vm)
+    assert (rc, result["reason"]) == (1, "HypervisorCrashed"), result
+    assert result["hypervisorExitStatus"] == 128 + signal.SIGKILL
+    assert_clean(vm, pid)
+    # A new boot (bootID 2) of the same disk reads what the guest wrote and synced before the kill.
+    vm2 = fleet.start("crash", boot_id=2)
+    vm2.wait_ready()
+    assert bg.guest_command(port, "read").strip() == "zjusct-durable-1234"
+    pid2 = vm2.vmm_pid()
+    bg.guest_command(port, "poweroff")
+    rc, result = finish(vm2)
+    assert (rc, result["reason"], result["bootID"]) == (0, "GuestShutdown", 2)
+    assert json.loads(vm.result_path.read_text())["reason"] == "HypervisorCrashed", "boot 1's result is kept"
+    assert_clean(vm2, pid2)
+
+
+def test_guest_kernel_panic_with_pvpanic_is_guest_panic(fleet: Fleet) -> None:
+    vm = fleet.vm("panic")
+    vm.wait_ready()
+    pid = vm.vmm_pid()
+    bg.guest_command(fleet.ports["panic"], "panic", timeout=5)
+    rc, result = finish(vm)
+    assert (rc, result["reason"]) == (1, "GuestPanic"), result
+    assert "pvpanic" in result["message"]
+    assert_clean(vm, pid)
+
+
+def test_guest_kernel_panic_without_pvpanic_is_seen_on_the_serial_console(fleet: Fleet) -> None:
+    vm = fleet.vm("panicserial")
+    vm.wait_ready()
+    pid = vm.vmm_pid()
+    bg.guest_command(fleet.ports["panicserial"], "panic", timeout=5)
+    rc, result = finish(vm)
+    assert (rc, result["reason"]) == (1, "GuestPanic"), result
+    assert "serial console" in result["message"]
+    assert_clean(vm, pid)
+
+
+def test_case_L2_killed_launcher_takes_its_vmm_along_and_leaves_no_result(fleet: Fleet) -> None:
+    from zjusct_launcher import lock
+
+    vm = fleet.vm("orphan")
+    vm.wait_ready()
+    pid = vm.vmm_pid()
+    assert lock.is_held(str(vm.runtime_dir / "launcher.lock"))
+    vm.proc.kill()
+    vm.proc.wait(30)
+    assert wait_dead(pid, 30), "PR_SET_PDEATHSIG killed the VMM"
+    assert not lock.is_held(str(vm.runtime_dir / "launcher.lock")), "lock free: nothing of this VM runs"
+    assert not vm.result_path.exists(), "lock free and no result = the launcher vanished"
+
+
+def test_readiness_timeout_stops_the_guest_with_reason_readiness_timeout(fleet: Fleet) -> None:
+    vm = fleet.vm("noready")
+    rc, result = finish(vm, timeout=400)
+    assert (rc, result["reason"]) == (1, "ReadinessTimeout"), result
+    assert result["readyAt"] is None
+    assert_clean(vm, None)
+
+
+# -- fast paths (no guest boots) ----------------------------------------------------------------------------------
+
+
+def _fast_config(tmp_path: Path) -> dict[str, Any]:
+    kernel = tmp_path / "vmlinuz"
+    kernel.write_bytes(b"not really a kernel")
+    disk = tmp_path / "disk.raw"
+    disk.write_bytes(b"\0" * 4096)
+    return base_config(tmp_path, "fast", kernel=str(kernel), initrd=str(kernel), disk=str(disk),
+                       cmdline="console=ttyS0")
+
+
+@pytest.mark.guest
+def test_invalid_config_is_config_invalid_exit_2_and_creates_nothing(tmp_path: Path) -> None:
+    cfg = _fast_config(tmp_path)
+    cfg["machine"]["memoryMiB"] = 8192
+    cfg["network"] = {"mode": "tap", "tap": "this-name-is-too-long", "mac": "01:00:5e:00:00:01"}
+    vm = Launched(cfg, tmp_path)
+    rc, result = vm.wait(60)
+    assert rc == 2 and result is not None and result["reason"] == "ConfigInvalid"
+    for needle in ("machine.memoryMiB: 8192 is above the maximum 4096", "network.tap:", "network.mac:",
+                   "readiness: is required"):
+        assert needle in result["message"], result["message"]
+    assert not vm.runtime_dir.exists(), "nothing created"
+    assert not Path(cfg["serialLogPath"]).exists()
+
+
+@pytest.mark.guest
+def test_missing_hypervisor_binary_is_hypervisor_missing_and_leaves_nothing(tmp_path: Path) -> None:
+    cfg = _fast_config(tmp_path)
+    cfg["hypervisor"] = {"type": "qemu", "accel": "tcg", "binary": str(tmp_path / "no-such-qemu")}
+    vm = Launched(cfg, tmp_path)
+    rc, result = vm.wait(60)
+    assert rc == 1 and result is not None and result["reason"] == "HypervisorMissing", result
+    assert "no-such-qemu" in result["message"]
+    assert leftovers(vm.runtime_dir) == []
+
+
+@pytest.mark.guest
+def test_firecracker_missing_is_reported_by_check_and_run(tmp_path: Path) -> None:
+    cfg = _fast_config(tmp_path)
+    (tmp_path / "vmlinux").write_bytes(b"\x7fELF" + b"\0" * 60)
+    cfg["boot"]["kernel"] = str(tmp_path / "vmlinux")
+    cfg["hypervisor"] = {"type": "firecracker", "accel": "kvm"}
+    path = tmp_path / "fc.json"
+    path.write_text(json.dumps(cfg))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[3] / "launcher"), PATH="/usr/bin:/bin")
+    if shutil.which("firecracker", path=env["PATH"]):
+        pytest.skip("a firecracker binary is installed here")
+    check = subprocess.run([PYTHON, "-m", "zjusct_launcher", "check", "--config", str(path)], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 1 and "HypervisorMissing" in check.stdout, check.stdout
+    run = subprocess.run([PYTHON, "-m", "zjusct_launcher", "run", "--config", str(path)], env=env,
+                         capture_output=True, text=True, timeout=60)
+    result = json.loads(Path(cfg["result"]["path"]).read_text())
+    assert run.returncode == 1 and result["reason"] == "HypervisorMissing"
+    assert "firecracker not found" in result["message"]
+

@@ -1,0 +1,99 @@
+"""Firecracker driver: config document per the API fields, argv, exit meanings, and the HTTP-over-unix API
+client against a small in-test server speaking the same protocol."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+from zjusct_launcher import config, firecracker
+from zjusct_launcher.paths import RuntimePaths
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "launcher" / "examples"
+
+
+def cfg() -> config.LauncherConfig:
+    return config.parse(json.loads((EXAMPLES / "config-firecracker-tap.json").read_text()))
+
+
+def test_config_document_uses_the_documented_fields() -> None:
+    c = cfg()
+    doc = firecracker.build_config(c, RuntimePaths(c.runtime_dir))
+    assert set(doc) == {"boot-source", "drives", "machine-config", "network-interfaces"}
+    assert doc["boot-source"]["kernel_image_path"].endswith("/vmlinux")
+    assert doc["boot-source"]["initrd_path"] == c.boot.initrd
+    assert doc["boot-source"]["boot_args"].startswith(c.boot.cmdline + " reboot=k pci=off")
+    root, ident = doc["drives"]
+    assert root == {"drive_id": "rootfs", "path_on_host": c.root_disk.path, "is_root_device": True,
+                    "is_read_only": False, "cache_type": "Writeback"}
+    assert ident["is_read_only"] is True and ident["is_root_device"] is False
+    assert ident["path_on_host"] == f"{c.runtime_dir}/identity.tar"
+    assert all(d["cache_type"] == "Writeback" for d in doc["drives"]), "never Unsafe"
+    assert doc["network-interfaces"] == [{"iface_id": "eth0", "guest_mac": "52:54:00:12:34:56",
+                                          "host_dev_name": "zjt6f1c2a9e"}]
+    assert doc["machine-config"] == {"vcpu_count": 1, "mem_size_mib": 512, "smt": False}
+
+
+def test_argv_and_instance_id() -> None:
+    c = cfg()
+    a = firecracker.build_argv(c, "/usr/local/bin/firecracker", RuntimePaths(c.runtime_dir))
+    assert a == ["/usr/local/bin/firecracker", "--api-sock", f"{c.runtime_dir}/firecracker.sock",
+                 "--config-file", f"{c.runtime_dir}/firecracker.json", "--id", "default-alice"]
+
+
+@pytest.mark.parametrize(("code", "meaning"), [(0, "ok"), (1, "generic error"), (3, "bad configuration"),
+                                               (148, "bad syscall (seccomp)"), (150, "fatal signal")])
+def test_exit_meanings(code: int, meaning: str) -> None:
+    assert firecracker.describe_exit(code).startswith(meaning)
+
+
+class FakeApi(threading.Thread):
+    """Speaks HTTP/1.1 on a unix socket like Firecracker's API: 204 for SendCtrlAltDel, 400 otherwise."""
+
+    def __init__(self, path: str):
+        super().__init__(daemon=True)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        self.sock.listen(4)
+        self.requests: list[tuple[str, dict[str, object]]] = []
+
+    def run(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(4096)
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = int(next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
+                             .split(b":")[1])
+                while len(body) < length:
+                    body += conn.recv(4096)
+                payload = json.loads(body)
+                self.requests.append((head.split(b"\r\n")[0].decode(), payload))
+                if payload.get("action_type") == "SendCtrlAltDel":
+                    conn.sendall(b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n")
+                else:
+                    msg = b'{"fault_message":"bad action"}'
+                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: %d\r\n\r\n%s" % (len(msg), msg))
+
+
+def test_send_ctrl_alt_del_puts_the_action(tmp_path: Path) -> None:
+    api = FakeApi(str(tmp_path / "fc.sock"))
+    api.start()
+    firecracker.send_ctrl_alt_del(str(tmp_path / "fc.sock"))
+    assert api.requests == [("PUT /actions HTTP/1.1", {"action_type": "SendCtrlAltDel"})]
+    status, body = firecracker.api_request(str(tmp_path / "fc.sock"), "PUT", "/actions", {"action_type": "X"})
+    assert status == 400 and b"bad action" in body
+    api.sock.close()
+
+
+def test_api_error_when_nothing_listens(tmp_path: Path) -> None:
+    with pytest.raises(firecracker.ApiError, match="PUT /actions"):
+        firecracker.send_ctrl_alt_del(str(tmp_path / "missing.sock"), timeout_seconds=1)

@@ -1,0 +1,150 @@
+"""QMP client, SSH-banner readiness and the run lock, each against a real socket / real flock."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from zjusct_launcher import kvm, lock, readiness
+from zjusct_launcher.qmp import QmpClient, QmpError
+
+
+def fake_qmp_server(path: str, script: list[bytes]) -> threading.Thread:
+    """Greets, answers qmp_capabilities, then for each later command sends ``script`` lines (events) then a return."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        f = conn.makefile("rwb")
+        f.write(b'{"QMP": {"version": {}, "capabilities": []}}\r\n')
+        f.flush()
+        for line in f:
+            cmd = json.loads(line)["execute"]
+            if cmd != "qmp_capabilities":
+                for ev in script:
+                    f.write(ev + b"\r\n")
+            if cmd == "bogus":
+                f.write(b'{"error": {"class": "CommandNotFound", "desc": "no bogus"}}\r\n')
+            else:
+                f.write(b'{"return": {}}\r\n')
+            f.flush()
+        conn.close()
+        srv.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return t
+
+
+def test_qmp_negotiates_and_keeps_events_seen_between_command_and_reply(tmp_path: Path) -> None:
+    path = str(tmp_path / "qmp.sock")
+    events = [b'{"event": "POWERDOWN", "data": {}}',
+              b'{"event": "SHUTDOWN", "data": {"guest": true, "reason": "guest-shutdown"}}']
+    fake_qmp_server(path, events)
+    client = QmpClient.connect(path, 5)
+    assert client.execute("system_powerdown") == {}
+    got = client.poll_events()
+    assert [e["event"] for e in got] == ["POWERDOWN", "SHUTDOWN"]
+    assert got[1]["data"]["reason"] == "guest-shutdown"
+    with pytest.raises(QmpError, match="no bogus"):
+        client.execute("bogus")
+    client.close()
+
+
+def test_qmp_connect_gives_up_when_the_vmm_is_gone(tmp_path: Path) -> None:
+    start = time.monotonic()
+    with pytest.raises(QmpError, match=r"the VMM exited|cannot connect"):
+        QmpClient.connect(str(tmp_path / "none.sock"), 30, alive=lambda: time.monotonic() - start < 0.3)
+    assert time.monotonic() - start < 10
+
+
+def _server(reply: bytes | None) -> tuple[socket.socket, int]:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            if reply:
+                conn.sendall(reply)
+            time.sleep(0.3)
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv, srv.getsockname()[1]
+
+
+def test_readiness_needs_an_ssh_banner_not_just_a_connect() -> None:
+    srv, port = _server(None)
+    assert readiness.banner_once("127.0.0.1", port, banner_timeout=0.5) is None
+    srv.close()
+    srv, port = _server(b"HTTP/1.1 200 OK\r\n")
+    assert readiness.banner_once("127.0.0.1", port, banner_timeout=0.5) is None
+    srv.close()
+    srv, port = _server(b"SSH-2.0-OpenSSH_9.2p1 Debian\r\n")
+    assert readiness.banner_once("127.0.0.1", port).startswith(b"SSH-2.0-OpenSSH")  # type: ignore[union-attr]
+    srv.close()
+
+
+def test_wait_for_banner_stops_on_request() -> None:
+    stop = threading.Event()
+    stop.set()
+    assert readiness.wait_for_banner("127.0.0.1", 1, 60, stop) is None
+
+
+def test_second_lock_holder_is_refused_and_lock_is_inherited_by_a_child(tmp_path: Path) -> None:
+    path = str(tmp_path / "launcher.lock")
+    fd = lock.acquire(path)
+    assert lock.is_held(path)
+    with pytest.raises(lock.AlreadyRunning):
+        lock.acquire(path)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], pass_fds=(fd,))
+    os.close(fd)
+    assert lock.is_held(path), "the child still holds the inherited lock"
+    child.kill()
+    child.wait()
+    assert not lock.is_held(path)
+    os.close(lock.acquire(path))
+
+
+def test_probe_firmware_reset_vector() -> None:
+    fw = kvm.probe_firmware()
+    assert len(fw) == 65536 and fw[0xFFF0:0xFFF4] == bytes([0xB0, 0x31, 0xE6, 0xF4])
+
+
+@pytest.mark.guest
+def test_probe_firmware_really_runs_and_exits_through_debug_exit_under_tcg() -> None:
+    qemu = shutil.which("qemu-system-x86_64")
+    if qemu is None:
+        pytest.skip("qemu-system-x86_64 missing")
+    verdict = kvm.probe(qemu, 60, accel="tcg")
+    assert verdict.usable, verdict.detail
+
+
+@pytest.mark.guest
+def test_kvm_probe_is_bounded_and_returns_a_verdict() -> None:
+    qemu = shutil.which("qemu-system-x86_64")
+    if qemu is None:
+        pytest.skip("qemu-system-x86_64 missing")
+    verdict = kvm.probe(qemu, 3)
+    assert isinstance(verdict.usable, bool) and verdict.detail
+    assert verdict.seconds < 3 + 5, "killed at the timeout"
+
+
+def test_kvm_device_missing_is_unusable(tmp_path: Path) -> None:
+    ok, detail = kvm.kvm_device_usable(str(tmp_path / "kvm"))
+    assert not ok and "No such file" in detail
