@@ -2,6 +2,7 @@
 # Copyright: (c) 2026, ZJUSCT cloud team
 # Apache License 2.0 (see LICENSE)
 """The ``zjusct.cloud.cloudvm`` inventory plugin: running CloudVMs as Ansible hosts."""
+# ruff: noqa: E402  (DOCUMENTATION and EXAMPLES come before the imports, as in every Ansible plugin)
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ description:
     O(ansible_user). When the backend publishes C(status.sshProxyCommand) (the host backend does, its guests live
     on a bridge inside a network namespace) C(ansible_ssh_common_args) carries it as C(-o ProxyCommand=...);
     otherwise O(jump_host) adds a C(ProxyJump).
-  - Further host variables (each prefixed with O(hostvar_prefix), by default C(cloudvm_)) are C(namespace), C(name), C(uid), C(owner),
-    C(vcpus), C(memory_mib) (MiB), C(node), C(boot_id), C(phase), C(reason) and C(labels) (a dict).
+  - Further host variables (each prefixed with O(hostvar_prefix), by default C(cloudvm_)) are C(namespace),
+    C(name), C(uid), C(owner), C(vcpus), C(memory_mib) (MiB), C(node), C(boot_id), C(phase), C(reason) and
+    C(labels) (a dict).
   - The configuration file name must end with C(cloudvm.yml) or C(cloudvm.yaml). Unknown keys are refused.
   - "With O(cache) enabled a run reads the cache; C(ansible-inventory --flush-cache), C(--flush-cache) on
     C(ansible-playbook) and C(meta: refresh_inventory) list again and rewrite the cache, so a refreshed inventory

@@ -151,8 +151,8 @@ def check_format(option: str, fmt: str) -> None:
         if name is None:
             continue
         if name not in HOSTNAME_FIELDS:
-            raise InventoryOptionError(
-                f"{option}: {fmt!r} uses {{{name}}}; allowed fields: {', '.join('{' + f + '}' for f in HOSTNAME_FIELDS)}")
+            allowed = ", ".join("{" + f + "}" for f in HOSTNAME_FIELDS)
+            raise InventoryOptionError(f"{option}: {fmt!r} uses {{{name}}}; allowed fields: {allowed}")
 
 
 # --------------------------------------------------------------------------- label selectors
@@ -184,7 +184,9 @@ _SET_RE = re.compile(r"^(?P<key>\S+)\s+(?P<op>in|notin)\s*\((?P<values>[^()]*)\)
 
 
 def _split_top(text: str) -> list[str]:
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in text:
         if ch == "(":
             depth += 1

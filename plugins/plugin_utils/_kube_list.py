@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable, Optional
 GROUP = "cloud.zjusct.io"
 VERSION = "v1alpha1"
 PLURAL = "cloudvms"
-IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"  # noqa: S105 (a path, not a secret)
 IN_CLUSTER_CA = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 AUTH_OPTIONS = ("kubeconfig", "context", "host", "api_key", "username", "password", "validate_certs", "ca_cert",
                 "client_cert", "client_key", "proxy", "no_proxy", "proxy_headers", "persist_config",
@@ -468,7 +468,8 @@ def list_objects(get_json: GetJson, namespaces: Iterable[str], label_selector: s
     """
     items: list[dict] = []
     requests = 0
-    for namespace in list(namespaces) or [None]:
+    targets: list[Optional[str]] = list(namespaces) or [None]
+    for namespace in targets:
         for attempt in (1, 2):
             got: list[dict] = []
             query = {"limit": str(page_size)}
