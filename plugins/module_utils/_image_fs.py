@@ -26,7 +26,7 @@ def _unescape_mountinfo(field: str) -> str:
     out = []
     i = 0
     while i < len(field):
-        if field[i] == "\\" and i + 3 < len(field) + 0 and field[i + 1 : i + 4].isdigit():
+        if field[i] == "\\" and i + 4 <= len(field) and field[i + 1 : i + 4].isdigit():
             out.append(chr(int(field[i + 1 : i + 4], 8)))
             i += 4
         else:
@@ -138,10 +138,8 @@ def publish_dir(staging: str, final: str) -> None:
     old = None
     if os.path.lexists(final):
         old = os.path.join(parent, f".old-{os.path.basename(final)}-{os.getpid()}")
-        os.chmod(final, 0o755)
         os.rename(final, old)
     os.rename(staging, final)
     fsync_dir(parent)
     if old is not None:
-        os.chmod(old, 0o755)
         remove_tree(old)
