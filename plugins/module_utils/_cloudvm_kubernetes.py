@@ -70,6 +70,7 @@ CONFLICT_RETRIES = 10  # re-plans after a 409 before giving up
 POLL_INTERVAL = 1.0  # seconds between GETs while waiting
 OFF_PHASES = ("Stopped", "Failed")  # no launcher remains
 HOST_ONLY_OPTIONS = ("image", "volume_size_mib")
+NO_SUCH_RESOURCE = "could not find the requested resource"  # kube-apiserver's 404 for an unknown resource type
 
 
 # --------------------------------------------------------------------------- the API adapter
@@ -120,6 +121,8 @@ def api_error(exc: ApiException, action: str) -> CloudVMError:
             causes.append({"field": cause.get("field", ""), "message": cause.get("message", "")})
     if not message:
         message = f"HTTP {status} {reason}".strip()
+    if status == 404 and NO_SUCH_RESOURCE in message:
+        message += " (is the CloudVM CRD installed? kubectl apply -f config/crd/)"
     return CloudVMError(f"{action}: {message}", api_status=status, api_reason=reason, field_errors=causes)
 
 
@@ -153,8 +156,8 @@ class KubernetesCloudVMApi:
         try:
             return _clean(self._call("get", self._api.get_namespaced_custom_object, namespace, PLURAL, name))
         except CloudVMError as exc:
-            if exc.details.get("api_status") == 404 and exc.details.get("api_reason") == "NotFound":
-                return None
+            if exc.details.get("api_status") == 404 and NO_SUCH_RESOURCE not in str(exc):
+                return None  # no such object (a missing CRD is an error, not an absent VM)
             raise
 
     def create(self, body: dict, dry_run: bool) -> dict:

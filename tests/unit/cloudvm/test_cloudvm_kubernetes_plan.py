@@ -348,3 +348,10 @@ def test_api_error_keeps_the_servers_message_and_causes() -> None:
     assert str(err).startswith("replace CloudVM: CloudVM.cloud.zjusct.io \"vm1\" is invalid: spec.owner:")
     assert err.details == {"api_status": 422, "api_reason": "Invalid",
                            "field_errors": [{"field": "spec.owner", "message": "is immutable"}]}
+
+
+def test_missing_crd_is_reported_as_such_not_as_an_absent_vm() -> None:
+    body = {"kind": "Status", "reason": "NotFound", "code": 404,
+            "message": "the server could not find the requested resource"}
+    err = k8s.api_error(_FakeApiException(404, body), "get CloudVM")  # type: ignore[arg-type]
+    assert "is the CloudVM CRD installed?" in str(err)
