@@ -97,12 +97,22 @@ class InventoryRun:
         return dict(self.inventory["_meta"]["hostvars"][host])
 
 
+UNSAFE = "__ansible_unsafe"
+
+
+def plain(obj: dict) -> Any:
+    """json object_hook: ansible-inventory marks strings that came from data (not from the inventory
+    file) as ``{"__ansible_unsafe": value}`` so that consumers never template them; unwrap them."""
+    return obj[UNSAFE] if set(obj) == {UNSAFE} else obj
+
+
 def run_inventory(source: Path, *args: str, env: dict | None = None, check: bool = True) -> InventoryRun:
     """``ansible-inventory -i source --list [args]`` from the checkout; JSON parsed when rc == 0."""
     proc = subprocess.run([str(VENV_BIN / "ansible-inventory"), "-i", str(source), "--list", *args], cwd=REPO,
                           env=env or ansible_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT,
                           check=False)
-    doc = json.loads(proc.stdout) if proc.returncode == 0 and proc.stdout.strip().startswith("{") else {}
+    doc = json.loads(proc.stdout, object_hook=plain) if proc.returncode == 0 and proc.stdout.strip().startswith(
+        "{") else {}
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return InventoryRun(proc.returncode, doc, proc.stdout, proc.stderr)

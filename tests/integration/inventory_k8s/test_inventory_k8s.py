@@ -7,6 +7,7 @@ through the status subresource as the controller would (CloudVMWriter.report).
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import uuid
 from pathlib import Path
@@ -21,6 +22,7 @@ from tests.cluster import TENANT_NAMESPACE
 from tests.integration.inventory_k8s.inventory_k8s_helpers import (
     GROUP,
     PLURAL,
+    UNSAFE,
     VERSION,
     ansible_env,
     names,
@@ -126,13 +128,12 @@ def test_compose_groups_and_keyed_groups(k8s_cluster, vms, k8s_namespace, tmp_pa
     assert run.group("course_os") == {small} and run.group("course_db") == {large}
 
 
-def test_label_values_are_data_never_templates(k8s_cluster, vms, k8s_namespace, tmp_path):
-    vms.start(k8s_namespace, "sneaky", labels={"x": "y"})
-    # a label value cannot hold braces, but an annotation-like string can reach hostvars through the
-    # owner-controlled name format; the plugin must pass the raw string through untouched
-    run = run_inventory(source(tmp_path, k8s_cluster.kubeconfig, namespaces=[k8s_namespace],
-                               compose={"echo": "cloudvm_name ~ '{{ 7 * 6 }}'"}))
-    assert run.hostvars(f"sneaky.{k8s_namespace}")["echo"] == "sneaky{{ 7 * 6 }}"
+def test_values_from_the_api_are_marked_unsafe_never_templated(k8s_cluster, vms, k8s_namespace, tmp_path):
+    vms.start(k8s_namespace, "data", labels={"course": "os"})
+    run = run_inventory(source(tmp_path, k8s_cluster.kubeconfig, namespaces=[k8s_namespace]))
+    raw = json.loads(run.stdout)["_meta"]["hostvars"][f"data.{k8s_namespace}"]
+    assert raw["ansible_host"] == {UNSAFE: "192.0.2.10"}
+    assert raw["cloudvm_owner"] == {UNSAFE: "alice"} and raw["cloudvm_labels"] == {"course": {UNSAFE: "os"}}
 
 
 def test_cache_is_used_and_flush_cache_lists_again(k8s_cluster, vms, k8s_namespace, tmp_path):
@@ -243,8 +244,6 @@ def test_exec_credential_plugin_goes_through_the_kubernetes_client(k8s_cluster, 
     cred = {"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
             "status": {"clientCertificateData": pem("client-certificate"), "clientKeyData": pem("client-key")}}
     cred_file = tmp_path / "cred.json"
-    import json
-
     cred_file.write_text(json.dumps(cred))
     admin["users"][0]["user"] = {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "cat",
                                           "args": [str(cred_file)], "interactiveMode": "Never"}}
