@@ -1,0 +1,164 @@
+"""Offline backup and restore of RBD images against a real Ceph cluster (module_utils._backup_io with real rbd)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from ansible_collections.zjusct.cloud.plugins.module_utils import _backup_io as bio
+from ansible_collections.zjusct.cloud.plugins.module_utils._backup import COMPLETE_FILE, DATA_FILE
+from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import ImageRef, MiB
+
+from .conftest import read_image, write_at
+
+pytestmark = pytest.mark.ceph
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def make_image(rbd, ceph_cluster, name, tmp, size_mib=64):
+    ref = ImageRef("rbd", name)
+    rbd.create(ref, size_mib)
+    write_at(ceph_cluster, ref, 0, b"boot" * 4096, tmp)
+    write_at(ceph_cluster, ref, 20 * MiB + 123, b"original file content" * 500, tmp)
+    return ref
+
+
+def test_full_then_incremental_backup_restore_into_new_images(rbd, ceph_cluster, image_name, tmp_path):
+    dest = str(tmp_path / "bk")
+    ref = make_image(rbd, ceph_cluster, image_name, str(tmp_path))
+    want1 = read_image(ceph_cluster, ref, str(tmp_path / "w1"))
+    full = bio.backup(rbd, ref, dest, vm="alice", owner="alice")
+    assert full["plan"]["type"] == "full"
+    b1 = full["backup"]
+    assert b1["vm"] == "alice" and b1["owner"] == "alice" and len(b1["blocks"]) == 16
+    assert os.path.exists(os.path.join(dest, b1["id"], COMPLETE_FILE))
+    write_at(ceph_cluster, ref, 20 * MiB + 123, b"CHANGED file content!" * 500, str(tmp_path))
+    want2 = read_image(ceph_cluster, ref, str(tmp_path / "w2"))
+    rbd.meta_set(ref, "cloud.zjusct.io/owner", "alice")  # the owner mark is recorded when no owner is given
+    inc = bio.backup(rbd, ref, dest, vm="alice")
+    b2 = inc["backup"]
+    assert inc["plan"]["type"] == "diff" and b2["parent"] == b1["id"] and b2["chain"] == [b1["id"], b2["id"]]
+    assert b2["dataBytes"] == 4 * MiB  # one 4 MiB object changed
+    assert inc["removed_snapshots"] == [b1["snapshot"]]
+    assert [s["name"] for s in rbd.snapshots(ref)] == [b2["snapshot"]]
+    r1 = bio.restore(rbd, dest, ImageRef("rbd", image_name + "-r1"), b1["id"])
+    r2 = bio.restore(rbd, dest, ImageRef("rbd", image_name + "-r2"))
+    assert r1["verified_blocks"] == 16 and r2["backup_id"] == b2["id"]
+    got1 = read_image(ceph_cluster, ImageRef("rbd", image_name + "-r1"), str(tmp_path / "g1"))
+    got2 = read_image(ceph_cluster, ImageRef("rbd", image_name + "-r2"), str(tmp_path / "g2"))
+    assert got1 == want1 and b"original file content" in got1
+    assert got2 == want2 and b"CHANGED file content!" in got2
+    assert rbd.snapshots(ImageRef("rbd", image_name + "-r2")) == []
+    assert rbd.meta(ImageRef("rbd", image_name + "-r2"))["cloud.zjusct.io/owner"] == "alice"
+    again = bio.restore(rbd, dest, ImageRef("rbd", image_name + "-r2"))
+    assert not again["changed"]
+    with pytest.raises(bio.BackupError, match="already exists; restore only into a new image"):
+        bio.restore(rbd, dest, ref)
+
+
+def test_corrupted_byte_makes_restore_refuse_naming_the_block(rbd, ceph_cluster, image_name, tmp_path):
+    dest = str(tmp_path / "bk")
+    ref = make_image(rbd, ceph_cluster, image_name, str(tmp_path))
+    b = bio.backup(rbd, ref, dest)["backup"]
+    data = os.path.join(dest, b["id"], DATA_FILE)
+    # the full stream holds whole 4 MiB objects in order: object 5 (20 MiB) carries the file content
+    with open(data, "r+b") as f:
+        blob = f.read()
+        pos = blob.index(b"original file content") + 7
+        f.seek(pos)
+        f.write(bytes([blob[pos] ^ 0xFF]))
+    chunk = pos // (4 * MiB)
+    target = ImageRef("rbd", image_name + "-bad")
+    with pytest.raises(bio.BackupError) as err:
+        bio.restore(rbd, dest, target)
+    msg = str(err.value)
+    assert f"chunk {chunk} (bytes {chunk * 4 * MiB}-" in msg
+    assert "image block 5 (offset 20 MiB" in msg
+    assert rbd.info(target) is None, "a refused restore must not leave an image behind"
+    _chain, problems = bio.verify_chain(dest, b["id"])
+    assert {p.index for p in problems if p.where == "image"} == {5}
+
+
+def test_case_V2_backup_refused_while_the_image_has_a_watcher(rbd, ceph_cluster, image_name, tmp_path, watcher):
+    ref = make_image(rbd, ceph_cluster, image_name, str(tmp_path), size_mib=24)
+    watcher(ref)
+    w = rbd.status(ref)[0]
+    with pytest.raises(bio.BackupError, match=f"watchers: {w['address']} \\(client.{w['client']}\\)"):
+        bio.backup(rbd, ref, str(tmp_path / "bk"))
+    assert rbd.snapshots(ref) == [] and not os.path.exists(tmp_path / "bk" / ".lock")
+
+
+def test_retention_keeps_needed_chain_and_deletes_the_rest(rbd, ceph_cluster, image_name, tmp_path):
+    dest = str(tmp_path / "bk")
+    ref = make_image(rbd, ceph_cluster, image_name, str(tmp_path), size_mib=24)
+    ids = []
+    for i in range(4):
+        write_at(ceph_cluster, ref, i * 4096, b"x%d" % i, str(tmp_path))
+        res = bio.backup(rbd, ref, dest, keep=2, full_every=2)
+        ids.append(res["backup"]["id"])
+        types = res["plan"]["type"]
+        assert types == ("full" if i % 2 == 0 else "diff")
+        if i == 2:  # keep b3 and b2; b2 needs b1
+            assert sorted(res["retention"]["keep"]) == sorted(ids[:3]) and res["retention"]["deleted"] == []
+    assert sorted(res["retention"]["deleted"]) == sorted(ids[:2])
+    assert sorted(n for n in os.listdir(dest) if not n.startswith(".")) == sorted(ids[2:])
+    got = bio.restore(rbd, dest, ImageRef("rbd", image_name + "-r"))
+    assert got["chain"] == ids[2:]
+
+
+KILL_SCRIPT = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+from ansible_collections.zjusct.cloud.plugins.module_utils import _backup_io as bio
+from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import Connection, ImageRef, Rbd
+bio.backup(Rbd(Connection(conf=sys.argv[2])), ImageRef("rbd", sys.argv[3]), sys.argv[4])
+"""
+
+
+def test_killed_backup_leaves_nothing_complete_and_the_image_usable(rbd, ceph_cluster, image_name, tmp_path):
+    dest = str(tmp_path / "bk")
+    ref = ImageRef("rbd", image_name)
+    rbd.create(ref, 512)
+    subprocess.run(["rbd", "-c", str(ceph_cluster.conf), "bench", "--io-type", "write", "--io-pattern", "seq",
+                    "--io-size", "4M", "--io-total", "512M", ref.spec], check=True, capture_output=True,
+                   timeout=600, env=ceph_cluster.env())
+    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, os.path.join(REPO, ".collections"),
+                             str(ceph_cluster.conf), image_name, dest], env=ceph_cluster.env())
+    try:
+        deadline = time.monotonic() + 120
+        killed = False
+        while time.monotonic() < deadline and proc.poll() is None:
+            parts = [n for n in os.listdir(dest)] if os.path.isdir(dest) else []
+            partial = [n for n in parts if n.startswith(bio.PARTIAL_PREFIX)]
+            data = os.path.join(dest, partial[0], DATA_FILE) if partial else None
+            if data and os.path.exists(data) and os.path.getsize(data) > 8 * MiB:
+                proc.send_signal(signal.SIGKILL)
+                killed = True
+                break
+            time.sleep(0.02)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    assert killed, "backup finished before it could be interrupted (image too small for this machine?)"
+    complete, partial, _bad = bio.scan(dest)
+    assert complete == [] and len(partial) == 1
+    for root, _dirs, files in os.walk(dest):
+        assert COMPLETE_FILE not in files, f"interrupted backup has a complete marker in {root}"
+    # the image stays usable: no watcher left once the orphaned export ends, writes succeed
+    deadline = time.monotonic() + 60
+    while rbd.status(ref) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert rbd.status(ref) == []
+    write_at(ceph_cluster, ref, 0, b"after the crash", str(tmp_path))
+    res = bio.backup(rbd, ref, dest)
+    assert res["removed_partials"] == partial and res["plan"]["type"] == "full"
+    assert [s["name"] for s in rbd.snapshots(ref)] == [res["backup"]["snapshot"]]
+    assert json.loads(open(os.path.join(dest, res["backup"]["id"], "manifest.json")).read())["id"] == \
+        res["backup"]["id"]
