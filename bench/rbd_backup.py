@@ -17,6 +17,7 @@ compare every 4 MiB block). MiB/s = image size / wall time; the median of the ro
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import shutil
@@ -81,20 +82,17 @@ def main() -> int:
         for rnd in range(args.rounds):
             raw = os.path.join(work, f"raw-{rnd}.img")
             dest = os.path.join(work, f"bk-{rnd}")
-            steps = ["raw export", "backup"]
-            random.shuffle(steps)
-            for step in steps:
-                if step == "raw export":
-                    results[step].append(timed(lambda: sh(conf, "export", "--no-progress", src.at("base").spec, raw)))
-                else:
-                    results[step].append(timed(lambda: bio.backup(rbd, src, dest, force_full=True)))
-            steps = ["raw import", "restore"]
-            random.shuffle(steps)
-            for step in steps:
-                if step == "raw import":
-                    results[step].append(timed(lambda: sh(conf, "import", "--no-progress", raw, f"rbd/raw-{rnd}")))
-                else:
-                    results[step].append(timed(lambda: bio.restore(rbd, dest, ImageRef("rbd", f"rs-{rnd}"))))
+            snap = src.at("base").spec
+            ops = {
+                "raw export": functools.partial(sh, conf, "export", "--no-progress", snap, raw),
+                "backup": functools.partial(bio.backup, rbd, src, dest, force_full=True),
+                "raw import": functools.partial(sh, conf, "import", "--no-progress", raw, f"rbd/raw-{rnd}"),
+                "restore": functools.partial(bio.restore, rbd, dest, ImageRef("rbd", f"rs-{rnd}")),
+            }
+            for pair in (["raw export", "backup"], ["raw import", "restore"]):
+                random.shuffle(pair)
+                for step in pair:
+                    results[step].append(timed(ops[step]))
             os.unlink(raw)
             shutil.rmtree(dest)
             for name in (f"raw-{rnd}", f"rs-{rnd}"):
