@@ -278,7 +278,7 @@ def resolve_chain(backups: Sequence[Manifest], backup_id: Optional[str]) -> List
                          f"(have: {', '.join(sorted(by_id)) or 'none'})")
     else:
         target = by_id[backup_id]
-    chain = []
+    chain: List[Manifest] = []
     for i, cid in enumerate(target.chain):
         m = by_id.get(cid)
         if m is None:

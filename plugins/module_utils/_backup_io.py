@@ -373,8 +373,9 @@ def backup(rbd: Rbd, ref: ImageRef, dest: str, *, vm: Optional[str] = None, owne
             proc = rbd.popen(words, stdout=-1)
             try:
                 with open(os.path.join(work, DATA_FILE), "wb", buffering=_IO) as out:
+                    base: Optional[List[Optional[str]]] = list(parent.blocks) if parent else None
                     reader, state, (size, sha, chunks) = consume_diff(
-                        proc.stdout, parent.image_size if parent else None, parent.blocks if parent else None, out)
+                        proc.stdout, parent.image_size if parent else None, base, out)
                     out.flush()
                     os.fsync(out.fileno())
             except BaseException:

@@ -147,6 +147,7 @@ def plan_volume(p: Dict[str, Any], obs: Observed, parent_obs: Optional[Observed]
     _validate(p)
     state = p["state"]
     name = f"{p['pool']}/{p['name']}"
+    acts: List[Action]
     if state == "absent":
         if not obs.exists:
             return []
@@ -179,7 +180,7 @@ def plan_volume(p: Dict[str, Any], obs: Observed, parent_obs: Optional[Observed]
         _check_marks(p, obs)
         if not p.get("path"):
             raise VolumeRefused("path: required with state=exported")
-        snap = p.get("snapshot")
+        snap = str(p.get("snapshot") or "")
         if not snap or snap not in obs.snapshots:
             raise VolumeRefused(f"snapshot: {snap!r} must name an existing snapshot of {name} to export "
                                 f"(have: {', '.join(sorted(obs.snapshots)) or 'none'})")
@@ -210,7 +211,7 @@ def plan_volume(p: Dict[str, Any], obs: Observed, parent_obs: Optional[Observed]
             if not parent_obs.snapshots[ref.snapshot]:
                 raise VolumeRefused(f"clone_from: snapshot {ref.spec} is not protected; protect the template "
                                     "snapshot first (snapshot_state=protected)")
-            acts: List[Action] = [("clone", ref.spec)]
+            acts = [("clone", ref.spec)]
             if p.get("size_mib") and p["size_mib"] * MiB > parent_obs.size:
                 acts.append(("resize", p["size_mib"], False))
         elif p.get("size_mib") is None:

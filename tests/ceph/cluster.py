@@ -23,6 +23,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -178,7 +179,7 @@ def _log_tail(d: Path, name: str) -> str:
         return "(no log)"
 
 
-def _poll(what: str, check, timeout: float, interval: float = 0.1):  # type: ignore[no-untyped-def]
+def _poll(what: str, check: Callable[[], object], timeout: float, interval: float = 0.1) -> object:
     deadline = time.monotonic() + timeout
     last: object = None
     while time.monotonic() < deadline:
