@@ -96,7 +96,7 @@ def test_readiness_needs_an_ssh_banner_not_just_a_connect() -> None:
     assert readiness.banner_once("127.0.0.1", port, banner_timeout=0.5) is None
     srv.close()
     srv, port = _server(b"SSH-2.0-OpenSSH_9.2p1 Debian\r\n")
-    assert readiness.banner_once("127.0.0.1", port).startswith(b"SSH-2.0-OpenSSH")  # type: ignore[union-attr]
+    assert readiness.banner_once("127.0.0.1", port).startswith(b"SSH-2.0-OpenSSH")
     srv.close()
 
 

@@ -1,0 +1,153 @@
+"""The launcher with the real guest image (systemd, sshd, zjusct-identity) under QEMU/TCG, over real SSH.
+
+Four guests boot at once (module fixture), then each test drives its own: SSH login with the config-disk key and
+hostname, SIGTERM -> StopRequested (ACPI power button through logind), reboot -> GuestReboot, kernel panic ->
+GuestPanic, and data synced before a kill -9 of QEMU read back by the next boot, which then powers off.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.launcher.harness import Launched, base_config, free_port, leftovers, wait_dead
+
+pytestmark = [pytest.mark.guest, pytest.mark.slow]
+SSH_TIMEOUT = 120
+
+
+class RealFleet:
+    def __init__(self, root: Path, image: Any):
+        self.root, self.image = root, image
+        key = root / "id_ed25519"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True, timeout=60)
+        self.key = key
+        self.pubkey = (root / "id_ed25519.pub").read_text().strip()
+        self.vms: dict[str, Launched] = {}
+        self.ports: dict[str, int] = {}
+
+    def start(self, name: str, boot_id: int = 1) -> Launched:
+        work = self.root / name
+        work.mkdir(exist_ok=True)
+        disk = work / "root.raw"
+        if not disk.exists():
+            subprocess.run(["cp", "--sparse=always", "--reflink=auto", str(self.image.rootfs), str(disk)],
+                           check=True, timeout=600)
+            os.chmod(disk, 0o644)
+        port = self.ports.setdefault(name, free_port())
+        cfg = base_config(work, f"real-{name}", kernel=str(self.image.vmlinuz), initrd=str(self.image.initrd),
+                          disk=str(disk), cmdline=self.image.default_cmdline, port=port, boot_id=boot_id,
+                          memory_mib=512)
+        cfg["identity"]["sshAuthorizedKeys"] = [self.pubkey]
+        cfg["hypervisor"]["tcgTranslationCacheMiB"] = 128
+        cfg["readiness"] = {"timeoutSeconds": 900}
+        cfg["stopTimeoutSeconds"] = 120
+        vm = Launched(cfg, work)
+        self.vms[f"{name}#{boot_id}"] = vm
+        return vm
+
+    def ssh(self, name: str, command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        argv = ["ssh", "-i", str(self.key), "-p", str(self.ports[name]), "-o", "BatchMode=yes",
+                "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=60",
+                "-o", "LogLevel=ERROR", "root@127.0.0.1", command]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=SSH_TIMEOUT, check=check)
+
+    def ssh_retry(self, name: str, command: str, attempts: int = 5) -> subprocess.CompletedProcess[str]:
+        """sshd answers its banner slightly before it accepts logins under heavy load."""
+        last: subprocess.CompletedProcess[str] | None = None
+        for _ in range(attempts):
+            last = self.ssh(name, command, check=False)
+            if last.returncode == 0:
+                return last
+            time.sleep(5)
+        assert last is not None
+        raise AssertionError(f"ssh {command!r} failed: {last.returncode} {last.stderr}")
+
+    def teardown(self) -> None:
+        for vm in self.vms.values():
+            vm.kill()
+
+
+@pytest.fixture(scope="module")
+def real(guest_image: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealFleet]:
+    fleet = RealFleet(tmp_path_factory.mktemp("real"), guest_image)
+    try:
+        for name in ("ssh", "data", "reboot", "panic"):
+            fleet.start(name)
+        yield fleet
+    finally:
+        fleet.teardown()
+
+
+def finish(vm: Launched, timeout: float = 400) -> tuple[int, dict[str, Any]]:
+    rc, result = vm.wait(timeout)
+    assert result is not None, f"no result (rc {rc}):\n{vm.log_tail()}"
+    return rc, result
+
+
+def clean(vm: Launched, pid: int) -> None:
+    assert wait_dead(pid, 10)
+    assert leftovers(vm.runtime_dir) == []
+
+
+def test_real_guest_ssh_login_with_config_disk_identity_then_sigterm_is_stop_requested(real: RealFleet) -> None:
+    vm = real.vms["ssh#1"]
+    ready = vm.wait_ready(900)
+    assert ready["banner"].startswith("SSH-2.0-OpenSSH")
+    out = real.ssh_retry("ssh", "hostname; cat /var/lib/zjusct/instance-id; ip -4 -o addr show dev eth0")
+    lines = out.stdout.splitlines()
+    assert lines[0] == "real-ssh" and lines[1] == vm.cfg["identity"]["instanceID"]
+    assert "10.0.2.15/24" in lines[2]
+    pid = vm.vmm_pid()
+    vm.signal(signal.SIGTERM)
+    rc, result = finish(vm)
+    assert (rc, result["reason"]) == (0, "StopRequested"), result
+    clean(vm, pid)
+
+
+def test_real_guest_data_synced_survives_kill9_and_next_boot_powers_off(real: RealFleet) -> None:
+    vm = real.vms["data#1"]
+    vm.wait_ready(900)
+    real.ssh_retry("data", "echo zjusct-durable-42 > /root/durable && sync")
+    pid = vm.vmm_pid()
+    os.kill(pid, signal.SIGKILL)
+    rc, result = finish(vm)
+    assert (rc, result["reason"]) == (1, "HypervisorCrashed"), result
+    clean(vm, pid)
+    vm2 = real.start("data", boot_id=2)
+    vm2.wait_ready(900)
+    assert real.ssh_retry("data", "cat /root/durable").stdout.strip() == "zjusct-durable-42"
+    pid2 = vm2.vmm_pid()
+    real.ssh("data", "nohup sh -c 'sleep 1; poweroff' >/dev/null 2>&1 &", check=False)
+    rc, result = finish(vm2)
+    assert (rc, result["reason"], result["bootID"]) == (0, "GuestShutdown", 2), result
+    clean(vm2, pid2)
+
+
+def test_real_guest_reboot_ends_the_run_as_guest_reboot(real: RealFleet) -> None:
+    vm = real.vms["reboot#1"]
+    vm.wait_ready(900)
+    real.ssh_retry("reboot", "true")
+    pid = vm.vmm_pid()
+    real.ssh("reboot", "nohup sh -c 'sleep 1; reboot' >/dev/null 2>&1 &", check=False)
+    rc, result = finish(vm)
+    assert (rc, result["reason"]) == (0, "GuestReboot"), result
+    clean(vm, pid)
+
+
+def test_real_guest_kernel_panic_is_guest_panic(real: RealFleet) -> None:
+    vm = real.vms["panic#1"]
+    vm.wait_ready(900)
+    real.ssh_retry("panic", "true")
+    pid = vm.vmm_pid()
+    real.ssh("panic", "nohup sh -c 'sleep 1; echo c > /proc/sysrq-trigger' >/dev/null 2>&1 &", check=False)
+    rc, result = finish(vm)
+    assert (rc, result["reason"]) == (1, "GuestPanic"), result
+    clean(vm, pid)
