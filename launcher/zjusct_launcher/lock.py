@@ -30,7 +30,26 @@ def acquire(path: str) -> int:
 
 
 def is_held(path: str) -> bool:
-    """True when some process holds the lock (for supervisors and tests). Never creates the file."""
+    """True when some process holds a flock on ``path`` (for supervisors and tests). Never creates the file.
+
+    Reads /proc/locks (proc(5): ``FLOCK ADVISORY WRITE <pid> <maj:min:inode> ...``, major/minor in hex) so the
+    check never takes the lock itself, which could make a launcher starting at that instant see it busy. Falls
+    back to a non-blocking shared flock when /proc/locks is unreadable.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                fields = line.split()
+                if "FLOCK" in fields and ident in fields:
+                    return True
+        return False
+    except OSError:
+        pass
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
