@@ -63,3 +63,4 @@ def _component_gate(request: pytest.FixtureRequest) -> None:
     if "ceph" in markers:
         require("ceph", shutil.which("ceph-mon") is not None and shutil.which("rbd") is not None,
                 "ceph-mon/rbd not installed (hack/install-deps.sh)")
+from tests.guest_image_fixture import guest_image  # noqa: E402,F401

@@ -1,0 +1,101 @@
+"""Real boots of the default image set under QEMU/TCG (3 guest boots in total, two of them in parallel).
+
+Proves the guest side of notes/CONTRACT-guest.md: SSH as root with a key injected through the config disk, the
+hostname from the config disk, per-VM SSH host keys, host keys kept across boots of the same VM, a guest reboot
+makes QEMU (-no-reboot) exit, and QMP system_powerdown makes QEMU exit cleanly within a bound.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.guest_image_fixture import GuestImage
+from tests.integration.guest_image.qemu_vm import Vm, make_key
+
+pytestmark = [pytest.mark.guest, pytest.mark.slow, pytest.mark.timeout(1500)]
+
+BOOT_TIMEOUT_S = 600  # a 2-core host shared with other guests: boots take 1-6 min under TCG
+POWERDOWN_BOUND_S = 90
+
+
+@dataclass
+class Pair:
+    key: Path
+    a: Vm
+    b: Vm
+    fingerprints: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def pair(guest_image: GuestImage, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    """Two VMs from the same image, booted in parallel, each with its own rootfs copy and config disk."""
+    work = tmp_path_factory.mktemp("guest-pair")
+    key, pub = make_key(work)
+    a = Vm(guest_image, work / "alice", "alice", "0b6e5e1c-0000-4000-8000-00000000000a", [pub],
+           mac="52:54:00:00:00:0a")
+    b = Vm(guest_image, work / "bob", "bob", "0b6e5e1c-0000-4000-8000-00000000000b", [pub], mac="52:54:00:00:00:0b")
+    try:
+        a.start()
+        b.start()
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda vm: vm.wait_ssh_banner(BOOT_TIMEOUT_S), (a, b)))
+        yield Pair(key, a, b, {})
+    finally:
+        a.close()
+        b.close()
+
+
+def test_ssh_with_injected_key_reports_config_disk_hostname(pair: Pair) -> None:
+    assert pair.a.ssh(pair.key, "hostname").strip() == "alice"
+    assert pair.b.ssh(pair.key, "hostname").strip() == "bob"
+
+
+def test_password_login_is_refused(pair: Pair) -> None:
+    out = subprocess.run(["ssh", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                          "-o", "BatchMode=yes", "-o", "PreferredAuthentications=password,keyboard-interactive",
+                          "-p", str(pair.a.port), "root@127.0.0.1", "true"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 255
+    assert "Permission denied" in out.stderr
+
+
+def test_guest_network_is_configured_from_config_disk(pair: Pair) -> None:
+    out = pair.a.ssh(pair.key, "ip -4 -o addr show dev eth0; ip -4 route show default; cat /etc/resolv.conf")
+    assert "10.0.2.15/24" in out
+    assert "default via 10.0.2.2" in out
+    assert "nameserver 10.0.2.3" in out
+
+
+def test_two_vms_from_one_image_have_different_host_keys(pair: Pair) -> None:
+    pair.fingerprints["alice"] = pair.a.host_key_fingerprint()
+    pair.fingerprints["bob"] = pair.b.host_key_fingerprint()
+    assert pair.fingerprints["alice"].startswith("SHA256:")
+    assert pair.fingerprints["alice"] != pair.fingerprints["bob"]
+
+
+def test_qmp_system_powerdown_stops_qemu_cleanly(pair: Pair) -> None:
+    """ACPI power button (needs dbus + logind in the guest) -> poweroff -> QEMU exits 0 within the bound."""
+    assert "return" in pair.b.qmp("system_powerdown")
+    assert pair.b.wait_exit(POWERDOWN_BOUND_S) == 0
+    assert "reboot: Power down" in pair.b.serial_log.read_text(errors="replace")
+
+
+def test_guest_reboot_exits_qemu_and_next_boot_keeps_host_key(pair: Pair) -> None:
+    """A guest reboot makes QEMU (-no-reboot) exit; booting the same VM again (same instance-id) keeps its key."""
+    before = pair.fingerprints.get("alice") or pair.a.host_key_fingerprint()
+    subprocess.run(["ssh", "-i", str(pair.key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                    "-o", "BatchMode=yes", "-p", str(pair.a.port), "root@127.0.0.1", "systemctl reboot"],
+                   capture_output=True, timeout=60, check=False)
+    assert pair.a.wait_exit(POWERDOWN_BOUND_S) == 0
+    pair.a.start()
+    pair.a.wait_ssh_banner(BOOT_TIMEOUT_S)
+    assert pair.a.host_key_fingerprint() == before
+    assert pair.a.ssh(pair.key, "hostname").strip() == "alice"
+    assert "return" in pair.a.qmp("system_powerdown")
+    assert pair.a.wait_exit(POWERDOWN_BOUND_S) == 0
