@@ -114,7 +114,7 @@ def _launcher_config(cfg: HostConfig, vm: dict, volume: dict, lease: dict) -> di
                      "sshAuthorizedKeys": list(spec.get("sshAuthorizedKeys") or [])},
         "network": {"mode": "tap", "tap": lease["tap"], "createTap": False, "mac": lease["mac"],
                     "ipv4": f"{lease['ipv4']}/{prefix}", "gateway": net.gateway(cfg.subnet),
-                    "dns": list(cfg.dns) or [net.gateway(cfg.subnet)]},
+                    "dns": list(cfg.dns) or net.host_resolvers()},
         "hypervisor": {"type": cfg.hypervisor, "accel": cfg.accel, "allowTCG": cfg.allow_tcg,
                        "kvmProbeTimeoutSeconds": 5, "tcgTranslationCacheMiB": cfg.tcg_translation_cache_mib},
         "readiness": {"host": lease["ipv4"], "port": 22, "timeoutSeconds": cfg.readiness_timeout_seconds},
@@ -172,12 +172,14 @@ def _start_boot(cfg: HostConfig, store: HostStore, vm: dict) -> None:
     config = _launcher_config(cfg, vm, volume, lease)
     boot = int(spec["bootID"])
     net.ensure_bridge(cfg.netns, cfg.bridge, cfg.subnet)
+    if cfg.nat:
+        net.ensure_uplink(cfg.netns, cfg.subnet, cfg.uplink_cidr, cfg.uplink_netns)
     net.ensure_tap(cfg.netns, cfg.bridge, lease["tap"])
     net.apply_isolation(cfg.netns, _owner_groups(store))
     sup.write_config(paths, config)
     env = sup.launcher_env(cfg.launcher_pythonpath)
     try:
-        sup.check_config(list(cfg.launcher_command), paths.config(boot), env)
+        sup.check_config(list(cfg.launcher_command), paths.config(boot), env, cfg.netns)
         pid = sup.spawn(paths, boot, list(cfg.launcher_command), env, cfg.netns)
     except Exception:
         os.unlink(paths.config(boot))

@@ -37,6 +37,8 @@ def run_module(params: dict, check_mode: bool) -> dict:
         changed = not net.netns_exists(cfg.netns) or not net.link_exists(cfg.netns, cfg.bridge)
     else:
         changed = net.ensure_bridge(cfg.netns, cfg.bridge, cfg.subnet)
+        if cfg.nat:
+            changed |= net.ensure_uplink(cfg.netns, cfg.subnet, cfg.uplink_cidr, cfg.uplink_netns)
     removed: list[str] = []
     if params.get("sweep") and net.netns_exists(cfg.netns):
         keep = live_taps(cfg)

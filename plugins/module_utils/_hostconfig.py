@@ -35,7 +35,10 @@ class HostConfig:
         netns: network namespace holding the guests' bridge and TAPs ("" = the host's own).
         bridge: bridge device for guest TAPs.
         subnet: guests' IPv4 subnet (CIDR); the first host address is the gateway on the bridge.
-        dns: name servers given to guests.
+        dns: name servers given to guests (default: the host's non-loopback resolvers).
+        nat: give guests a way out: a veth uplink from ``netns`` with masquerading (_hostnet.ensure_uplink).
+        uplink_cidr: the uplink veth pair's /30 (RFC 6598 shared address space by default).
+        uplink_netns: where the uplink's outer end lives ("" = the host's namespace; tests use their own).
         launcher_command: argv prefix that runs the launcher (``... run --config F`` is appended).
         hypervisor: ``qemu`` or ``firecracker``.
         accel: ``auto``, ``kvm`` or ``tcg``.
@@ -61,6 +64,9 @@ class HostConfig:
     bridge: str = "zjbr0"
     subnet: str = "10.200.0.0/24"
     dns: tuple = ()
+    nat: bool = True
+    uplink_cidr: str = "100.64.255.0/30"
+    uplink_netns: str = ""
     launcher_command: tuple = ("python3", "-m", "zjusct_launcher")
     launcher_pythonpath: str = "/usr/local/lib/zjusct-cloud/launcher"
     hypervisor: str = "qemu"

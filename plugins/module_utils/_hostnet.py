@@ -24,6 +24,8 @@ from netaddr import IPNetwork
 
 TAP_PREFIX = "zjt"
 NFT_TABLE = "zjusct_isolation"
+NAT_TABLE = "zjusct_nat"
+UPLINK_OUTER, UPLINK_INNER = "zjup0", "zjup1"
 
 
 class NetworkError(Exception):
@@ -174,6 +176,92 @@ def apply_isolation(netns: str, groups: dict) -> None:
     exec_prefix = ["ip", "netns", "exec", netns] if netns else []
     script = f"table bridge {NFT_TABLE}\ndelete table bridge {NFT_TABLE}\n" + isolation_ruleset(groups)
     _run([*exec_prefix, "nft", "-f", "-"], stdin=script)
+
+
+def nat_ruleset(table_family: str, source: str, oif_match: str) -> str:
+    """nft script replacing the NAT table: masquerade ``source`` leaving through ``oif_match``.
+
+    Args:
+        table_family: ``ip``.
+        source: source prefix to masquerade (CIDR).
+        oif_match: an nft ``oifname`` expression such as ``"zjup1"`` or ``!= "zjup0"``.
+    """
+    return (f"table {table_family} {NAT_TABLE}\ndelete table {table_family} {NAT_TABLE}\n"
+            f"table {table_family} {NAT_TABLE} {{\n"
+            "  chain postrouting {\n"
+            "    type nat hook postrouting priority srcnat; policy accept;\n"
+            f"    ip saddr {source} oifname {oif_match} masquerade\n"
+            "  }\n}\n")
+
+
+def ensure_uplink(netns: str, subnet: str, uplink_cidr: str, uplink_netns: str = "") -> bool:
+    """Give the guests' namespace a way out: a veth to ``uplink_netns`` (the host's by default) and NAT.
+
+    Inside ``netns``: ``zjup1`` with the uplink's second address, a default route via the first,
+    and guests' traffic (``subnet``) masqueraded onto ``zjup1``. On the outer side: ``zjup0`` with
+    the first address, forwarding on, and — in the host's namespace only — the uplink prefix
+    masqueraded onto every other interface, in its own nft table (the host's tables are untouched).
+
+    Returns whether anything changed.
+    """
+    if not netns:
+        return False
+    net = IPNetwork(uplink_cidr)
+    outer, inner = f"{net[1]}/{net.prefixlen}", f"{net[2]}/{net.prefixlen}"
+    changed = False
+    if not link_exists(uplink_netns, UPLINK_OUTER):
+        _ip(uplink_netns, "link", "add", UPLINK_OUTER, "type", "veth", "peer", "name", UPLINK_INNER,
+            "netns", netns)
+        changed = True
+    for ns, dev, address in ((uplink_netns, UPLINK_OUTER, outer), (netns, UPLINK_INNER, inner)):
+        if address not in _ip(ns, "-o", "addr", "show", "dev", dev).stdout:
+            _ip(ns, "addr", "add", address, "dev", dev)
+            changed = True
+        if ",UP" not in _ip(ns, "link", "show", "dev", dev).stdout:
+            _ip(ns, "link", "set", dev, "up")
+            changed = True
+    if f"default via {net[1]}" not in _ip(netns, "route", "show", "default").stdout:
+        _ip(netns, "route", "replace", "default", "via", str(net[1]), "dev", UPLINK_INNER)
+        changed = True
+    changed |= _ensure_nft(netns, nat_ruleset("ip", subnet, f'"{UPLINK_INNER}"'))
+    outer_prefix = ["ip", "netns", "exec", uplink_netns] if uplink_netns else []
+    if _run([*outer_prefix, "cat", "/proc/sys/net/ipv4/ip_forward"]).stdout.strip() != "1":
+        _run([*outer_prefix, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"])
+        changed = True
+    if not uplink_netns:
+        changed |= _ensure_nft("", nat_ruleset("ip", str(net.cidr), f'!= "{UPLINK_OUTER}"'))
+    return changed
+
+
+def _ensure_nft(netns: str, script: str) -> bool:
+    """Load ``script`` (which replaces one table) unless the table already has the same rules."""
+    exec_prefix = ["ip", "netns", "exec", netns] if netns else []
+    table = script.split("\n")[0].split(" ", 1)[1]  # "<family> <name>"
+    current = _run([*exec_prefix, "nft", "list", "table", *table.split()], check=False)
+    wanted_rule = [line.strip() for line in script.splitlines() if "masquerade" in line or " drop" in line]
+    if current.returncode == 0 and all(rule in current.stdout for rule in wanted_rule):
+        return False
+    _run([*exec_prefix, "nft", "-f", "-"], stdin=script)
+    return True
+
+
+def remove_uplink(netns: str, uplink_netns: str = "") -> None:
+    """Delete the uplink veth pair and, in the host's namespace, its NAT table."""
+    if link_exists(uplink_netns, UPLINK_OUTER):
+        _ip(uplink_netns, "link", "del", UPLINK_OUTER)
+    if not uplink_netns:
+        _run(["nft", "delete", "table", "ip", NAT_TABLE], check=False)
+
+
+def host_resolvers(path: str = "/etc/resolv.conf") -> list[str]:
+    """The host's IPv4 name servers usable from guests (loopback ones such as 127.0.0.53 left out)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return []
+    servers = [line.split()[1] for line in lines if line.startswith("nameserver") and len(line.split()) > 1]
+    return [s for s in servers if "." in s and not s.startswith("127.")]
 
 
 def remove_netns(netns: str) -> None:

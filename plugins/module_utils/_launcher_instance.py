@@ -48,7 +48,7 @@ def run_module(params: dict, check_mode: bool, fail: Callable[..., None]) -> dic
         sup.write_config(paths, config)
         env = sup.launcher_env(cfg.launcher_pythonpath)
         try:
-            sup.check_config(list(cfg.launcher_command), paths.config(boot), env)
+            sup.check_config(list(cfg.launcher_command), paths.config(boot), env, cfg.netns)
             sup.spawn(paths, boot, list(cfg.launcher_command), env, cfg.netns)
         except (sup.LauncherError, OSError) as exc:
             os.unlink(paths.config(boot))

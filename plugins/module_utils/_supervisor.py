@@ -184,10 +184,17 @@ def launcher_env(pythonpath: Optional[str]) -> dict:
     return env
 
 
-def check_config(command: list[str], config_path: str, env: dict, timeout: float = 60) -> None:
-    """Run ``<launcher> check --config FILE``; raise :class:`LauncherError` with every problem listed."""
+def check_config(command: list[str], config_path: str, env: dict, netns: str = "", timeout: float = 60) -> None:
+    """Run ``<launcher> check --config FILE`` (inside ``netns``, where the TAP lives).
+
+    Raises:
+        LauncherError: the config was rejected; the message lists every problem the launcher found.
+    """
+    argv = [*command, "check", "--config", config_path]
+    if netns:
+        argv = ["ip", "netns", "exec", netns, *argv]
     try:
-        proc = subprocess.run([*command, "check", "--config", config_path], env=env, capture_output=True,
+        proc = subprocess.run(argv, env=env, capture_output=True,
                               text=True, timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise LauncherError(f"launcher check could not run: {exc}") from exc

@@ -98,6 +98,12 @@ def cloud(guest_image, tmp_path_factory) -> Cloud:
     root = tmp_path_factory.mktemp("cloud")
     tag = uuid.uuid4().hex[:6]
     netns = f"zjc-e2e-{tag}"
+    # The uplink's outer end goes into a namespace of the test's own (a stand-in for "the outside"
+    # with one address, 198.51.100.1), so NAT is tested without touching the host's namespace.
+    outside = f"zjc-out-{tag}"
+    subprocess.run(["ip", "netns", "add", outside], check=True)
+    subprocess.run(["ip", "-n", outside, "link", "set", "lo", "up"], check=True)
+    subprocess.run(["ip", "-n", outside, "addr", "add", "198.51.100.1/32", "dev", "lo"], check=True)
     config = {
         "node": "e2e-host",
         "store_path": str(root / "cloud.db"),
@@ -110,6 +116,10 @@ def cloud(guest_image, tmp_path_factory) -> Cloud:
         "netns": netns,
         "bridge": "zjbr0",
         "subnet": "10.213.0.0/24",
+        "nat": True,
+        "uplink_cidr": "100.64.213.0/30",
+        "uplink_netns": outside,
+        "dns": ["198.51.100.1"],
         "launcher_command": [sys.executable, "-m", "zjusct_launcher"],
         "launcher_pythonpath": str(REPO / "launcher"),
         "stop_timeout_seconds": 90,
@@ -130,7 +140,8 @@ def cloud(guest_image, tmp_path_factory) -> Cloud:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-        subprocess.run(["ip", "netns", "del", netns], check=False, capture_output=True)
+        for ns in (netns, outside):
+            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
         shutil.rmtree(config["runtime_dir"], ignore_errors=True)
         logs = root / "log"
         if logs.exists():

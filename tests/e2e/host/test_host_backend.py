@@ -116,6 +116,27 @@ def test_owners_are_isolated_from_each_other(cloud: Cloud):
         server.wait()
 
 
+def test_guests_reach_the_outside_through_nat(cloud: Cloud):
+    """bob's guest connects to a server in the 'outside' namespace; the server sees the uplink address."""
+    b_ip = cloud.vm("bob")["status"]["sshEndpoint"]["host"]
+    outside = cloud.config["uplink_netns"]
+    server = subprocess.Popen(
+        ["ip", "netns", "exec", outside, sys.executable, "-c",
+         "import socket; s = socket.create_server(('198.51.100.1', 8080)); c, a = s.accept();"
+         " c.sendall(a[0].encode())"])
+    try:
+        time.sleep(1)
+        seen = cloud.ssh(b_ip, "timeout 8 bash -c 'exec 3<>/dev/tcp/198.51.100.1/8080 && head -c 40 <&3'"
+                               " && echo && cat /etc/resolv.conf")
+    finally:
+        server.kill()
+        server.wait()
+    assert seen.returncode == 0, seen.stderr
+    lines = seen.stdout.splitlines()
+    assert lines[0] == "100.64.213.2", seen.stdout  # masqueraded to the uplink's inner address
+    assert "nameserver 198.51.100.1" in seen.stdout
+
+
 def test_case_L2_killed_launcher_is_not_running(cloud: Cloud):
     assert cloud.vm("bob")["status"]["phase"] == "Running"
     for pid in launcher_pids(cloud, "bob"):

@@ -1,0 +1,102 @@
+"""Benchmark: control-plane overhead of the single-host backend.
+
+Measures, in one run on this machine:
+
+* ``vm_start.yml`` on an existing stopped VM, wall time, minus the guest's own boot time (the
+  launcher's ``readyAt - startedAt`` of that boot): the collection's overhead (goal <= 3 s).
+* the same for ``vm_stop.yml`` minus the guest's shutdown time (launcher ``finishedAt`` - stop
+  request), reported for information.
+* the second run of the hypervisor role against the same host config (``changed=0`` expected).
+
+The VM boots under QEMU/TCG here, so the absolute times are dominated by the guest; the overhead is
+the figure to watch. Usage (as root, after ``make setup``)::
+
+    python bench/host_backend.py [--rounds 2]
+
+Prints a table; exits non-zero only when a playbook fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+CACHE = Path(os.environ.get("ZJUSCT_CACHE", "/var/cache/zjusct-cloud"))
+
+
+def _ts(value: str) -> float:
+    return dt.datetime.strptime(value.rstrip("Z").split(".")[0], "%Y-%m-%dT%H:%M:%S").replace(
+        tzinfo=dt.timezone.utc).timestamp()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="zjc-bench-"))
+    tag = uuid.uuid4().hex[:6]
+    images = sorted((CACHE / "images").glob("*/manifest.json"))
+    if not images:
+        print("no image set in the cache: run the tests or playbooks/guest_image.yml first")
+        return 1
+    config = {
+        "node": "bench", "store_path": str(root / "cloud.db"), "images_dir": str(CACHE / "images"),
+        "default_image": json.loads(images[-1].read_text())["name"], "volumes_dir": str(root / "volumes"),
+        "state_dir": str(root / "state"), "runtime_dir": f"/run/zjc-bench-{tag}", "log_dir": str(root / "log"),
+        "netns": f"zjc-bench-{tag}", "subnet": "10.215.0.0/24",
+        "launcher_command": [sys.executable, "-m", "zjusct_launcher"], "launcher_pythonpath": str(REPO / "launcher"),
+    }
+    (root / "host.json").write_text(json.dumps(config))
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "key")], check=True)
+    env = dict(os.environ, ZJUSCT_CLOUD_CONFIG=str(root / "host.json"), ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+               PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
+
+    def playbook(name: str) -> float:
+        t0 = time.monotonic()
+        subprocess.run([str(VENV_BIN / "ansible-playbook"), f"playbooks/{name}.yml", "-e", "owner=bench",
+                        "-e", f"ssh_public_key_file={root / 'key'}.pub"], cwd=REPO, env=env, check=True,
+                       capture_output=True)
+        return time.monotonic() - t0
+
+    rows = []
+    try:
+        playbook("vm_start")  # creates the VM and its volume, first boot
+        playbook("vm_stop")
+        for _ in range(args.rounds):
+            wall = playbook("vm_start")
+            state = root / "state" / "vms" / "default_bench"
+            boot = max(int(p.stem.split("-")[1]) for p in state.glob("boot-*.json"))
+            spawned = json.loads((state / f"spawned-{boot}").read_text())
+            ready = (state / f"ready-{boot}")
+            ready_at = json.loads(ready.read_text()).get("readyAt") if ready.read_text().strip().startswith("{") \
+                else None
+            guest = (_ts(ready_at) if ready_at else ready.stat().st_mtime) - float(spawned["time"])
+            stop_wall = playbook("vm_stop")
+            rows.append((wall, guest, stop_wall))
+    finally:
+        subprocess.run([str(VENV_BIN / "ansible-playbook"), "playbooks/vm_delete.yml", "-e", "owner=bench",
+                        "-e", "delete_volume=true"], cwd=REPO, env=env, check=False, capture_output=True)
+        subprocess.run(["ip", "netns", "del", config["netns"]], check=False, capture_output=True)
+        shutil.rmtree(config["runtime_dir"], ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"{'round':>5} {'vm_start wall s':>16} {'guest boot s':>13} {'overhead s':>11} {'vm_stop wall s':>15}")
+    for i, (wall, guest, stop_wall) in enumerate(rows, 1):
+        print(f"{i:>5} {wall:>16.2f} {guest:>13.2f} {wall - guest:>11.2f} {stop_wall:>15.2f}")
+    overhead = sorted(w - g for w, g, _ in rows)[len(rows) // 2]
+    print(f"median control-plane overhead: {overhead:.2f} s (goal <= 3 s; ratio to goal {overhead / 3:.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
