@@ -12,7 +12,6 @@ import sys
 import uuid
 
 import pytest
-
 from ansible_collections.zjusct.cloud.plugins.module_utils import _hostnet as net
 
 pytestmark = pytest.mark.netns
