@@ -39,13 +39,15 @@ class ManifestError(ValueError):
 
 @dataclass
 class FileEntry:
-    """One stored file. ``size`` in bytes; ``chunks``: sha256 of each ``chunk_size`` piece, in order."""
+    """One stored file. ``size`` in bytes; ``sha256`` of the whole file (``sha256sum``-compatible);
+    ``chunks``: optional sha256 of each ``chunk_size`` piece (empty when not recorded — backups rely on the image
+    block checksums to locate damage, which saves a hashing pass)."""
 
     name: str
     size: int
     sha256: str
-    chunks: List[str]
-    chunk_size: int = CHUNK_SIZE
+    chunks: List[str] = field(default_factory=list)
+    chunk_size: int = 0
     format: str = "rbd-diff-v1"
 
 
@@ -146,7 +148,7 @@ def validate(m: Manifest) -> None:
     for f in m.files:
         if "/" in f.name or f.name.startswith("."):
             raise ManifestError(f"manifest files: name {f.name!r} must be a plain file name")
-        if len(f.chunks) != max(1, (f.size + f.chunk_size - 1) // f.chunk_size) and f.size:
+        if f.chunks and len(f.chunks) != max(1, (f.size + f.chunk_size - 1) // max(1, f.chunk_size)):
             raise ManifestError(f"manifest files[{f.name}].chunks: {len(f.chunks)} for {f.size} bytes")
 
 

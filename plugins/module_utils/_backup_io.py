@@ -31,7 +31,6 @@ from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple
 
 from ._backup import (
     BLOCK_SIZE,
-    CHUNK_SIZE,
     COMPLETE_FILE,
     DATA_FILE,
     MANIFEST_FILE,
@@ -68,9 +67,9 @@ class BackupError(Exception):
 # -- checksummed streams -------------------------------------------------------------------------------------
 
 class ChunkHasher:
-    """sha256 of a whole byte stream plus one sha256 per ``chunk_size`` piece of it."""
+    """sha256 of a whole byte stream plus (if ``chunk_size`` > 0) one sha256 per ``chunk_size`` piece of it."""
 
-    def __init__(self, chunk_size: int = CHUNK_SIZE) -> None:
+    def __init__(self, chunk_size: int = 0) -> None:
         self.chunk_size = chunk_size
         self.total = hashlib.sha256()
         self.chunks: List[str] = []
@@ -82,6 +81,8 @@ class ChunkHasher:
         mv = memoryview(data)
         self.total.update(mv)
         self.size += len(mv)
+        if not self.chunk_size:
+            return
         pos = 0
         while pos < len(mv):
             n = min(len(mv) - pos, self.chunk_size - self._fill)
@@ -95,7 +96,7 @@ class ChunkHasher:
 
     def finish(self) -> Tuple[int, str, List[str]]:
         """Return (size in bytes, sha256 hex, chunk sha256 list). An empty stream has one chunk."""
-        if self._fill or not self.chunks:
+        if self.chunk_size and (self._fill or not self.chunks):
             self.chunks.append(self._cur.hexdigest())
             self._fill = 0
         return self.size, self.total.hexdigest(), self.chunks
@@ -393,7 +394,7 @@ def backup(rbd: Rbd, ref: ImageRef, dest: str, *, vm: Optional[str] = None, owne
             m = Manifest(id=bid, seq=plan.seq, created_at=now.strftime("%Y-%m-%dT%H:%M:%SZ"), type=plan.type,
                          pool=ref.pool, image=ref.image, image_id=info["id"], image_size=image_size, snapshot=snap,
                          parent=plan.parent, from_snapshot=plan.from_snapshot, chain=[*plan.chain, bid],
-                         files=[FileEntry(DATA_FILE, size, sha, chunks)], blocks=[str(b) for b in blocks], vm=vm,
+                         files=[FileEntry(DATA_FILE, size, sha, chunks, 0)], blocks=[str(b) for b in blocks], vm=vm,
                          owner=owner, data_bytes=reader.data_bytes)
             raw = json.dumps(m.to_dict(), indent=1, sort_keys=True).encode()
             _write_atomic(os.path.join(work, MANIFEST_FILE), raw)
@@ -483,13 +484,16 @@ def _remove_image(rbd: Rbd, ref: ImageRef) -> None:
 
 
 def restore(rbd: Rbd, dest: str, target: ImageRef, backup_id: Optional[str] = None, *,
-            owner: Optional[str] = None, keep_snapshots: bool = False, check_mode: bool = False) -> Dict[str, Any]:
+            owner: Optional[str] = None, keep_snapshots: bool = False, check_mode: bool = False,
+            verify_first: bool = False) -> Dict[str, Any]:
     """Import the chain of ``backup_id`` into the NEW image ``target`` and verify every block.
 
-    Order: verify every file of the chain (refuse before creating anything, naming the damaged file chunk and
-    image block); create the image; import-diff each file; read the image back (export-diff from nothing) and
-    compare every 4 MiB block with the manifest. On any failure the new image is removed. An existing target
-    restored from the same backup is reported unchanged; any other existing target is refused.
+    Each file of the chain is read once: the same bytes are checksummed, replayed onto the block checksums and
+    streamed into ``rbd import-diff -``; a file whose sha256 or resulting blocks differ from its manifest stops
+    the restore naming the damaged block. Then the image is read back (export-diff from nothing) and every
+    4 MiB block compared with the manifest. On any failure the new image is removed, so a refused restore
+    leaves nothing behind (``verify_first`` checks all files before creating anything, at the cost of a second
+    read). An existing target restored from the same backup is reported unchanged; any other is refused.
     """
     import time
 
@@ -502,10 +506,18 @@ def restore(rbd: Rbd, dest: str, target: ImageRef, backup_id: Optional[str] = No
             return {"changed": False, "backup_id": done, "image": target.spec, "verified_blocks": 0,
                     "msg": f"{target.spec} already restored from backup {done}"}
         raise BackupError(f"target: {target.spec} already exists; restore only into a new image")
-    chain, problems = verify_chain(dest, backup_id)
+    if verify_first or check_mode:
+        chain, problems = verify_chain(dest, backup_id)
+        if problems:
+            raise BackupError("restore refused, backup damaged: " + "; ".join(p.message for p in problems),
+                              problems)
+    else:
+        complete, _partial, _bad = scan(dest)
+        try:
+            chain = resolve_chain(complete, backup_id)
+        except ValueError as exc:
+            raise BackupError(str(exc)) from None
     last = chain[-1]
-    if problems:
-        raise BackupError("restore refused, backup damaged: " + "; ".join(p.message for p in problems), problems)
     result: Dict[str, Any] = {"backup_id": last.id, "chain": [m.id for m in chain], "image": target.spec,
                               "size_bytes": last.image_size}
     if check_mode:
@@ -515,9 +527,15 @@ def restore(rbd: Rbd, dest: str, target: ImageRef, backup_id: Optional[str] = No
     try:
         rbd.create(target.at(None), size_bytes=chain[0].image_size)
         created = True
+        base: Optional[List[Optional[str]]] = None
+        base_size: Optional[int] = None
         for m in chain:
             for entry in m.files:
-                rbd.import_diff(os.path.join(dest, m.id, entry.name), target.at(None), timeout=rbd.conn.timeout)
+                problems = _import_member(rbd, dest, m, entry, target.at(None), base, base_size)
+                if problems:
+                    raise BackupError("restore refused, backup damaged: " + "; ".join(p.message for p in problems),
+                                      problems)
+            base, base_size = list(m.blocks), m.image_size
         # read back what the cluster now holds, independently of the files
         proc = rbd.popen(["export-diff", target.at(last.snapshot).spec, "-", "--whole-object", "--no-progress"],
                          stdout=-1)
@@ -527,7 +545,11 @@ def restore(rbd: Rbd, dest: str, target: ImageRef, backup_id: Optional[str] = No
             proc.kill()
             raise
         proc.finish(timeout=rbd.conn.timeout)
-        blocks, _unknown = state.finish()
+        blocks, unknown = state.finish()
+        if unknown:
+            fixed = hash_blocks_from_export(rbd, target.at(last.snapshot), unknown, rbd.conn.timeout)
+            for i in unknown:
+                blocks[i] = fixed.get(i)
         problems = compare_blocks(last.id, last.blocks, blocks, what=f"restored image {target.spec}")
         if problems:
             raise BackupError("restore verification failed: " + "; ".join(p.message for p in problems[:5]),
@@ -545,6 +567,34 @@ def restore(rbd: Rbd, dest: str, target: ImageRef, backup_id: Optional[str] = No
     result["verified_blocks"] = len(blocks)
     result["seconds"] = round(time.monotonic() - t0, 3)
     return result
+
+
+def _import_member(rbd: Rbd, dest: str, m: Manifest, entry: FileEntry, target: ImageRef,
+                   base: Optional[List[Optional[str]]], base_size: Optional[int]) -> List[Problem]:
+    """Stream one stored file into ``rbd import-diff -`` while checking it; return the problems found."""
+    from ._rbd_diff import DiffFormatError
+
+    path = os.path.join(dest, m.id, entry.name)
+    proc = rbd.popen(["import-diff", "-", target.spec, "--no-progress"], stdin=-1)
+    try:
+        with open(path, "rb", buffering=_IO) as f:
+            _reader, state, (size, sha, chunks) = consume_diff(f, base_size, base, sink=proc.stdin)
+    except DiffFormatError as exc:
+        proc.kill()
+        return [Problem(m.id, entry.name, -1, 0, 0, f"backup {m.id}: file {entry.name} is not a valid diff "
+                        f"stream: {exc}")]
+    except OSError as exc:
+        proc.kill()
+        if isinstance(exc, BrokenPipeError):
+            proc.finish(timeout=rbd.conn.timeout)  # raises rbd's own error
+        return [Problem(m.id, entry.name, -1, 0, 0, f"backup {m.id}: file {entry.name} cannot be read: "
+                        f"{exc.strerror}")]
+    except BaseException:
+        proc.kill()
+        raise
+    proc.finish(timeout=rbd.conn.timeout)
+    computed, _unknown = state.finish()
+    return compare_file(m.id, entry, size, sha, chunks) + compare_blocks(m.id, m.blocks, computed)
 
 
 def run_backup_module(p: Dict[str, Any], rbd: Rbd, check_mode: bool = False) -> Dict[str, Any]:

@@ -132,8 +132,8 @@ class BlockState:
     def _get(self, idx: int) -> Optional[_Open]:
         if idx >= block_count(self.size):
             raise DiffFormatError(f"data for block {idx} lies beyond the image size {self.size}")
-        if idx < self._closed_upto and idx not in self._open and idx in self._touched:
-            # stream went back to a block already finalised: cannot combine, read it from the image
+        if idx not in self._open and idx in self._touched:
+            # stream came back to a block already finalised: cannot combine, read it from the image
             self.unknown.add(idx)
             self.blocks[idx] = None
             return None
@@ -151,6 +151,13 @@ class BlockState:
             idx, within = divmod(offset + pos, BLOCK_SIZE)
             self._advance(idx)
             n = min(len(mv) - pos, BLOCK_SIZE - within)
+            if within == 0 and idx not in self._touched and n == self._len(idx):
+                # the piece is the whole block: hash it in place, no copy
+                self.blocks[idx] = hashlib.sha256(mv[pos:pos + n]).hexdigest()
+                self.unknown.discard(idx)
+                self._touched.add(idx)
+                pos += n
+                continue
             op = self._get(idx)
             if op is not None:
                 if within + n > len(op.buf):
@@ -168,7 +175,7 @@ class BlockState:
             self._advance(idx)
             blen = self._len(idx) if idx < block_count(self.size) else 0
             n = min(end - pos, BLOCK_SIZE - within)
-            if within == 0 and n >= blen and idx not in self._open and blen:
+            if within == 0 and n >= blen and idx not in self._touched and blen:
                 if idx < block_count(self.size):
                     self.blocks[idx] = zero_sha256(blen)
                     self.unknown.discard(idx)

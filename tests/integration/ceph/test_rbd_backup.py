@@ -72,13 +72,12 @@ def test_corrupted_byte_makes_restore_refuse_naming_the_block(rbd, ceph_cluster,
         pos = blob.index(b"original file content") + 7
         f.seek(pos)
         f.write(bytes([blob[pos] ^ 0xFF]))
-    chunk = pos // (4 * MiB)
     target = ImageRef("rbd", image_name + "-bad")
     with pytest.raises(bio.BackupError) as err:
         bio.restore(rbd, dest, target)
     msg = str(err.value)
-    assert f"chunk {chunk} (bytes {chunk * 4 * MiB}-" in msg
-    assert "image block 5 (offset 20 MiB" in msg
+    assert f"backup {b['id']}: file {DATA_FILE} sha256" in msg
+    assert f"backup {b['id']}: image block 5 (offset 20 MiB" in msg
     assert rbd.info(target) is None, "a refused restore must not leave an image behind"
     _chain, problems = bio.verify_chain(dest, b["id"])
     assert {p.index for p in problems if p.where == "image"} == {5}

@@ -28,7 +28,8 @@ def mk(seq: int, parent: Manifest | None = None, image_id: str = "img1", size: i
     return Manifest(id=bid, seq=seq, created_at="2026-11-30T00:00:00Z", type="diff" if parent else "full",
                     pool="rbd", image="vm", image_id=image_id, image_size=size, snapshot=snapshot_name(bid),
                     parent=parent.id if parent else None, from_snapshot=parent.snapshot if parent else None,
-                    chain=chain, files=[FileEntry("data.rbdiff", 10, H, [H])], blocks=[H] * (size // BLOCK_SIZE))
+                    chain=chain, files=[FileEntry("data.rbdiff", 10, H, [H], BLOCK_SIZE)],
+                    blocks=[H] * (size // BLOCK_SIZE))
 
 
 def test_first_backup_is_full():
@@ -114,7 +115,7 @@ def test_manifest_round_trips_and_rejects_inconsistency():
 
 
 def test_compare_file_names_the_damaged_chunk_and_byte_range():
-    entry = FileEntry("data.rbdiff", 3 * BLOCK_SIZE, "f" * 64, ["a" * 64, "b" * 64, "c" * 64])
+    entry = FileEntry("data.rbdiff", 3 * BLOCK_SIZE, "f" * 64, ["a" * 64, "b" * 64, "c" * 64], BLOCK_SIZE)
     probs = compare_file("B1", entry, 3 * BLOCK_SIZE, "0" * 64, ["a" * 64, "X" * 64, "c" * 64])
     assert len(probs) == 1 and probs[0].index == 1
     assert f"chunk 1 (bytes {BLOCK_SIZE}-{2 * BLOCK_SIZE - 1})" in probs[0].message
