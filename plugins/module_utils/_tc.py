@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
 import re
+import socket
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
@@ -228,7 +230,9 @@ def desired_tree(specs: Sequence[ClassSpec], *, mtu: int, root_rate_mbps: int, d
         return HtbClass(minor, parent, rate, ceil, ticks(rate, burst_bytes(rate, mtu), tick_in_usec),
                         ticks(ceil, burst_bytes(ceil, mtu), tick_in_usec), quantum_bytes(rate, mtu))
 
-    classes = {ROOT_MINOR: dataclasses.replace(cls(ROOT_MINOR, 0, root_rate_mbps, root_rate_mbps), quantum=0),
+    # The root class gets an explicit quantum too: it is a leaf for an instant when created, and HTB warns
+    # "quantum of class 7A0001 is big" for a derived one (seen through extended acks).
+    classes = {ROOT_MINOR: cls(ROOT_MINOR, 0, root_rate_mbps, root_rate_mbps),
                DEFAULT_MINOR: cls(DEFAULT_MINOR, ROOT_MINOR, default_rate_mbps, default_ceil_mbps)}
     filters: dict[int, U32Filter] = {}
     seen: dict[tuple, str] = {}
@@ -293,6 +297,73 @@ def tree_summary(tree: Tree) -> list[dict]:
             "match": [f"{v:08x}/{m:08x} at {o}" for v, m, o in f.keys] if f else [],
         })
     return out
+
+
+# ---- netlink encoding (pure: bytes for our fixed message shapes) -----------------------------------------------
+# Layouts: include/uapi/linux/netlink.h (nlmsghdr, nlattr), rtnetlink.h (tcmsg, RTM_*), pkt_sched.h
+# (tc_ratespec, tc_htb_opt, tc_htb_glob, TCA_HTB_*), pkt_cls.h (tc_u32_sel, tc_u32_key, TCA_U32_*).
+
+RTM_NEWQDISC, RTM_DELQDISC, RTM_NEWTCLASS, RTM_DELTCLASS, RTM_NEWTFILTER, RTM_DELTFILTER = 36, 37, 40, 41, 44, 45
+NLM_F_REQUEST, NLM_F_ACK, NLM_F_REPLACE, NLM_F_EXCL, NLM_F_CREATE = 0x1, 0x4, 0x100, 0x200, 0x400
+TCA_KIND, TCA_OPTIONS = 1, 2
+TCA_HTB_PARMS, TCA_HTB_INIT, TCA_HTB_RATE64, TCA_HTB_CEIL64 = 1, 2, 6, 7
+TCA_U32_CLASSID, TCA_U32_SEL = 1, 5
+TC_LINKLAYER_ETHERNET = 1
+
+
+def _nla(kind: int, payload: bytes) -> bytes:
+    head = struct.pack("=HH", 4 + len(payload), kind)
+    return head + payload + b"\0" * (-len(payload) % 4)
+
+
+def _ratespec(rate: int) -> bytes:
+    return struct.pack("=BBHhHI", 0, TC_LINKLAYER_ETHERNET, 0, -1, 0, min(rate, 0xFFFFFFFF))
+
+
+def encode_op(op: Op, ifindex: int, seq: int) -> bytes:
+    """One netlink request (with NLM_F_ACK) for ``op`` on device ``ifindex``. Raises TcError for unknown ops."""
+    o = op.obj
+    attrs = b""
+    info = 0
+    if op.kind in ("qdisc-add", "qdisc-change"):
+        mtype = RTM_NEWQDISC
+        flags = NLM_F_CREATE | NLM_F_EXCL if op.kind == "qdisc-add" else 0
+        handle, parent = ROOT_HANDLE, TC_H_ROOT
+        glob = struct.pack("=IIIII", 3, 10, o, 0, 0)  # version 3, r2q 10 (unused: quanta are explicit), defcls
+        attrs = _nla(TCA_KIND, b"htb\0") + _nla(TCA_OPTIONS, _nla(TCA_HTB_INIT, glob))
+    elif op.kind == "qdisc-del":
+        mtype, flags, handle, parent = RTM_DELQDISC, 0, ROOT_HANDLE, TC_H_ROOT
+    elif op.kind == "class-put":
+        mtype, flags = RTM_NEWTCLASS, NLM_F_CREATE | NLM_F_REPLACE
+        handle = ROOT_HANDLE | o.minor
+        parent = TC_H_ROOT if o.parent == 0 else ROOT_HANDLE | o.parent
+        opt = _ratespec(o.rate) + _ratespec(o.ceil) + struct.pack("=IIIII", o.buffer, o.cbuffer, o.quantum, 0,
+                                                                  o.prio)
+        inner = _nla(TCA_HTB_PARMS, opt)
+        if o.rate >= 0xFFFFFFFF:
+            inner += _nla(TCA_HTB_RATE64, struct.pack("=Q", o.rate))
+        if o.ceil >= 0xFFFFFFFF:
+            inner += _nla(TCA_HTB_CEIL64, struct.pack("=Q", o.ceil))
+        attrs = _nla(TCA_KIND, b"htb\0") + _nla(TCA_OPTIONS, inner)
+    elif op.kind == "class-del":
+        mtype, flags, handle, parent = RTM_DELTCLASS, 0, ROOT_HANDLE | o.minor, ROOT_HANDLE | o.parent
+    elif op.kind in ("filter-put", "filter-del"):
+        handle, parent = (U32_HTID << 20) | o.node, ROOT_HANDLE
+        info = (FILTER_PRIO << 16) | socket.htons(ETH_P_ALL)
+        attrs = _nla(TCA_KIND, b"u32\0")
+        if op.kind == "filter-put":
+            mtype, flags = RTM_NEWTFILTER, NLM_F_CREATE | NLM_F_REPLACE
+            sel = struct.pack("=BBBxHHhhI", 1, 0, len(o.keys), 0, 0, 0, 0, 0)  # flags TC_U32_TERMINAL
+            for value, mask, koff in o.keys:
+                sel += struct.pack(">II", mask, value & mask) + struct.pack("=ii", koff, 0)
+            attrs += _nla(TCA_OPTIONS, _nla(TCA_U32_CLASSID, struct.pack("=I", ROOT_HANDLE | o.target))
+                          + _nla(TCA_U32_SEL, sel))
+        else:
+            mtype, flags = RTM_DELTFILTER, 0
+    else:
+        raise TcError(f"unknown operation {op.kind}")
+    body = struct.pack("=BBHiIII", 0, 0, 0, ifindex, handle, parent, info) + attrs
+    return struct.pack("=IHHII", 16 + len(body), mtype, NLM_F_REQUEST | NLM_F_ACK | flags, seq, 0) + body
 
 
 # ---- netlink adapter ----------------------------------------------------------------------------------------
@@ -377,6 +448,71 @@ def _decode_u32_keys(sel: Any) -> tuple[tuple[int, int, int], ...]:
     return tuple(out)
 
 
+class RtnlWriter:
+    """A raw NETLINK_ROUTE socket (inside ``netns`` when given) that sends many requests in one ``send`` and reads
+    their acks, with extended acks on: kernel error and warning strings (e.g. HTB's "quantum of class ... is
+    big") are returned, not lost."""
+
+    SOL_NETLINK, NETLINK_CAP_ACK, NETLINK_EXT_ACK = 270, 10, 11
+    NLMSG_ERROR, NLM_F_ACK_TLVS, NLMSGERR_ATTR_MSG = 2, 0x200, 1
+    CHUNK = 256  # requests per send (about 100 bytes each)
+
+    def __init__(self, netns: str | None) -> None:
+        if netns:
+            from pyroute2 import netns as pnetns
+
+            self.sock = pnetns.create_socket(netns, socket.AF_NETLINK, socket.SOCK_RAW, 0)
+        else:
+            self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+        self.sock.setsockopt(self.SOL_NETLINK, self.NETLINK_CAP_ACK, 1)
+        self.sock.setsockopt(self.SOL_NETLINK, self.NETLINK_EXT_ACK, 1)
+        self.sock.bind((0, 0))
+        self.sock.settimeout(30)
+        self.seq = 1
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _acks(self, pending: dict[int, int], results: dict[int, tuple[int, str]]) -> None:
+        while pending:
+            data = self.sock.recv(1 << 20)
+            off = 0
+            while off + 16 <= len(data):
+                length, mtype, flags, seq, _ = struct.unpack_from("=IHHII", data, off)
+                if length < 16:
+                    break
+                if mtype == self.NLMSG_ERROR and seq in pending:
+                    err = -struct.unpack_from("=i", data, off + 16)[0]
+                    text = ""
+                    if flags & self.NLM_F_ACK_TLVS:
+                        t = off + 16 + 4 + 16
+                        while t + 4 <= off + length:
+                            alen, atype = struct.unpack_from("=HH", data, t)
+                            if alen < 4:
+                                break
+                            if atype == self.NLMSGERR_ATTR_MSG:
+                                text = data[t + 4:t + alen].split(b"\0", 1)[0].decode(errors="replace")
+                            t += (alen + 3) & ~3
+                    results[pending.pop(seq)] = (err, text)
+                off += (length + 3) & ~3
+
+    def send(self, requests: Sequence[Any]) -> list[tuple[int, str]]:
+        """Send ``requests`` (callables seq -> bytes) in chunks; return (errno, kernel message) per request."""
+        results: dict[int, tuple[int, str]] = {}
+        for start in range(0, len(requests), self.CHUNK):
+            pending: dict[int, int] = {}
+            buf = bytearray()
+            for i in range(start, min(start + self.CHUNK, len(requests))):
+                self.seq += 1
+                pending[self.seq] = i
+                buf += requests[i](self.seq)
+            self.sock.send(bytes(buf))
+            self._acks(pending, results)
+        return [results[i] for i in range(len(requests))]
+
+
 class NetlinkTc:
     """Reads and writes the managed HTB tree of one device, optionally inside a named network namespace.
 
@@ -395,6 +531,7 @@ class NetlinkTc:
         except Exception as e:
             raise TcError(f"netns: cannot open network namespace {netns!r}: {e}") from e
         self.tick_in_usec = read_tick_in_usec()
+        self._writer: RtnlWriter | None = None
 
     def __enter__(self) -> NetlinkTc:
         return self
@@ -403,6 +540,8 @@ class NetlinkTc:
         self.close()
 
     def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
         self.ipr.close()
 
     # -- links --
@@ -476,7 +615,7 @@ class NetlinkTc:
             ceil = opts.get_attr("TCA_HTB_CEIL64") or p["ceil"]
             minor = c["handle"] & 0xFFFF
             parent = 0 if c["parent"] == TC_H_ROOT else c["parent"] & 0xFFFF
-            quantum = 0 if minor == ROOT_MINOR else int(p["quantum"])
+            quantum = int(p["quantum"])
             classes[minor] = HtbClass(minor, parent, int(rate), int(ceil), int(p["buffer"]), int(p["cbuffer"]),
                                       quantum, int(p["prio"]))
         filters: dict[int, U32Filter] = {}
@@ -542,86 +681,37 @@ class NetlinkTc:
         m["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK | flags
         return m
 
-    def messages(self, ops: Sequence[Op], ifname: str | None = None) -> list[Any]:
-        """Netlink messages for ``ops`` on ``ifname`` (default: the device)."""
-        from socket import htons
+    def apply(self, ops: Sequence[Op], ifname: str | None = None, batch: bool = True) -> list[str]:
+        """Apply ``ops`` on ``ifname`` (default: the device) in netlink batches (one send per RtnlWriter.CHUNK
+        requests); ``batch=False`` waits for each ack before sending the next request (benchmark baseline).
 
-        from pyroute2.netlink import NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE
-        from pyroute2.netlink.rtnl import (
-            RTM_DELQDISC,
-            RTM_DELTCLASS,
-            RTM_DELTFILTER,
-            RTM_NEWQDISC,
-            RTM_NEWTCLASS,
-            RTM_NEWTFILTER,
-        )
-        from pyroute2.netlink.rtnl.tcmsg import sched_htb
-
-        idx = self.index(ifname)
-        put = NLM_F_CREATE | NLM_F_REPLACE
-        finfo = htons(ETH_P_ALL) | (FILTER_PRIO << 16)
-        msgs = []
-        for op in ops:
-            o = op.obj
-            if op.kind in ("qdisc-add", "qdisc-change"):
-                flags = NLM_F_CREATE | NLM_F_EXCL if op.kind == "qdisc-add" else 0
-                msgs.append(self._msg(idx, RTM_NEWQDISC, flags, "htb", ROOT_HANDLE, TC_H_ROOT,
-                                      sched_htb.get_parameters({"default": o, "r2q": 10})))
-            elif op.kind == "qdisc-del":
-                msgs.append(self._msg(idx, RTM_DELQDISC, 0, None, ROOT_HANDLE, TC_H_ROOT))
-            elif op.kind == "class-put":
-                params = sched_htb.get_class_parameters({"rate": o.rate, "ceil": o.ceil, "quantum": o.quantum,
-                                                         "prio": o.prio, "burst": 1, "cburst": 1})
-                parms = params["attrs"][0][1]
-                parms["buffer"], parms["cbuffer"] = o.buffer, o.cbuffer
-                parent = TC_H_ROOT if o.parent == 0 else ROOT_HANDLE | o.parent
-                msgs.append(self._msg(idx, RTM_NEWTCLASS, put, "htb", ROOT_HANDLE | o.minor, parent, params))
-            elif op.kind == "class-del":
-                msgs.append(self._msg(idx, RTM_DELTCLASS, 0, None, ROOT_HANDLE | o.minor, ROOT_HANDLE | o.parent))
-            elif op.kind == "filter-put":
-                fopts = {"attrs": [["TCA_U32_CLASSID", ROOT_HANDLE | o.target],
-                                   ["TCA_U32_SEL", {"keys": list(o.keys)}]]}
-                msgs.append(self._msg(idx, RTM_NEWTFILTER, put, "u32", (U32_HTID << 20) | o.node, ROOT_HANDLE,
-                                      fopts, finfo))
-            elif op.kind == "filter-del":
-                msgs.append(self._msg(idx, RTM_DELTFILTER, 0, "u32", (U32_HTID << 20) | o.node, ROOT_HANDLE,
-                                      None, finfo))
-            else:  # pragma: no cover - programming error
-                raise TcError(f"unknown operation {op.kind}")
-        return msgs
-
-    def apply(self, ops: Sequence[Op], ifname: str | None = None) -> None:
-        """Send ``ops`` in netlink batches of BATCH messages (one send and one ack read per batch).
-
-        If a batch fails, its operations are replayed one at a time (every operation is idempotent: puts are
-        create-or-replace, a repeated qdisc-add or delete of something gone is ignored) so the error names the
-        failing operation. Raises TcError.
+        Returns the kernel's warnings (extended-ack messages of successful requests). Raises TcError naming the
+        first failing operation and the kernel's message; a repeated qdisc-add (EEXIST) or the delete of
+        something already gone (ENOENT) is not an error, so a re-run converges.
         """
-        if not ops:
-            return
-        msgs = self.messages(ops, ifname)
-        for i in range(0, len(msgs), self.BATCH):
-            try:
-                for _ in self.ipr.nlm_request_batch(msgs[i:i + self.BATCH]):
-                    pass
-            except Exception:
-                self.apply_one_by_one(ops[i:], ifname)
-                return
-
-    def apply_one_by_one(self, ops: Sequence[Op], ifname: str | None = None) -> None:
-        """Apply ops with one request and one ack each (also the unbatched netlink baseline of the benchmark)."""
         import errno
 
-        for op in ops:
-            try:
-                for _ in self.ipr.nlm_request_batch(self.messages([op], ifname)):
-                    pass
-            except Exception as e:
-                code = getattr(e, "code", None)
-                if (op.kind == "qdisc-add" and code == errno.EEXIST) or (
-                        op.kind.endswith("-del") and code in (errno.ENOENT, errno.EINVAL)):
-                    continue
-                raise TcError(f"{ifname or self.device}: {op.describe()} failed: {e}") from e
+        if not ops:
+            return []
+        idx = self.index(ifname)
+        if self._writer is None:
+            self._writer = RtnlWriter(self.netns)
+        reqs = [(lambda seq, op=op: encode_op(op, idx, seq)) for op in ops]
+        if batch:
+            results = self._writer.send(reqs)
+        else:
+            results = [r for req in reqs for r in self._writer.send([req])]
+        warnings = []
+        for op, (err, text) in zip(ops, results):
+            if err == 0:
+                if text:
+                    warnings.append(f"{ifname or self.device}: {op.describe()}: {text}")
+                continue
+            if (op.kind == "qdisc-add" and err == errno.EEXIST) or (op.kind.endswith("-del") and err == errno.ENOENT):
+                continue
+            raise TcError(f"{ifname or self.device}: {op.describe()} failed: {os.strerror(err)}"
+                          + (f" ({text})" if text else ""))
+        return warnings
 
     def ensure_redirect(self, ifb: str) -> bool:
         """Ingress qdisc + u32 match-all mirred-redirect filter to ``ifb`` on the device; True when changed."""

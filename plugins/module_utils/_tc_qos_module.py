@@ -105,7 +105,8 @@ def run(params: dict, check_mode: bool) -> dict:
             specs, decisions, reqs = arbitrate(params)
         else:
             specs = specs_from_classes(params.get("classes") or [])
-    result: dict[str, Any] = {"changed": False, "ops": [], "decisions": [d.as_dict() for d in decisions]}
+    result: dict[str, Any] = {"changed": False, "ops": [], "decisions": [d.as_dict() for d in decisions],
+                              "kernel_warnings": []}
     with _tc.NetlinkTc(device, netns) as nl:
         nl.index()  # the device must exist
         target = device if direction == "egress" else ifb
@@ -141,17 +142,19 @@ def run(params: dict, check_mode: bool) -> dict:
                               "ceil_mbps": s.ceil_mbps} for s in specs]
         if check_mode or not result["changed"]:
             return result
+        warnings: list[str] = []
         if direction == "ingress" and params["state"] == "present":
             nl.ensure_ifb(ifb)
-            nl.apply(ops, ifb)
+            warnings = nl.apply(ops, ifb)
             nl.ensure_redirect(ifb)
         elif direction == "ingress":
             nl.remove_redirect()
             if nl.exists(ifb):
-                nl.apply(ops, ifb)
+                warnings = nl.apply(ops, ifb)
                 nl.delete_ifb(ifb)
         else:
-            nl.apply(ops)
+            warnings = nl.apply(ops)
+        result["kernel_warnings"] = warnings
         verify = _tc.diff_trees(nl.read_tree(target) if nl.exists(target) else _tc.Tree(), desired)
         if verify:
             raise _tc.TcError(f"{target}: kernel state differs after apply: {[o.describe() for o in verify]}")

@@ -240,6 +240,12 @@ decisions:
   elements: dict
   sample: [{"vm": "high", "outcome": "preempted", "admitted": true, "granted_mbps": 50,
             "preemptions": [{"vm": "low", "lost_mbps": 40}], "reason": "..."}]
+kernel_warnings:
+  description: Warnings the kernel attached to successful requests (netlink extended acks); expected empty.
+  returned: always
+  type: list
+  elements: str
+  sample: []
 diff:
   description: Managed classes before and after (classid, rate_mbps, ceil_mbps, quantum, match keys).
   returned: always
@@ -261,7 +267,10 @@ def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, mutually_exclusive=MUTUALLY_EXCLUSIVE,
                            required_together=REQUIRED_TOGETHER, supports_check_mode=True)
     try:
-        module.exit_json(**run(module.params, module.check_mode))
+        result = run(module.params, module.check_mode)
+        for text in result["kernel_warnings"]:
+            module.warn(text)
+        module.exit_json(**result)
     except (_tc.TcError, _qos.QoSInputError) as e:
         module.fail_json(msg=str(e))
 

@@ -89,10 +89,10 @@ def test_denied_borrow_keeps_the_vm_at_its_guarantee(lab2, store):
 def test_preemption_lowers_a_running_lower_priority_borrower_within_a_second(lab2, store):
     bw.configure(store, 1000, 1.0, {"p": 80})
     assert start_vm(store, lab2, 0, 10, 60, prio=0).granted_mbps == 50
-    srv0 = lab2.server(lab2.guests[0], lab2.guest_ip(0))
+    srv0 = lab2.server(lab2.guests[0], lab2.guest_ip(0), interval=0.5)
     t0 = time.monotonic()
-    cli0 = lab2.client(lab2.host, lab2.guest_ip(0), 5)
-    time.sleep(2.4)
+    cli0 = lab2.client(lab2.host, lab2.guest_ip(0), 5, interval=0.5)
+    time.sleep(2.2)
     t_change = time.monotonic() - t0
     d = start_vm(store, lab2, 1, 10, 50, prio=5)
     # pool 80: vm0 held 60; vm1 needs 10 + 40 with 20 free -> vm0 gives back 30 and keeps 30 (>= its guarantee)
@@ -100,12 +100,13 @@ def test_preemption_lowers_a_running_lower_priority_borrower_within_a_second(lab
     ivs1 = lab2.transfer(1, seconds=3, port=5202)
     cli0.communicate(timeout=30)
     ivs0 = lab2.received(srv0)
-    before = [iv for iv in ivs0 if iv[0] + iv[1] <= t_change - 0.2 and iv[0] >= 1.0]
-    after = [iv for iv in ivs0 if iv[0] >= t_change + 1.0 and iv[1] > 0.5]
+    full = [iv for iv in ivs0 if iv[1] > 0.4][:-1]  # the last interval is cut by the end of the transfer
+    before = [iv for iv in full if iv[0] >= 1.0 and iv[0] + iv[1] <= t_change - 0.1]
+    after = [iv for iv in full if iv[0] >= t_change + 1.0]
     assert before and after, (t_change, ivs0)
     assert within(steady_mbps(before, 1.0), 60), ivs0
-    for iv in after:  # every second that starts more than 1 s after the change is at the new ceiling
-        assert within(iv[2] * 8 / iv[1] / 1e6, 30), (t_change, ivs0)
+    # from 1 s after the change on, the borrower runs at its new ceiling (30 Mbit/s)
+    assert within(steady_mbps(after, 0.0), 30), (t_change, ivs0)
     assert within(steady_mbps(ivs1), 50), ivs1
     kinds = [(e["subject"], e["reason"]) for e in store.events()]
     assert ("vm/vm1", "BandwidthPreempted") in kinds and ("vm/vm0", "BandwidthPreempted") in kinds
@@ -124,6 +125,7 @@ def test_case_N1_sixty_classes_on_one_device_shape_correctly_without_quantum_war
         dmesg_before = sh("dmesg", check=False).stdout.count("quantum")
         res = run(params(device="tap0", netns=lab.host, root_rate_mbps=1000, classes=classes), False)
         assert res["changed"] and len(res["classes"]) == 60
+        assert res["kernel_warnings"] == []  # extended acks of all 60 classes carried no warning
         tree = _tc.NetlinkTc("tap0", lab.host)
         with tree:
             t = tree.read_tree()
@@ -146,6 +148,10 @@ def test_case_N1_sixty_classes_on_one_device_shape_correctly_without_quantum_war
         out = sh("tc", "-n", lab.host, "class", "change", "dev", "tap0", "parent", "7a:1", "classid", "7a:10", "htb",
                  "rate", f"{c.rate * 8}bit", "ceil", f"{c.ceil * 8}bit", "quantum", str(c.quantum))
         assert "quantum" not in out.stderr, out.stderr
+        # negative control: the check above can fail; a derived quantum at 10 Gbit/s makes tc print the warning
+        bad = sh("tc", "-n", lab.host, "class", "add", "dev", "tap0", "parent", "7a:1", "classid", "7a:ff0", "htb",
+                 "rate", "10gbit")
+        assert "quantum of class" in bad.stderr + bad.stdout
     finally:
         lab.close()
 

@@ -155,3 +155,23 @@ def test_property_arbitration_is_deterministic(ops):
                 out.append(d)
         return s, out
     assert play() == play()
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=ops)
+def test_property_batch_arbitration_equals_one_request_at_a_time(ops):
+    reqs = []
+    for op in ops:
+        if op[0] == "req":
+            _, vm, g, extra, prio, pool = op
+            cap = {"p": 120, "r": 90}[pool]
+            reqs.append(q.Request(vm, min(g, cap), min(cap, min(g, cap) + extra), prio, pool))
+    s = state(pools={"p": 120, "r": 90}, nic=200)
+    one = s
+    singles = []
+    for r in reqs:
+        one, d = q.request(one, r)
+        singles.append(d)
+    batch, decisions = q.arbitrate_all(s, reqs)
+    assert decisions == singles
+    assert batch == one
