@@ -12,18 +12,17 @@ version_added: 0.1.0
 author: ZJUSCT cloud team (@zjusct)
 description:
   - V(present) takes one backup of an image that is not in use (no watchers) by a snapshot, an export (full, or only
-    the changes since the previous backup's snapshot), a manifest with the size and sha256 of each file, a
-    sha256 per 4 MiB chunk of each file and a sha256 per 4 MiB block of the image, verification of the
-    stored file, then a C(complete) marker written last. Then retention keeps O(keep) backups without ever
+    the changes since the previous backup's snapshot), a manifest with the size and sha256 of each file and a
+    sha256 per 4 MiB block of the image, verification of the stored file, then a C(complete) marker written last. Then retention keeps O(keep) backups without ever
     breaking a chain a kept backup needs, and removes backup snapshots of the image that are no longer the base
     of the next diff.
   - Every backup is stored as C(<dest>/<id>/) with C(data.rbdiff) (an C(rbd export-diff) stream),
     C(manifest.json) and C(complete). A backup interrupted at any point has no C(complete) marker and no
     id-named directory; the next backup removes its leftovers.
   - V(verified) re-reads the files of a backup's chain and checks them against the manifests, naming each
-    damaged file chunk and image block.
-  - V(restored) verifies the chain, imports it into the NEW image O(target_name), reads the image back and
-    compares every 4 MiB block with the manifest. On any mismatch the new image is removed and the task fails
+    damaged file and image block. Nothing in Ceph is touched.
+  - V(restored) imports the chain into the NEW image O(target_name), checking each file as it streams into
+    C(rbd import-diff), then reads the image back and compares every 4 MiB block with the manifest. On any mismatch the new image is removed and the task fails
     naming the block. An existing target is refused, unless it was restored from the same backup (unchanged).
   - Each V(present) run makes a new backup, so it always reports changed. Check mode reports the plan only.
 extends_documentation_fragment:
