@@ -378,7 +378,7 @@ class _Ledger:
         plan: list[Preemption] = []
         left = need
         for p in prios:
-            for seq, vm in reversed(self.borrowers[pool][p]):
+            for _seq, vm in reversed(self.borrowers[pool][p]):
                 if left <= 0:
                     return plan, need
                 g = self.grants.get(vm)

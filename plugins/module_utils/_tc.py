@@ -196,20 +196,25 @@ def assign_minors(specs: Sequence[ClassSpec], current: Tree, direction: str) -> 
             if s.minor in taken:
                 raise TcError(f"classes[{s.name}].classid: 7a:{s.minor:x} is also used by {taken[s.minor]}")
             taken[s.minor] = s.name
-    out: list[ClassSpec] = []
-    free = (m for m in range(VM_MINOR_MIN, VM_MINOR_MAX + 1))
-    for s in specs:
+    resolved: dict[int, int] = {}  # index in specs -> minor
+    for i, s in enumerate(specs):  # first pass: explicit ids, then classes whose match already has a filter
+        if s.minor is not None:
+            resolved[i] = s.minor
+    for i, s in enumerate(specs):
         if s.minor is None:
             reuse = by_keys.get(match_keys(s, direction))
             if reuse is not None and reuse not in taken and VM_MINOR_MIN <= reuse <= VM_MINOR_MAX:
-                minor = reuse
-            else:
-                minor = next((m for m in free if m not in taken and m not in by_keys.values()), None)
-                if minor is None:
-                    raise TcError(f"classes[{s.name}].classid: no free class id left in 7a:10..7a:fff")
-            taken[minor] = s.name
-            s = dataclasses.replace(s, minor=minor)
-        out.append(s)
+                resolved[i] = reuse
+                taken[reuse] = s.name
+    free = (m for m in range(VM_MINOR_MIN, VM_MINOR_MAX + 1) if m not in taken)
+    out: list[ClassSpec] = []
+    for i, s in enumerate(specs):  # second pass: the lowest free minors (a removed VM's id may be reused)
+        if i not in resolved:
+            minor = next(free, None)
+            if minor is None:
+                raise TcError(f"classes[{s.name}].classid: no free class id left in 7a:10..7a:fff")
+            resolved[i] = minor
+        out.append(dataclasses.replace(s, minor=resolved[i]))
     return out
 
 

@@ -226,7 +226,8 @@ ops:
   returned: always
   type: list
   elements: str
-  sample: ["qdisc-add", "class-put 7a:10 rate 10000000bit ceil 50000000bit quantum 125000", "filter-put 800::10 -> 7a:10"]
+  sample: ["qdisc-add", "class-put 7a:10 rate 10000000bit ceil 50000000bit quantum 125000",
+           "filter-put 800::10 -> 7a:10"]
 classes:
   description: The VM classes wanted (state=present), with their resolved class ids.
   returned: always
@@ -252,10 +253,10 @@ diff:
   type: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils import _qos, _tc  # noqa: E402
-from ansible_collections.zjusct.cloud.plugins.module_utils._tc_qos_module import (  # noqa: E402
+from ansible_collections.zjusct.cloud.plugins.module_utils import _qos, _tc
+from ansible_collections.zjusct.cloud.plugins.module_utils._tc_qos_module import (
     ARGUMENT_SPEC,
     MUTUALLY_EXCLUSIVE,
     REQUIRED_TOGETHER,

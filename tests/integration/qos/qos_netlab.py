@@ -98,7 +98,7 @@ class Lab:
     @staticmethod
     def received(server: subprocess.Popen, timeout: float = 20) -> list[tuple[float, float, int]]:
         """Receiver intervals (start s, seconds, bytes) from a finished one-shot server."""
-        out, err = server.communicate(timeout=timeout)
+        out, _err = server.communicate(timeout=timeout)
         data = json.loads(out)
         if "error" in data:
             raise AssertionError(f"iperf3: {data['error']}")

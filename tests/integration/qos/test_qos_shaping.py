@@ -7,17 +7,13 @@ throughput allows +-5 % of that expectation (issue 9).
 from __future__ import annotations
 
 import sqlite3
-import subprocess
-import threading
 import time
 
 import pytest
-
 from ansible_collections.zjusct.cloud.plugins.module_utils import _bandwidth as bw
 from ansible_collections.zjusct.cloud.plugins.module_utils import _tc
 from ansible_collections.zjusct.cloud.plugins.module_utils._qos_store import QoSStore
 from ansible_collections.zjusct.cloud.plugins.module_utils._tc_qos_module import ARGUMENT_SPEC, run
-
 from qos_netlab import Lab, expected_goodput_mbps, make_lab, sh, steady_mbps
 
 pytestmark = pytest.mark.netns
@@ -62,7 +58,7 @@ def test_guarantee_only_is_shaped_to_the_guarantee_and_the_first_second_stays_wi
     got = steady_mbps(ivs)
     assert within(got, 20), (got, expected_goodput_mbps(20), ivs)
     # first interval: at most the ceiling for its duration plus cburst plus one 64 KiB GSO packet in flight
-    start, secs, nbytes = ivs[0]
+    _start, secs, nbytes = ivs[0]
     ceil_bytes = 20 * _tc.MBIT_BYTES
     assert nbytes <= ceil_bytes * secs + _tc.burst_bytes(ceil_bytes, 1500) + 65536, ivs[0]
 

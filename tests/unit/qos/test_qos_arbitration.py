@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from ansible_collections.zjusct.cloud.plugins.module_utils import _qos as q
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from ansible_collections.zjusct.cloud.plugins.module_utils import _qos as q
 
 
 def state(capacity=100, nic=1000, ratio=1.0, pools=None):
@@ -62,7 +61,7 @@ def test_guarantee_above_pool_capacity_is_denied_and_state_unchanged():
 
 def test_guarantee_above_nic_times_ratio_is_denied_naming_the_node_check():
     s0 = state(pools={"p": 500, "r": 500}, nic=100, ratio=1.5)
-    s1, [a, b] = run(s0, q.Request("a", 100, 100, 0, "p"), q.Request("b", 60, 60, 0, "r"))
+    _s1, [a, b] = run(s0, q.Request("a", 100, 100, 0, "p"), q.Request("b", 60, 60, 0, "r"))
     assert a.admitted and not b.admitted
     assert "NIC 100 Mbit/s x ratio 1.5 = 150" in b.reason
 
@@ -74,7 +73,7 @@ def test_preemption_order_is_lowest_priority_then_last_admitted_first():
     # 90 used before "hi"; hi needs 5 guaranteed + 20 borrow = 25, free 10 -> reclaim 15:
     # p0 first (25 borrowed), nothing from priority 1.
     assert ds[-1].preemptions == (q.Preemption("p0", 15),)
-    s2, d = q.request(s, q.Request("top", 5, 40, 10, "p"))
+    _s2, d = q.request(s, q.Request("top", 5, 40, 10, "p"))
     # free 0; needs 40: p0 has 10 left, then p1-new (LIFO) 25, then p1-old 5.
     assert d.preemptions == (q.Preemption("p0", 10), q.Preemption("p1-new", 25), q.Preemption("p1-old", 5))
 
