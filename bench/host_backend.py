@@ -37,7 +37,7 @@ CACHE = Path(os.environ.get("ZJUSCT_CACHE", "/var/cache/zjusct-cloud"))
 
 def _ts(value: str) -> float:
     return dt.datetime.strptime(value.rstrip("Z").split(".")[0], "%Y-%m-%dT%H:%M:%S").replace(
-        tzinfo=dt.timezone.utc).timestamp()
+        tzinfo=dt.UTC).timestamp()
 
 
 def main() -> int:

@@ -12,6 +12,7 @@ Each backend module exposes ``ensure(params, check_mode, diff) -> dict`` (the mo
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import CloudVMError
 
@@ -84,15 +85,15 @@ def resolve_backend(params: dict) -> str:
     return backend
 
 
-def _impl(backend: str):  # type: ignore[no-untyped-def]
+def _impl(backend: str) -> Any:
     if backend == "host":
         from ansible_collections.zjusct.cloud.plugins.module_utils import _cloudvm_host as impl
     else:
-        from ansible_collections.zjusct.cloud.plugins.module_utils import _cloudvm_kubernetes as impl  # type: ignore
+        from ansible_collections.zjusct.cloud.plugins.module_utils import _cloudvm_kubernetes as impl
     return impl
 
 
-def run_cloudvm(module) -> None:  # type: ignore[no-untyped-def]
+def run_cloudvm(module: Any) -> None:
     """Body of ``zjusct.cloud.cloudvm``: dispatch, then exit_json / fail_json."""
     try:
         impl = _impl(resolve_backend(module.params))
@@ -102,7 +103,7 @@ def run_cloudvm(module) -> None:  # type: ignore[no-untyped-def]
     module.exit_json(**result)
 
 
-def run_cloudvm_info(module) -> None:  # type: ignore[no-untyped-def]
+def run_cloudvm_info(module: Any) -> None:
     """Body of ``zjusct.cloud.cloudvm_info``."""
     try:
         impl = _impl(resolve_backend(module.params))
