@@ -42,6 +42,7 @@ def params(**kw):
 
 def within(measured: float, wire_mbps: float, tol: float = 0.05) -> bool:
     exp = expected_goodput_mbps(wire_mbps)
+    print(f"wire {wire_mbps} Mbit/s: goodput {measured:.2f}, expected {exp:.2f} ({(measured / exp - 1) * 100:+.1f} %)")
     return abs(measured - exp) <= tol * exp
 
 
