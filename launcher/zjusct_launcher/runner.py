@@ -321,6 +321,8 @@ class Runner:
                 if stop_deadline is not None and not graceful_sent:
                     graceful_sent = True
                     self._graceful_stop()
+                    if self.qmp is not None:  # events that arrived with the command's reply
+                        self._handle_events(self.qmp.poll_events())
                 if self.proc.poll() is not None:
                     break
                 if stop_deadline is not None and time.monotonic() >= stop_deadline:
