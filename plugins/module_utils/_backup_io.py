@@ -103,23 +103,54 @@ class ChunkHasher:
 
 
 class TeeReader:
-    """``read(n)`` from ``src``; every byte read is hashed and (if ``sink``) written to ``sink``."""
+    """``read(n)`` from ``src``; every byte read is hashed and (if ``sink``) written to ``sink``.
+
+    Hashing and writing run on a worker thread fed through a bounded queue, so reading the next piece (and
+    whatever the caller does with it) overlaps with them: hashlib and file/pipe writes release the GIL. ``close``
+    waits for the worker and re-raises its error (e.g. BrokenPipeError when the consumer died).
+    """
+
+    _DEPTH = 4  # pieces in flight (4 x 4 MiB)
 
     def __init__(self, src: BinaryIO, hasher: ChunkHasher, sink: Optional[BinaryIO] = None) -> None:
+        import queue
+        import threading
+
         self.src = src
         self.hasher = hasher
         self.sink = sink
         self._pending: List[bytes] = []
         self._pending_len = 0
+        self._q: "queue.Queue[Optional[bytes]]" = queue.Queue(self._DEPTH)
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._work, name="backup-tee", daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            data = self._q.get()
+            if data is None:
+                return
+            if self._error is not None:
+                continue  # drain after a failure
+            try:
+                self.hasher.update(data)
+                if self.sink is not None:
+                    self.sink.write(data)
+            except BaseException as exc:  # handed to the reading thread in close()/read()
+                self._error = exc
+
+    def _put(self, data: bytes) -> None:
+        if self._error is not None:
+            self.close()
+        self._q.put(data)
 
     def read(self, n: int) -> bytes:
         data = self.src.read(n)
         if data:
             if len(data) >= 65536:
                 self._flush()
-                self.hasher.update(data)
-                if self.sink is not None:
-                    self.sink.write(data)
+                self._put(data)
             else:  # small record headers: batch them
                 self._pending.append(data)
                 self._pending_len += len(data)
@@ -131,12 +162,18 @@ class TeeReader:
         if self._pending:
             data = b"".join(self._pending)
             self._pending, self._pending_len = [], 0
-            self.hasher.update(data)
-            if self.sink is not None:
-                self.sink.write(data)
+            self._put(data)
 
     def close(self) -> None:
-        self._flush()
+        """Flush, stop the worker, raise its error if any. Idempotent."""
+        if self._thread.is_alive():
+            if self._error is None:
+                self._flush()
+            self._q.put(None)
+            self._thread.join()
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
 
 
 # -- destination layout -------------------------------------------------------------------------------------
@@ -246,9 +283,24 @@ def consume_diff(src: BinaryIO, start_size: Optional[int], base: Optional[List[O
         return BlockState(start_size if start_size is not None else size, base)
 
     reader = DiffReader(tee.read, factory, start_size=start_size if base is not None else None)
-    state = reader.run()
-    tee.close()
+    try:
+        state = reader.run()
+    finally:
+        tee.close()
     return reader, state, hasher.finish()
+
+
+def copy_hashed(src: BinaryIO, sink: BinaryIO) -> Tuple[int, str]:
+    """Copy ``src`` to ``sink`` (reads on this thread, hash + write on a worker); return (size, sha256)."""
+    hasher = ChunkHasher()
+    tee = TeeReader(src, hasher, sink)
+    try:
+        while tee.read(_IO):
+            pass
+    finally:
+        tee.close()
+    size, sha, _chunks = hasher.finish()
+    return size, sha
 
 
 def hash_blocks_from_export(rbd: Rbd, ref: ImageRef, wanted: List[int], timeout: float) -> Dict[int, str]:
@@ -274,6 +326,15 @@ def hash_blocks_from_export(rbd: Rbd, ref: ImageRef, wanted: List[int], timeout:
 
 
 # -- backup ---------------------------------------------------------------------------------------------------
+
+def _parallel(*fns: Callable[[Any], Any], arg: Any) -> List[Any]:
+    """Call each ``fn(arg)`` on its own thread; return results in order, re-raising the first error."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=len(fns)) as pool:
+        futures = [pool.submit(fn, arg) for fn in fns]
+        return [f.result() for f in futures]
+
 
 def _new_id(now: datetime.datetime) -> str:
     return now.strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
@@ -333,19 +394,21 @@ def backup(rbd: Rbd, ref: ImageRef, dest: str, *, vm: Optional[str] = None, owne
 
     t0 = time.monotonic()
     now = now or datetime.datetime.now(datetime.timezone.utc)
-    info = rbd.info(ref.at(None))
+    head = ref.at(None)
+    try:  # four independent queries: run the rbd processes side by side (each pays its own start-up)
+        info, watchers, meta, snap_list = _parallel(rbd.info, rbd.status, rbd.meta, rbd.snapshots, arg=head)
+    except RbdNotFound:
+        info = None
     if info is None:
         raise BackupError(f"image: {ref.pool}/{ref.image} does not exist")
-    watchers = rbd.status(ref.at(None))
     if watchers and not allow_watchers:
         names = ", ".join(f"{w.get('address')} (client.{w.get('client')})" for w in watchers)
         raise BackupError(f"image: {ref.pool}/{ref.image} is in use, watchers: {names}; stop the VM (or fence the "
                           "stale client) before an offline backup")
-    meta = rbd.meta(ref.at(None))
     if owner and meta.get(META_OWNER) and meta[META_OWNER] != owner:
         raise BackupError(f"owner: {owner!r} does not match the image's owner mark {meta[META_OWNER]!r}")
     owner = owner or meta.get(META_OWNER)
-    snaps = [s["name"] for s in rbd.snapshots(ref.at(None))]
+    snaps = [s["name"] for s in snap_list]
     if not check_mode:
         os.makedirs(dest, mode=0o700, exist_ok=True)
     complete, partial, bad = scan(dest)
@@ -571,30 +634,35 @@ def restore(rbd: Rbd, dest: str, target: ImageRef, backup_id: Optional[str] = No
 
 def _import_member(rbd: Rbd, dest: str, m: Manifest, entry: FileEntry, target: ImageRef,
                    base: Optional[List[Optional[str]]], base_size: Optional[int]) -> List[Problem]:
-    """Stream one stored file into ``rbd import-diff -`` while checking it; return the problems found."""
-    from ._rbd_diff import DiffFormatError
-
+    """Stream one stored file into ``rbd import-diff -`` while hashing it (one read of the file); return the
+    problems found. On a mismatch (or when rbd rejects the stream) the file is replayed onto the block
+    checksums to name the image blocks it would corrupt."""
     path = os.path.join(dest, m.id, entry.name)
+    size, sha = -1, ""
     proc = rbd.popen(["import-diff", "-", target.spec, "--no-progress"], stdin=-1)
     try:
-        with open(path, "rb", buffering=_IO) as f:
-            _reader, state, (size, sha, chunks) = consume_diff(f, base_size, base, sink=proc.stdin)
-    except DiffFormatError as exc:
-        proc.kill()
-        return [Problem(m.id, entry.name, -1, 0, 0, f"backup {m.id}: file {entry.name} is not a valid diff "
-                        f"stream: {exc}")]
+        with open(path, "rb", buffering=0) as f:
+            size, sha = copy_hashed(f, proc.stdin)
+    except BrokenPipeError:
+        pass  # rbd stopped reading: its exit status below says why
     except OSError as exc:
         proc.kill()
-        if isinstance(exc, BrokenPipeError):
-            proc.finish(timeout=rbd.conn.timeout)  # raises rbd's own error
         return [Problem(m.id, entry.name, -1, 0, 0, f"backup {m.id}: file {entry.name} cannot be read: "
                         f"{exc.strerror}")]
     except BaseException:
         proc.kill()
         raise
-    proc.finish(timeout=rbd.conn.timeout)
-    computed, _unknown = state.finish()
-    return compare_file(m.id, entry, size, sha, chunks) + compare_blocks(m.id, m.blocks, computed)
+    intact = size == entry.size and sha == entry.sha256
+    try:
+        proc.finish(timeout=rbd.conn.timeout)
+    except RbdError:
+        if intact:
+            raise
+    if intact:
+        return []
+    found, _computed = verify_file(dest, m, base, base_size)
+    return found or [Problem(m.id, entry.name, -1, 0, 0, f"backup {m.id}: file {entry.name} does not match "
+                             "its manifest")]
 
 
 def run_backup_module(p: Dict[str, Any], rbd: Rbd, check_mode: bool = False) -> Dict[str, Any]:
