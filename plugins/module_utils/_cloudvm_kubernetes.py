@@ -102,7 +102,7 @@ def api_error(exc: ApiException, action: str) -> CloudVMError:
     """Turn an ApiException into a CloudVMError carrying the server's message and field causes.
 
     The server's Status ``message`` already names the field path (for CEL and schema refusals:
-    ``spec.owner: Invalid value: "string": is immutable (was alice, requested bob)``); it is kept
+    ``spec.owner: Forbidden: is immutable (was alice, requested bob)``); it is kept
     verbatim. Details: ``api_status`` (HTTP code), ``api_reason`` (Status reason such as Invalid,
     Forbidden, NotFound) and ``field_errors`` (list of ``{field, message}``).
     """
@@ -298,6 +298,9 @@ def timeout_message(namespace: str, name: str, target: str, timeout: float, obj:
         last += f", status.bootID {status['bootID']}"
     if status.get("message"):
         last += f": {status['message']}"
+    finalizers = ((obj or {}).get("metadata") or {}).get("finalizers")
+    if target == "absent" and finalizers:
+        last += f"; deletion waits for finalizers {', '.join(finalizers)}"
     return f"CloudVM {namespace}/{name}: timed out after {timeout:g} s waiting until {want}; last {last}"
 
 

@@ -134,7 +134,7 @@ notes:
   - >-
     On Kubernetes the API server enforces the same rules (OpenAPI schema and CEL rules), so kubectl, AWX and
     this module get the same refusal; the module reports the server's message, which names the field path
-    such as C(spec.owner: Invalid value: "string": is immutable), followed by the old and new value. A refused
+    such as C(spec.owner: Forbidden: is immutable), followed by the old and new value. A refused
     request changes nothing.
   - On Kubernetes, check mode is a server-side dry run, so it validates exactly like a real run.
   - On Kubernetes every write carries the resourceVersion the plan was computed from; when another client
@@ -245,7 +245,7 @@ field_errors:
   elements: dict
   sample:
     - field: spec.owner
-      message: "Invalid value: \"string\": is immutable (was alice, requested bob)"
+      message: "Forbidden: is immutable (was alice, requested bob)"
 """
 
 from ansible.module_utils.basic import AnsibleModule

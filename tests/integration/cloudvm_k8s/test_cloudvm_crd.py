@@ -58,15 +58,17 @@ def test_create_fills_defaults(cvm_api: CloudVMs, k8s_namespace: str) -> None:
         ({"bootID": -1}, "spec.bootID", "should be greater than or equal to 0"),
         ({"owner": "Alice"}, "spec.owner", "should match"),
         ({"rootVolumeClaim": "no_underscores"}, "spec.rootVolumeClaim", "should match"),
-        ({"sshAuthorizedKeys": ["ssh-ed25519 not base64!"]}, "spec.sshAuthorizedKeys[0]", "should match"),
+        ({"sshAuthorizedKeys": ["ssh-ed25519"]}, "spec.sshAuthorizedKeys[0]", "should match"),
+        ({"sshAuthorizedKeys": ["ssh-dss AAAAB3NzaC1kc3MAAACBAP"]}, "spec.sshAuthorizedKeys[0]", "should match"),
         ({"sshAuthorizedKeys": [ED25519] * 17}, "spec.sshAuthorizedKeys", "must have at most 16 items"),
         ({"network": {"bandwidth": {"guaranteedMbps": 100, "ceilMbps": 50}}}, "spec.network.bandwidth.ceilMbps",
-         "50 is below guaranteedMbps 100"),
+         "must be at least guaranteedMbps"),
         ({"network": {"bandwidth": {"priority": 1001}}}, "spec.network.bandwidth.priority",
          "should be less than or equal to 1000"),
     ],
     ids=["vcpus-0", "vcpus-5", "memory-127", "memory-4097", "powerState-running", "bootID-negative",
-         "owner-not-dns-label", "claim-not-dns-subdomain", "malformed-ssh-key", "too-many-ssh-keys",
+         "owner-not-dns-label", "claim-not-dns-subdomain", "ssh-key-without-blob", "ssh-key-unsupported-type",
+         "too-many-ssh-keys",
          "ceil-below-guaranteed", "priority-1001"],
 )
 def test_invalid_spec_is_refused_with_field_path(cvm_api: CloudVMs, k8s_namespace: str, spec: dict[str, Any],
@@ -90,7 +92,7 @@ def test_name_must_be_a_dns_label(cvm_api: CloudVMs, k8s_namespace: str) -> None
         ({"owner": "bob"}, "spec.owner", "is immutable (was alice, requested bob)"),
         ({"rootVolumeClaim": "other-root"}, "spec.rootVolumeClaim",
          "is immutable (was imm-root, requested other-root)"),
-        ({"bootID": 2}, "spec.bootID", "must never decrease (was 3, requested 2)"),
+        ({"bootID": 2}, "spec.bootID", "must never decrease"),
     ],
     ids=["owner", "rootVolumeClaim", "bootID-decrease"],
 )
@@ -99,7 +101,8 @@ def test_transition_rule_refuses_update_and_touches_nothing(cvm_api: CloudVMs, k
     before = cvm_api.create(k8s_namespace, "imm", bootID=3, vcpus=1)
     status = api_error(lambda: cvm_api.patch_spec(k8s_namespace, "imm", vcpus=2, **change))
     assert status["http_status"] == 422
-    assert f"{field}: Invalid value" in status["message"] and text in status["message"], status["message"]
+    assert f"{field}: " in status["message"] and text in status["message"], status["message"]
+    assert _causes(status) == [field], status
     after = cvm_api.get(k8s_namespace, "imm")
     assert after is not None
     assert after["spec"] == before["spec"]  # vcpus: 2 in the same request was not applied either
