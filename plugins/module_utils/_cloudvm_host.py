@@ -22,6 +22,7 @@ import shutil
 import time
 from typing import Iterator, Optional
 
+from ansible_collections.zjusct.cloud.plugins.module_utils import _bandwidth as bw
 from ansible_collections.zjusct.cloud.plugins.module_utils import _hostnet as net
 from ansible_collections.zjusct.cloud.plugins.module_utils import _supervisor as sup
 from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import HostConfig, load
@@ -176,6 +177,11 @@ def _start_boot(cfg: HostConfig, store: HostStore, vm: dict) -> None:
         net.ensure_uplink(cfg.netns, cfg.subnet, cfg.uplink_cidr, cfg.uplink_netns)
     net.ensure_tap(cfg.netns, cfg.bridge, lease["tap"])
     net.apply_isolation(cfg.netns, _owner_groups(store))
+    try:
+        _apply_bandwidth(cfg, store, vm, lease)
+    except Exception:
+        net.remove_tap(cfg.netns, lease["tap"])
+        raise
     sup.write_config(paths, config)
     env = sup.launcher_env(cfg.launcher_pythonpath)
     try:
@@ -183,15 +189,39 @@ def _start_boot(cfg: HostConfig, store: HostStore, vm: dict) -> None:
         pid = sup.spawn(paths, boot, list(cfg.launcher_command), env, cfg.netns)
     except Exception:
         os.unlink(paths.config(boot))
+        bw.release_vm_bandwidth(store, uid)
         net.remove_tap(cfg.netns, lease["tap"])
         raise
     store.record_event("Normal", subject, "Started", f"boot {boot} launcher started (pid {pid}) on {cfg.node}",
                        {"bootID": boot, "pid": pid})
 
 
+def _apply_bandwidth(cfg: HostConfig, store: HostStore, vm: dict, lease: dict) -> None:
+    """Shape the VM's TAP per ``spec.network.bandwidth`` (tc HTB; guarantee, borrow, preemption).
+
+    Raises:
+        CloudVMError: the guarantee does not fit the node or the pool (reason from the arbitration).
+    """
+    band = (vm["spec"].get("network") or {}).get("bandwidth")
+    if not band or not band.get("guaranteedMbps"):
+        return
+    pools = dict(cfg.bandwidth_pools) or {"default": cfg.nic_mbps}
+    bw.configure(store, cfg.nic_mbps, float(cfg.ratios.get("bandwidth", 1.0)), pools)
+    decision = bw.apply_vm_bandwidth(
+        store, netns=cfg.netns, device=lease["tap"], vm_id=vm["metadata"]["uid"], mac=lease["mac"],
+        guaranteed_mbps=int(band["guaranteedMbps"]), ceil_mbps=int(band.get("ceilMbps") or band["guaranteedMbps"]),
+        pool=band.get("pool") or "default", priority=int(band.get("priority") or 0))
+    if not decision.admitted:
+        raise CloudVMError(f"spec.network.bandwidth: {decision.reason}", dimension="bandwidth")
+
+
 def _cleanup_ended(cfg: HostConfig, store: HostStore, vm: dict) -> None:
-    """After the last launcher exited: remove the TAP and release the allocation (lease and claim stay)."""
+    """After the last launcher exited: release bandwidth, remove the TAP, release the allocation.
+
+    The address lease and the volume claim stay with the VM.
+    """
     uid = vm["metadata"]["uid"]
+    bw.release_vm_bandwidth(store, uid)
     lease = store.lease_for(uid)
     if lease is not None:
         net.remove_tap(cfg.netns, lease["tap"])

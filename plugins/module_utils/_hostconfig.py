@@ -50,6 +50,8 @@ class HostConfig:
             bandwidth (Mbit/s); 0 means "measure this host".
         ratios: overcommit ratios per dimension (defaults in _placement).
         nic_mbps: capacity of the guests' uplink (Mbit/s) used by QoS.
+        bandwidth_pools: shared bandwidth pools, name -> capacity (Mbit/s); VMs borrow from them
+            (docs/qos.md). Default: one pool ``default`` of ``nic_mbps``.
     """
 
     node: str = field(default_factory=socket.gethostname)
@@ -78,6 +80,7 @@ class HostConfig:
     physical: dict = field(default_factory=dict)
     ratios: dict = field(default_factory=dict)
     nic_mbps: int = 1000
+    bandwidth_pools: dict = field(default_factory=dict)
 
     def vm_state_dir(self, namespace: str, name: str) -> str:
         """Persistent per-VM directory (launcher configs, results)."""

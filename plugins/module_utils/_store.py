@@ -23,6 +23,8 @@ import time
 import uuid
 from typing import Any, Iterator, Optional
 
+from ansible_collections.zjusct.cloud.plugins.module_utils._qos_store import SCHEMA as QOS_SCHEMA
+
 DEFAULT_PATH = "/var/lib/zjusct-cloud/cloud.db"
 
 # Each entry upgrades the schema from version i to i + 1. Never edit a released entry: append.
@@ -71,6 +73,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             data TEXT NOT NULL DEFAULT '{}')""",
         "CREATE INDEX events_subject ON events (subject, id)",
     ),
+    # 2: bandwidth QoS state (node, pools, grants, TAP attachments) of _qos_store.
+    tuple(statement for statement in QOS_SCHEMA if "qos_" in statement),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
