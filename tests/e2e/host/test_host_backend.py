@@ -77,7 +77,7 @@ def test_concurrent_starts_boot_once(cloud: Cloud):
     results = []
 
     def run():
-        results.append(cloud.playbook("vm_start", "owner=bob", check=False))
+        results.append(cloud.playbook("vm_start", "owner=bob", "guaranteed_mbps=20", "ceil_mbps=20", check=False))
 
     threads = [threading.Thread(target=run) for _ in range(2)]
     seen_max = 0
@@ -114,6 +114,31 @@ def test_owners_are_isolated_from_each_other(cloud: Cloud):
     finally:
         server.kill()
         server.wait()
+
+
+def test_bandwidth_spec_shapes_the_guest(cloud: Cloud):
+    """bob started with 20 Mbit/s: his TAP has the HTB class, and a download into the guest is held to it."""
+    bob = cloud.vm("bob")
+    assert bob["spec"]["network"]["bandwidth"] == {"guaranteedMbps": 20, "ceilMbps": 20, "priority": 0}
+    lease = sqlite3.connect(cloud.config["store_path"]).execute(
+        "SELECT tap FROM leases WHERE vm_uid = ?", (bob["metadata"]["uid"],)).fetchone()
+    classes = subprocess.run(["tc", "-n", cloud.config["netns"], "class", "show", "dev", lease[0]],
+                             capture_output=True, text=True, check=True).stdout
+    assert "rate 20Mbit ceil 20Mbit" in classes, classes
+    gw = cloud.config["subnet"].rsplit(".", 1)[0] + ".1"
+    size = 4 * 1024 * 1024
+    code = (f"import socket, time; s = socket.create_server(('{gw}', 8023)); c, _ = s.accept(); "
+            f"t = time.monotonic(); c.sendall(b'x' * {size}); c.shutdown(socket.SHUT_WR); c.recv(1); "
+            "print(time.monotonic() - t)")
+    server = subprocess.Popen(["ip", "netns", "exec", cloud.config["netns"], sys.executable, "-c", code],
+                              stdout=subprocess.PIPE, text=True)
+    time.sleep(1)
+    got = cloud.ssh(bob["status"]["sshEndpoint"]["host"],
+                    f"timeout 60 bash -c 'exec 3<>/dev/tcp/{gw}/8023; head -c {size} <&3 | wc -c'", timeout=90)
+    out, _ = server.communicate(timeout=90)
+    assert got.stdout.strip() == str(size), got.stderr
+    mbps = size * 8 / float(out.strip()) / 1e6
+    assert mbps <= 20 * 1.1, f"{mbps:.1f} Mbit/s through a 20 Mbit/s class"
 
 
 def test_guests_reach_the_outside_through_nat(cloud: Cloud):
