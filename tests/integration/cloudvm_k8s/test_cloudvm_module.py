@@ -98,7 +98,7 @@ def test_module_refusals_carry_the_servers_field_path_and_touch_nothing(play: Ca
          "must be at least guaranteedMbps"),
     ]
     before = cvm_api.create(ns, "rej")
-    run = play([_vm(ns, "rej", vcpus=2, **change) for change, _, _ in cases])
+    run = play([_vm(ns, "rej", **{"vcpus": 2, **change}) for change, _, _ in cases])
     for (change, field, text), result in zip(cases, run.results, strict=True):
         assert result.get("failed") is True, (change, result)
         assert field in result["msg"] and text in result["msg"], (change, result["msg"])
