@@ -13,17 +13,18 @@ author: ZJUSCT cloud team (@zjusct)
 description:
   - V(present) takes one backup of an image that is not in use (no watchers) by a snapshot, an export (full, or only
     the changes since the previous backup's snapshot), a manifest with the size and sha256 of each file and a
-    sha256 per 4 MiB block of the image, verification of the stored file, then a C(complete) marker written last. Then retention keeps O(keep) backups without ever
-    breaking a chain a kept backup needs, and removes backup snapshots of the image that are no longer the base
-    of the next diff.
+    sha256 per 4 MiB block of the image, verification of the stored file, then a C(complete) marker written
+    last. Then retention keeps O(keep) backups without ever breaking a chain a kept backup needs, and removes
+    backup snapshots of the image that are no longer the base of the next diff.
   - Every backup is stored as C(<dest>/<id>/) with C(data.rbdiff) (an C(rbd export-diff) stream),
     C(manifest.json) and C(complete). A backup interrupted at any point has no C(complete) marker and no
     id-named directory; the next backup removes its leftovers.
   - V(verified) re-reads the files of a backup's chain and checks them against the manifests, naming each
     damaged file and image block. Nothing in Ceph is touched.
   - V(restored) imports the chain into the NEW image O(target_name), checking each file as it streams into
-    C(rbd import-diff), then reads the image back and compares every 4 MiB block with the manifest. On any mismatch the new image is removed and the task fails
-    naming the block. An existing target is refused, unless it was restored from the same backup (unchanged).
+    C(rbd import-diff), then reads the image back and compares every 4 MiB block with the manifest.
+    On any mismatch the new image is removed and the task fails naming the block. An existing target is
+    refused, unless it was restored from the same backup (unchanged).
   - Each V(present) run makes a new backup, so it always reports changed. Check mode reports the plan only.
 extends_documentation_fragment:
   - zjusct.cloud.ceph
@@ -80,6 +81,10 @@ options:
   target_name:
     description: The NEW image to restore into (V(restored)).
     type: str
+  verify:
+    description: With V(present), re-read the stored file and check its sha256 before marking the backup complete.
+    type: bool
+    default: true
   keep_snapshots:
     description: With V(restored), keep the backup snapshots that import creates on the new image.
     type: bool
@@ -194,6 +199,7 @@ def main() -> None:
         target_pool=dict(type="str"),
         target_name=dict(type="str"),
         keep_snapshots=dict(type="bool", default=False),
+        verify=dict(type="bool", default=True),
         **connection_argument_spec(),
     )
     module = AnsibleModule(argument_spec=spec, supports_check_mode=True,
