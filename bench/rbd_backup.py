@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -40,7 +41,7 @@ def sh(conf: str, *args: str, timeout: float = 1800) -> None:
                    env=dict(os.environ, LC_ALL="C"))
 
 
-def timed(fn) -> float:  # type: ignore[no-untyped-def]
+def timed(fn: Callable[[], object]) -> float:
     t0 = time.monotonic()
     fn()
     return time.monotonic() - t0
@@ -66,7 +67,9 @@ def main() -> int:
         conf = args.conf
     work = tempfile.mkdtemp(prefix="rbd-bench-", dir=args.workdir)
     rbd = Rbd(Connection(conf=conf, timeout=1800))
-    results: dict[str, list[float]] = {"raw export": [], "backup": [], "raw import": [], "restore": []}
+    results: dict[str, list[float]] = {"raw export": [], "raw export+fsync": [], "backup": [], "raw import": [],
+                                       "restore": []}
+    phases: list[dict] = []
     try:
         src = ImageRef("rbd", "bench-src")
         rbd.create(src, args.size_mib)
@@ -92,7 +95,16 @@ def main() -> int:
             for pair in (["raw export", "backup"], ["raw import", "restore"]):
                 random.shuffle(pair)
                 for step in pair:
+                    if step == "backup":
+                        t0 = time.monotonic()
+                        phases.append(bio.backup(rbd, src, dest, force_full=True)["phases"])
+                        results[step].append(time.monotonic() - t0)
+                        continue
                     results[step].append(timed(ops[step]))
+                    if step == "raw export":  # the same copy made durable, as a backup must be
+                        fd = os.open(raw, os.O_RDONLY)
+                        results["raw export+fsync"].append(results[step][-1] + timed(lambda fd=fd: os.fsync(fd)))
+                        os.close(fd)
             os.unlink(raw)
             shutil.rmtree(dest)
             for name in (f"raw-{rnd}", f"rs-{rnd}"):
@@ -108,9 +120,12 @@ def main() -> int:
     mibs = {k: args.size_mib / statistics.median(v) for k, v in results.items()}
     print(f"image {args.size_mib} MiB, {args.fill:.0%} of objects written, {args.rounds} rounds (median):")
     for k, v in mibs.items():
-        print(f"  {k:11s} {v:8.1f} MiB/s   ({', '.join(f'{t:.2f}' for t in results[k])} s)")
+        print(f"  {k:17s} {v:8.1f} MiB/s   ({', '.join(f'{t:.2f}' for t in results[k])} s)")
+    print(f"backup phases (s): {phases}")
     b, r = mibs["backup"] / mibs["raw export"], mibs["restore"] / mibs["raw import"]
+    bd = mibs["backup"] / mibs["raw export+fsync"]
     print(f"ratio backup/raw export  = {b:.2f}  (goal >= 0.8) {'OK' if b >= 0.8 else 'BELOW GOAL'}")
+    print(f"ratio backup/raw export+fsync = {bd:.2f}  (durable baseline) {'OK' if bd >= 0.8 else 'BELOW GOAL'}")
     print(f"ratio restore/raw import = {r:.2f}  (goal >= 0.8) {'OK' if r >= 0.8 else 'BELOW GOAL'}")
     return 0
 
