@@ -103,7 +103,7 @@ def main() -> int:
                     results[step].append(timed(ops[step]))
                     if step == "raw export":  # the same copy made durable, as a backup must be
                         fd = os.open(raw, os.O_RDONLY)
-                        results["raw export+fsync"].append(results[step][-1] + timed(lambda fd=fd: os.fsync(fd)))
+                        results["raw export+fsync"].append(results[step][-1] + timed(functools.partial(os.fsync, fd)))
                         os.close(fd)
             os.unlink(raw)
             shutil.rmtree(dest)
