@@ -1,0 +1,36 @@
+"""A real Kubernetes control plane for integration tests (etcd + kube-apiserver +
+kube-controller-manager + kube-scheduler on 127.0.0.1), usable from pytest fixtures and by hand
+(``python -m tests.cluster up|down|status|lose-node|restore-node``).
+
+See docs/testing-kubernetes.md.
+"""
+
+from ._binaries import Binaries, cache_root, pinned_versions
+from ._cluster import (
+    TENANT_NAMESPACE,
+    TENANT_USER,
+    Cluster,
+    ClusterError,
+    load_state,
+    stop_state_dir,
+    wait_for,
+)
+from ._nodes import BANDWIDTH_RESOURCE, DEFAULT_NODES, Heartbeat, Kubelet, NodeSpec
+
+__all__ = [
+    "BANDWIDTH_RESOURCE",
+    "DEFAULT_NODES",
+    "TENANT_NAMESPACE",
+    "TENANT_USER",
+    "Binaries",
+    "Cluster",
+    "ClusterError",
+    "Heartbeat",
+    "Kubelet",
+    "NodeSpec",
+    "cache_root",
+    "load_state",
+    "pinned_versions",
+    "stop_state_dir",
+    "wait_for",
+]

@@ -1,0 +1,202 @@
+"""Command line: run the test control plane by hand.
+
+    eval "$(python -m tests.cluster up)"     # prints export KUBECONFIG=... and ZJUSCT_K8S_STATE=...
+    python -m tests.cluster status
+    python -m tests.cluster lose-node node-b  # stop node-b's heartbeat (NotReady + tainted after the grace period)
+    python -m tests.cluster restore-node node-b
+    python -m tests.cluster down              # stop every process by pid, remove the state dir
+
+``up`` starts a detached supervisor (``_serve``) that owns the daemons and the node heartbeat.
+Run from the repository root (or with it on PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import FrameType
+
+from ._binaries import BUILD_SCRIPT, REPO, Binaries
+from ._cluster import TENANT_NAMESPACE, Cluster, ClusterError, load_state, pid_alive, stop_state_dir, tail
+from ._nodes import pause_marker
+
+ENV_STATE = "ZJUSCT_K8S_STATE"
+ERROR_FILE = "error.txt"
+
+
+def _state_dir(arg: str | None) -> Path:
+    value = arg or os.environ.get(ENV_STATE)
+    if not value:
+        sys.exit(f"no state dir: pass --state-dir or set {ENV_STATE} (printed by 'up')")
+    return Path(value).resolve()
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """Start a detached cluster and print shell exports; exit 1 if it does not become usable."""
+    binaries = Binaries.pinned()
+    if binaries.missing() and args.build:
+        subprocess.run([str(BUILD_SCRIPT)], check=True, stdout=sys.stderr)
+    reason = binaries.missing_reason()
+    if reason:
+        print(reason, file=sys.stderr)
+        return 1
+    state_dir = Path(args.state_dir or tempfile.mkdtemp(prefix="zjusct-k8s-")).resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    log = state_dir / "supervisor.log"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    with log.open("ab") as out:
+        sup = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.cluster",
+                "_serve",
+                "--state-dir",
+                str(state_dir),
+                "--timeout",
+                str(args.timeout),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env=env,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + args.timeout + 30
+    while True:
+        if (state_dir / ERROR_FILE).exists() or sup.poll() is not None:
+            sup.wait(timeout=30)
+            print(f"cluster failed to start; {log}:\n{tail(log, 40)}", file=sys.stderr)
+            if (state_dir / "state.json").exists():
+                stop_state_dir(state_dir)
+            return 1
+        try:
+            state = load_state(state_dir)
+        except (OSError, json.JSONDecodeError):
+            state = {}
+        if state.get("ready"):
+            break
+        if time.monotonic() > deadline:
+            sup.terminate()
+            print(f"timed out; {log}:\n{tail(log, 40)}", file=sys.stderr)
+            return 1
+        time.sleep(0.3)
+    kube = state["kubeconfigs"]
+    print(f"export KUBECONFIG={kube['admin']}")
+    print(f"export {ENV_STATE}={state_dir}")
+    print(
+        f"# kubernetes v{state['k8s_version']} at {state['server']}: /readyz after "
+        f"{state['timings']['readyz_s']:.1f}s, usable after {state['timings']['usable_s']:.1f}s\n"
+        f"# tenant (alice, edit in {TENANT_NAMESPACE}): KUBECONFIG={kube['alice']}\n"
+        f"# stop: python -m tests.cluster down",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Supervisor: own the cluster until SIGTERM/SIGINT/SIGHUP, then stop it (state dir kept)."""
+
+    def _exit(signum: int, _frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _exit)
+    state_dir = Path(args.state_dir).resolve()
+    cluster = Cluster(state_dir=state_dir, keep_state=True)
+    try:
+        cluster.start(timeout=args.timeout)
+    except ClusterError as exc:
+        (state_dir / ERROR_FILE).write_text(str(exc))
+        print(exc, file=sys.stderr)
+        return 1
+    try:
+        while True:
+            signal.pause()
+    finally:
+        cluster.stop()
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    """Stop every recorded process by pid and remove the state dir."""
+    state_dir = _state_dir(args.state_dir)
+    try:
+        killed = stop_state_dir(state_dir)
+    except FileNotFoundError:
+        print(f"no cluster state in {state_dir}", file=sys.stderr)
+        return 1
+    print(
+        f"stopped cluster in {state_dir}" + (f" (SIGKILL needed: {', '.join(killed)})" if killed else ""),
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print the state and which recorded processes are alive; exit 1 if any is dead."""
+    state = load_state(_state_dir(args.state_dir))
+    ok = True
+    for name, pid in state["pids"].items():
+        alive = pid_alive(int(pid))
+        ok &= alive
+        print(f"{name:24} pid {pid:<8} {'running' if alive else 'DEAD'}")
+    print(f"server {state['server']}  kubernetes v{state['k8s_version']}  etcd v{state['etcd_version']}")
+    return 0 if ok else 1
+
+
+def cmd_node(args: argparse.Namespace) -> int:
+    """Pause (lose-node) or resume (restore-node) one node's heartbeat."""
+    state_dir = _state_dir(args.state_dir)
+    names = [n["name"] for n in load_state(state_dir)["nodes"]]
+    if args.node not in names:
+        print(f"unknown node {args.node}; nodes: {', '.join(names)}", file=sys.stderr)
+        return 1
+    marker = pause_marker(state_dir, args.node)
+    if args.cmd == "lose-node":
+        marker.touch()
+    else:
+        marker.unlink(missing_ok=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m tests.cluster``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.cluster", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="start a detached cluster, print export lines")
+    up.add_argument("--state-dir", help="state directory (default: a new /tmp/zjusct-k8s-*)")
+    up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait until usable")
+    up.add_argument("--build", action="store_true", help="run hack/build-k8s.sh first if binaries are missing")
+    up.set_defaults(func=cmd_up)
+    serve = sub.add_parser("_serve", help=argparse.SUPPRESS)
+    serve.add_argument("--state-dir", required=True)
+    serve.add_argument("--timeout", type=float, default=180.0)
+    serve.set_defaults(func=cmd_serve)
+    for name, func, text in (
+        ("down", cmd_down, "stop everything, remove the state dir"),
+        ("status", cmd_status, "show processes"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--state-dir", help=f"default: ${ENV_STATE}")
+        p.set_defaults(func=func)
+    for name, text in (("lose-node", "stop a node's heartbeat"), ("restore-node", "resume a node's heartbeat")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("node")
+        p.add_argument("--state-dir", help=f"default: ${ENV_STATE}")
+        p.set_defaults(func=cmd_node)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
