@@ -1,0 +1,124 @@
+"""The real kube-scheduler binds Pods to registered Nodes by capacity, including the bandwidth
+extended resource, and the harness plays the kubelet's API role (no kubelet runs here)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from tests.cluster import BANDWIDTH_RESOURCE, Cluster, wait_for
+
+pytestmark = pytest.mark.k8s
+
+NODES = {"node-a", "node-b"}
+
+
+def _bound_node(core: client.CoreV1Api, ns: str, name: str) -> str | None:
+    pod = core.read_namespaced_pod(name, ns)
+    return pod.spec.node_name
+
+
+def _failed_scheduling(core: client.CoreV1Api, ns: str, name: str) -> str | None:
+    """Message of the scheduler's FailedScheduling event for the Pod, if any."""
+    events = core.list_namespaced_event(ns, field_selector=f"involvedObject.kind=Pod,involvedObject.name={name}")
+    for ev in events.items:
+        if ev.reason == "FailedScheduling":
+            return str(ev.message)
+    return None
+
+
+def test_pod_is_bound_to_a_node_with_room(k8s_api: Any, k8s_namespace: str, make_pod: Any) -> None:
+    core = client.CoreV1Api(k8s_api)
+    make_pod("fits", {"cpu": "500m", "memory": "256Mi", BANDWIDTH_RESOURCE: "100"})
+    node = wait_for(lambda: _bound_node(core, k8s_namespace, "fits"), 30, "pod bound")
+    assert node in NODES
+    pod = core.read_namespaced_pod("fits", k8s_namespace)
+    scheduled = {c.type: c.status for c in pod.status.conditions}
+    assert scheduled.get("PodScheduled") == "True"
+    assert pod.status.phase == "Pending"  # nothing runs it: no kubelet
+
+
+def test_pod_stays_pending_without_bandwidth(k8s_api: Any, k8s_namespace: str, make_pod: Any) -> None:
+    core = client.CoreV1Api(k8s_api)
+    make_pod("too-much-bw", {"cpu": "100m", BANDWIDTH_RESOURCE: "5000"})  # each node has 1000
+    message = wait_for(lambda: _failed_scheduling(core, k8s_namespace, "too-much-bw"), 30, "FailedScheduling event")
+    assert f"Insufficient {BANDWIDTH_RESOURCE}" in message
+    assert "0/2 nodes are available" in message
+    pod = core.read_namespaced_pod("too-much-bw", k8s_namespace)
+    assert pod.spec.node_name is None
+    assert pod.status.phase == "Pending"
+    cond = {c.type: c for c in pod.status.conditions}
+    assert cond["PodScheduled"].status == "False"
+    assert cond["PodScheduled"].reason == "Unschedulable"
+
+
+def test_bandwidth_is_accounted_across_bound_pods(k8s_api: Any, k8s_namespace: str, make_pod: Any) -> None:
+    """Two 600 Mbit/s Pods fill both 1000 Mbit/s nodes; a third one cannot fit anywhere."""
+    core = client.CoreV1Api(k8s_api)
+    bw = {"cpu": "100m", BANDWIDTH_RESOURCE: "600"}
+    make_pod("bw-1", bw)
+    first = wait_for(lambda: _bound_node(core, k8s_namespace, "bw-1"), 30, "bw-1 bound")
+    make_pod("bw-2", bw)
+    second = wait_for(lambda: _bound_node(core, k8s_namespace, "bw-2"), 30, "bw-2 bound")
+    assert {first, second} == NODES
+    make_pod("bw-3", bw)
+    message = wait_for(lambda: _failed_scheduling(core, k8s_namespace, "bw-3"), 30, "FailedScheduling for bw-3")
+    assert f"2 Insufficient {BANDWIDTH_RESOURCE}" in message
+    # freeing capacity lets the scheduler bind the waiting Pod
+    core.delete_namespaced_pod("bw-1", k8s_namespace, grace_period_seconds=0)
+    assert wait_for(lambda: _bound_node(core, k8s_namespace, "bw-3"), 60, "bw-3 bound after bw-1 deleted") == first
+
+
+def test_pod_stays_pending_without_cpu(k8s_api: Any, k8s_namespace: str, make_pod: Any) -> None:
+    core = client.CoreV1Api(k8s_api)
+    make_pod("too-much-cpu", {"cpu": "64"})
+    message = wait_for(lambda: _failed_scheduling(core, k8s_namespace, "too-much-cpu"), 30, "FailedScheduling event")
+    assert "Insufficient cpu" in message
+
+
+def test_kubelet_stand_in_reports_pod_status(
+    k8s_cluster: Cluster, k8s_api: Any, k8s_namespace: str, make_pod: Any
+) -> None:
+    """Where a test needs a Pod to have run, the node's own identity writes its status, as a kubelet would."""
+    core = client.CoreV1Api(k8s_api)
+    make_pod("runs", {"cpu": "100m"})
+    node = wait_for(lambda: _bound_node(core, k8s_namespace, "runs"), 30, "pod bound")
+    other = (NODES - {node}).pop()
+    # the Node authorizer refuses status writes from a node the Pod is not bound to
+    with pytest.raises(ApiException) as err:
+        client.CoreV1Api(k8s_cluster.api_client(other)).patch_namespaced_pod_status(
+            "runs", k8s_namespace, {"status": {"phase": "Running"}}
+        )
+    assert err.value.status == 403
+    kubelet = k8s_cluster.kubelet(node)
+    pod = kubelet.mark_running(k8s_namespace, "runs")
+    assert pod.status.phase == "Running"
+    assert pod.status.container_statuses[0].ready is True
+    result = json.dumps({"kind": "LauncherResult", "reason": "GuestShutdown", "exitCode": 0})
+    pod = kubelet.mark_terminated(k8s_namespace, "runs", exit_code=0, message=result)
+    assert pod.status.phase == "Succeeded"
+    assert json.loads(pod.status.container_statuses[0].state.terminated.message)["reason"] == "GuestShutdown"
+
+
+def test_lost_node_is_tainted_and_avoided(
+    k8s_cluster: Cluster, k8s_api: Any, k8s_namespace: str, make_pod: Any
+) -> None:
+    """Stopping node-b's heartbeat makes the node lifecycle controller mark it unreachable (case L1)."""
+    core = client.CoreV1Api(k8s_api)
+    k8s_cluster.stop_heartbeat("node-b")
+    try:
+        node = k8s_cluster.wait_node_ready("node-b", ready=False, timeout=k8s_cluster.node_grace_seconds + 30)
+        ready = {c.type: c.status for c in node.status.conditions}["Ready"]
+        assert ready == "Unknown"
+        make_pod("wants-b", {"cpu": "100m"}, nodeSelector={"kubernetes.io/hostname": "node-b"})
+        message = wait_for(lambda: _failed_scheduling(core, k8s_namespace, "wants-b"), 30, "FailedScheduling")
+        assert "1 node(s) had untolerated taint" in message  # node-b: node.kubernetes.io/unreachable
+        assert {t.key for t in node.spec.taints} >= {"node.kubernetes.io/unreachable"}
+    finally:
+        k8s_cluster.resume_heartbeat("node-b")
+    k8s_cluster.wait_node_ready("node-b", ready=True, timeout=60)
+    assert wait_for(lambda: _bound_node(core, k8s_namespace, "wants-b"), 60, "bound after node-b returns") == "node-b"
