@@ -39,4 +39,18 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
 else
   echo "==> python: requirements satisfied ($venv)"
 fi
+# ansible-test sanity runs with --local (its own --requirements would fetch get-pip from a host this
+# machine cannot reach): a second venv with the same ansible-core and the sanity tests' pinned tools.
+sanity="$cache/venv-sanity"
+core=$("$venv/bin/python" -c 'import ansible; print(ansible.__version__)')
+reqs=$("$venv/bin/python" -c 'import ansible_test, os; print(os.path.join(os.path.dirname(ansible_test.__file__), "_data", "requirements"))')
+want_sanity=$( (echo "$core"; cat "$reqs"/sanity.*.txt) | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$sanity/.stamp" 2>/dev/null)" != "$want_sanity" ]; then
+  echo "==> python: ansible-test sanity venv ($sanity)"
+  rm -rf "$sanity"
+  "$py" -m venv "$sanity"
+  "$sanity/bin/pip" install -q --upgrade pip
+  "$sanity/bin/pip" install -q "ansible-core==$core" $(cat "$reqs"/sanity.*.txt | grep -v '^#' | sort -u)
+  echo "$want_sanity" > "$sanity/.stamp"
+fi
 "$here/hack/setup-collection.sh"

@@ -8,7 +8,20 @@ trap 'rm -rf "$work"' EXIT
 dest="$work/ansible_collections/zjusct/cloud"
 mkdir -p "$dest"
 (cd "$here" && git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done | xargs -0 cp --parents -t "$dest")
+# Dependencies (galaxy.yml) next to the collection, as ansible-test expects: kubernetes.core from the
+# community `ansible` package in the main venv.
+deps=$("${ZJUSCT_CACHE:-/var/cache/zjusct-cloud}/venv/bin/python" -c 'import ansible_collections, os; print(os.path.dirname(ansible_collections.__file__ or list(ansible_collections.__path__)[0]))' 2>/dev/null || true)
+for dep in kubernetes/core; do
+  mkdir -p "$work/ansible_collections/${dep%/*}"
+  ln -s "$deps/ansible_collections/$dep" "$work/ansible_collections/$dep"
+done
 cd "$dest"
 git init -q && git add -A >/dev/null 2>&1 || true
-ansible-test sanity --python "$(python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')" \
-  --requirements --color no "$@"
+sanity=${ZJUSCT_CACHE:-/var/cache/zjusct-cloud}/venv-sanity
+pip_version=$("$sanity/bin/python" -c 'from ansible_test._internal.python_requirements import *' 2>/dev/null; \
+  grep -o "pip='[0-9.]*'" "$("$sanity/bin/python" -c 'import ansible_test, os; print(os.path.dirname(ansible_test.__file__))')/_internal/python_requirements.py" | cut -d"'" -f2)
+mkdir -p ~/.ansible/test/cache
+cp "$here/hack/get_pip_offline.py" ~/.ansible/test/cache/get_pip_"${pip_version//./_}".py
+export PATH="$sanity/bin:$PATH"
+ansible-test sanity --local --python "$("$sanity/bin/python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')" \
+  --color no "$@"

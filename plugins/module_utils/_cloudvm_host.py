@@ -301,7 +301,8 @@ def _wait(cfg: HostConfig, store: HostStore, ns: str, name: str, target: str, ti
     while True:
         with _vm_lock(cfg, ns, name):
             vm = store.get_vm(ns, name)
-            assert vm is not None
+            if vm is None:
+                raise AssertionError("vm unexpectedly missing")
             status = reconcile(cfg, store, vm)
         boot = int(vm["spec"]["bootID"])
         same_boot = int(status.get("bootID", -1)) == boot
@@ -372,7 +373,8 @@ def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, 
             preview = existing or {"metadata": {"namespace": ns, "name": name}, "status": {}}
             return _result(dict(preview, spec=planned), changed, before, diff)
         if volume is None:
-            assert image is not None
+            if image is None:
+                raise AssertionError("image unexpectedly missing")
             try:
                 created = create_from_image(cfg.volumes_dir, desired["rootVolumeClaim"], image,
                                             params.get("volume_size_mib"))
@@ -392,10 +394,12 @@ def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, 
         _wait(cfg, store, ns, name, "Stopped", timeout)
         with _vm_lock(cfg, ns, name):
             vm = store.get_vm(ns, name)
-            assert vm is not None
+            if vm is None:
+                raise AssertionError("vm unexpectedly missing")
             store.update_vm(ns, name, spec=plan_power(vm["spec"], vm["status"], "running"))
     vm = store.get_vm(ns, name)
-    assert vm is not None
+    if vm is None:
+        raise AssertionError("vm unexpectedly missing")
     target = {"Running": "Running", "Stopped": "Stopped"}[vm["spec"]["powerState"]]
     if wait and (power is not None or restart):
         vm = _wait(cfg, store, ns, name, target, timeout)
@@ -448,12 +452,12 @@ def observed_status(cfg: HostConfig, vm: dict) -> dict:
     known = sup.boots(paths)
     if not known:
         return vm.get("status") or {}
-    current: Optional[BootObservation] = sup.observe(paths, known[-1], cfg.node)
+    latest = sup.observe(paths, known[-1], cfg.node)
+    current: Optional[BootObservation] = latest
     others: tuple[BootObservation, ...] = ()
-    assert current is not None
-    if spec["powerState"] == "Running" and current.boot_id < int(spec["bootID"]) and \
-            current.state in ("alive", "starting"):
-        others, current = (current,), None
+    if spec["powerState"] == "Running" and latest.boot_id < int(spec["bootID"]) and \
+            latest.state in ("alive", "starting"):
+        others, current = (latest,), None
     kept = ("sshEndpoint", "sshProxyCommand", "observedGeneration")
     status = {k: v for k, v in (vm.get("status") or {}).items() if k in kept}
     status.update(derive_status(spec, current, others).as_dict())

@@ -347,7 +347,8 @@ class Backend:
                 raise CloudVMError(f"CloudVM {ns}/{name} does not exist; owner is required to create it")
             desired = desired_object(params, existing, power_state)
             if not needs_write(existing, desired):
-                assert existing is not None
+                if existing is None:
+                    raise AssertionError("existing unexpectedly missing")
                 return existing, existing, False
             try:
                 if existing is None:

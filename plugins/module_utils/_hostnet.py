@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
-from netaddr import IPNetwork
+try:
+    from netaddr import IPNetwork
+except ImportError:  # reported by the functions that need it
+    IPNetwork = None
 
 TAP_PREFIX = "zjt"
 NFT_TABLE = "zjusct_isolation"
@@ -43,14 +46,20 @@ def mac_address(vm_uid: str) -> str:
     return "02:" + ":".join(f"{b:02x}" for b in digest[:5])
 
 
+def _network(cidr: str) -> Any:
+    if IPNetwork is None:
+        raise NetworkError("the Python library netaddr is required on the hypervisor (pip install netaddr)")
+    return IPNetwork(cidr)
+
+
 def gateway(subnet: str) -> str:
     """The subnet's first host address, used by the bridge (``10.200.0.1`` for 10.200.0.0/24)."""
-    return str(IPNetwork(subnet)[1])
+    return str(_network(subnet)[1])
 
 
 def prefix_length(subnet: str) -> int:
     """The subnet's prefix length (24 for 10.200.0.0/24)."""
-    return int(IPNetwork(subnet).prefixlen)
+    return int(_network(subnet).prefixlen)
 
 
 def allocate_ipv4(subnet: str, used: Iterable[str]) -> str:
@@ -59,7 +68,7 @@ def allocate_ipv4(subnet: str, used: Iterable[str]) -> str:
     Raises:
         NetworkError: the subnet has no free address left.
     """
-    net = IPNetwork(subnet)
+    net = _network(subnet)
     taken = set(used) | {gateway(subnet)}
     for ip in net.iter_hosts():
         if str(ip) not in taken:
@@ -206,7 +215,7 @@ def ensure_uplink(netns: str, subnet: str, uplink_cidr: str, uplink_netns: str =
     """
     if not netns:
         return False
-    net = IPNetwork(uplink_cidr)
+    net = _network(uplink_cidr)
     outer, inner = f"{net[1]}/{net.prefixlen}", f"{net[2]}/{net.prefixlen}"
     changed = False
     if not link_exists(uplink_netns, UPLINK_OUTER):

@@ -90,8 +90,10 @@ def params_to_spec(params: dict, existing: Optional[dict]) -> dict:
     bw = params.get("bandwidth")
     if bw is not None:
         guaranteed = bw.get("guaranteed_mbps") or 0
-        band = {"guaranteedMbps": guaranteed, "ceilMbps": bw.get("ceil_mbps") or guaranteed,
-                "priority": bw.get("priority") or 0}
+        band = {"guaranteedMbps": guaranteed, "priority": bw.get("priority") or 0}
+        ceil = bw.get("ceil_mbps") or guaranteed
+        if ceil:  # an unset ceiling means "the guarantee"; none at all when nothing is guaranteed
+            band["ceilMbps"] = ceil
         if bw.get("pool"):
             band["pool"] = bw["pool"]
         spec.setdefault("network", {})

@@ -35,7 +35,7 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SSH_KEY = re.compile(
     r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp256|ecdsa-sha2-nistp384|ecdsa-sha2-nistp521|"
-    r"sk-ssh-ed25519@openssh\.com|sk-ecdsa-sha2-nistp256@openssh\.com) [A-Za-z0-9+/]+={0,3}( [^\r\n]*)?$"
+    r"sk-ssh-ed25519@openssh\.com|sk-ecdsa-sha2-nistp256@openssh\.com) AAAA[A-Za-z0-9+/]+={0,3}( [^\r\n]*)?$"
 )
 
 
@@ -117,9 +117,10 @@ def _validate_bandwidth(bw: dict) -> list[str]:
     path = "spec.network.bandwidth"
     guaranteed = bw.get("guaranteedMbps", 0)
     _int_in_range(errors, f"{path}.guaranteedMbps", guaranteed, 0, BANDWIDTH_MBPS_MAX)
-    ceil = bw.get("ceilMbps", guaranteed)
-    _int_in_range(errors, f"{path}.ceilMbps", ceil, 1, BANDWIDTH_MBPS_MAX)
-    if isinstance(guaranteed, int) and isinstance(ceil, int) and ceil < guaranteed:
+    ceil = bw.get("ceilMbps")
+    if ceil is not None:
+        _int_in_range(errors, f"{path}.ceilMbps", ceil, 1, BANDWIDTH_MBPS_MAX)
+    if isinstance(guaranteed, int) and isinstance(ceil, int) and not isinstance(ceil, bool) and ceil < guaranteed:
         errors.append(f"{path}.ceilMbps: {ceil} is below guaranteedMbps {guaranteed}")
     pool = bw.get("pool")
     if pool is not None and not is_dns_label(pool):

@@ -220,7 +220,8 @@ class HostStore:
         except sqlite3.IntegrityError as exc:
             raise StoreError(f"CloudVM {namespace}/{name} already exists") from exc
         vm = self.get_vm(namespace, name)
-        assert vm is not None
+        if vm is None:
+            raise AssertionError("vm unexpectedly missing")
         return vm
 
     def update_vm(self, namespace: str, name: str, spec: Optional[dict] = None,

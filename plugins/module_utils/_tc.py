@@ -242,7 +242,8 @@ def desired_tree(specs: Sequence[ClassSpec], *, mtu: int, root_rate_mbps: int, d
     filters: dict[int, U32Filter] = {}
     seen: dict[tuple, str] = {}
     for s in specs:
-        assert s.minor is not None
+        if s.minor is None:
+            raise AssertionError("s.minor unexpectedly missing")
         if not 1 <= s.rate_mbps <= s.ceil_mbps <= 4_000_000:
             raise TcError(f"classes[{s.name}]: rate_mbps {s.rate_mbps} / ceil_mbps {s.ceil_mbps} must satisfy "
                           f"1 <= rate <= ceil <= 4000000")

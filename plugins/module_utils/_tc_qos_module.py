@@ -110,7 +110,8 @@ def run(params: dict, check_mode: bool) -> dict:
     with _tc.NetlinkTc(device, netns) as nl:
         nl.index()  # the device must exist
         target = device if direction == "egress" else ifb
-        assert target is not None
+        if target is None:
+            raise AssertionError("target unexpectedly missing")
         ifb_missing = direction == "ingress" and not nl.exists(target)
         current = _tc.Tree() if ifb_missing else nl.read_tree(target)
         if params["state"] == "present":

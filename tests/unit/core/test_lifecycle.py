@@ -52,3 +52,10 @@ def test_params_keep_unset_fields_and_fill_defaults():
     assert created["rootVolumeClaim"] == "alice-root" and created["vcpus"] == 1
     updated = params_to_spec({"name": "alice", "memory_mib": 1024}, dict(created, vcpus=2))
     assert updated["vcpus"] == 2 and updated["memoryMiB"] == 1024
+
+
+def test_bandwidth_ceiling_defaults_to_the_guarantee_and_is_left_out_without_one():
+    shaped = params_to_spec({"name": "a", "owner": "a", "bandwidth": {"guaranteed_mbps": 20}}, None)
+    assert shaped["network"]["bandwidth"] == {"guaranteedMbps": 20, "ceilMbps": 20, "priority": 0}
+    unshaped = params_to_spec({"name": "a", "owner": "a", "bandwidth": {"guaranteed_mbps": 0}}, None)
+    assert "ceilMbps" not in unshaped["network"]["bandwidth"]

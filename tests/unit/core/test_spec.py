@@ -53,3 +53,12 @@ def test_owner_and_claim_are_immutable_and_boot_id_never_decreases():
     assert validate_update(old, spec(bootID=4)) == []
     errors = validate_update(old, spec(owner="bob", rootVolumeClaim="x", bootID=2))
     assert [e.split(":")[0] for e in errors] == ["spec.owner", "spec.rootVolumeClaim", "spec.bootID"]
+
+
+def test_junk_after_a_key_type_is_not_a_key():
+    errors = validate_spec(spec(sshAuthorizedKeys=["ssh-ed25519 not base64!"]))
+    assert errors and errors[0].startswith("spec.sshAuthorizedKeys[0]")
+
+
+def test_bandwidth_without_ceiling_is_valid():
+    assert validate_spec(spec(network={"bandwidth": {"guaranteedMbps": 0, "priority": 0}})) == []
