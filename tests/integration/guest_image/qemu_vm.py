@@ -94,6 +94,9 @@ class Vm:
             "-device", "virtio-blk-pci,drive=cfg",
             "-netdev", f"user,id=n0,hostfwd=tcp:127.0.0.1:{self.port}-:22",
             "-device", f"virtio-net-pci,netdev=n0,mac={self.mac}",
+            # Entropy: without it (and without RDRAND, absent from TCG's default CPU) getrandom() in early boot
+            # waits for the kernel's jitter entropy, which stalls ssh-keygen for a minute under TCG.
+            "-object", "rng-random,id=rng0,filename=/dev/urandom", "-device", "virtio-rng-pci,rng=rng0",
             "-serial", f"file:{self.serial_log}",
             "-qmp", f"unix:{self.qmp_path},server=on,wait=off",
             "-monitor", "none",
