@@ -271,6 +271,7 @@ jump_host: "ops@{node}"
 
 import os
 import sqlite3
+import time
 from difflib import get_close_matches
 from typing import Any
 
@@ -298,11 +299,15 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
             opts = inv.InventoryOptions.from_options(self.get_option)
         except inv.InventoryOptionError as exc:
             raise AnsibleParserError(f"{path}: {exc}") from None
+        t0 = time.monotonic()
         records = self._records(path, cache, opts)
+        t1 = time.monotonic()
         entries, warnings = inv.host_entries(inv.select(records, opts), opts)
         for warning in warnings:
             self.display.warning(warning)
         self._populate(entries)
+        self.display.vvv(f"cloudvm inventory: {len(entries)} hosts from {len(records)} CloudVMs; listing "
+                         f"{t1 - t0:.2f} s, building the inventory {time.monotonic() - t1:.2f} s")
 
     # ------------------------------------------------------------------ options
 
