@@ -27,15 +27,19 @@ def tester(ceph_cluster, tmp_path_factory):
     return secret, str(path)
 
 
-def play(ceph_cluster, tmp_path, tasks: str) -> subprocess.CompletedProcess:
+def play(ceph_cluster, tmp_path, tasks: str, secret: str) -> subprocess.CompletedProcess:
+    """Run tasks with -vvv; the secret arrives as the variable ``ceph_secret`` from an extra-vars file (as from
+    a vault). Ansible echoes task *source* in warnings, so a secret written literally into a playbook would show
+    up there whatever the module does: keep secrets in variables."""
     pb = tmp_path / "play.yml"
     pb.write_text(f"- hosts: localhost\n  gather_facts: false\n  tasks:\n{tasks}")
+    (tmp_path / "secrets.yml").write_text(f'ceph_secret: "{secret}"\n')
     env = ceph_cluster.env()
     env.update(ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1", LC_ALL="C.UTF-8",
                CEPH_KEYRING="")
     env.pop("CEPH_KEYRING")
-    return subprocess.run([PLAYBOOK, "-vvv", str(pb)], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=600)
+    argv = [PLAYBOOK, "-vvv", "-e", f"@{tmp_path / 'secrets.yml'}", str(pb)]
+    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_case_A3_secret_and_keyring_never_in_results_or_verbose_output(ceph_cluster, tester, tmp_path, image_name):
@@ -46,7 +50,7 @@ def test_case_A3_secret_and_keyring_never_in_results_or_verbose_output(ceph_clus
         name: {image_name}
         size_mib: 8
         ceph_user: tester
-        ceph_key: "{secret}"
+        ceph_key: "{{{{ ceph_secret }}}}"
       register: with_key
     - name: with a keyring path
       zjusct.cloud.rbd_volume:
@@ -60,14 +64,14 @@ def test_case_A3_secret_and_keyring_never_in_results_or_verbose_output(ceph_clus
         name: {image_name}
         state: absent
         ceph_user: tester
-        ceph_key: "{secret}"
+        ceph_key: "{{{{ ceph_secret }}}}"
       ignore_errors: true
     - ansible.builtin.debug: var=with_key
     - ansible.builtin.debug: var=with_keyring
     - ansible.builtin.assert:
         that: [with_key is changed, with_keyring is changed, "with_key.image.size_mib == 8"]
 """
-    proc = play(ceph_cluster, tmp_path, tasks)
+    proc = play(ceph_cluster, tmp_path, tasks, secret)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "has snapshots s1" in out  # the failing call really ran with the secret
@@ -91,3 +95,64 @@ def test_case_A3_run_result_has_no_secret(ceph_cluster, tester, image_name):
     assert secret[:-4] not in str(err.value) and secret[:-4] not in err.value.stderr
     leftovers = [f for f in os.listdir("/tmp") if f.startswith("zjusct-rbd-key-")]
     assert leftovers == [], "key files must be removed after each call"
+
+
+def test_rbd_backup_module_end_to_end_through_ansible_playbook(ceph_cluster, tester, tmp_path, image_name):
+    """present (full, then diff) -> verified -> restored -> restored again (unchanged), as the restricted user
+    with its secret; check mode plans without writing; the secret never appears."""
+    secret, _ = tester
+    dest = tmp_path / "bk"
+    conn = 'ceph_user: tester\n        ceph_key: "{{ ceph_secret }}"'
+    tasks = f"""
+    - zjusct.cloud.rbd_volume:
+        name: {image_name}
+        size_mib: 16
+        owner: alice
+        {conn}
+    - name: check mode plans a full backup and writes nothing
+      zjusct.cloud.rbd_backup: {{name: {image_name}, dest: {dest}, keep: 3}}
+      check_mode: true
+      register: planned
+    - zjusct.cloud.rbd_backup:
+        name: {image_name}
+        dest: {dest}
+        vm: alice
+        keep: 3
+        {conn}
+      register: full
+    - zjusct.cloud.rbd_backup:
+        name: {image_name}
+        dest: {dest}
+        vm: alice
+        keep: 3
+        {conn}
+      register: incr
+    - zjusct.cloud.rbd_backup:
+        state: verified
+        dest: {dest}
+      register: verified
+    - zjusct.cloud.rbd_backup:
+        state: restored
+        dest: {dest}
+        target_name: {image_name}-restored
+        {conn}
+      register: restored
+    - zjusct.cloud.rbd_backup:
+        state: restored
+        dest: {dest}
+        target_name: {image_name}-restored
+        {conn}
+      register: again
+    - ansible.builtin.assert:
+        that:
+          - planned is changed and planned.type == 'full'
+          - full.type == 'full' and incr.type == 'diff' and incr.chain | length == 2
+          - verified is not changed and verified.backup_id == incr.backup_id
+          - restored is changed and restored.verified_blocks == 4 and restored.backup_id == incr.backup_id
+          - again is not changed
+"""
+    proc = play(ceph_cluster, tmp_path, tasks, secret)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert secret not in out
+    assert len([n for n in os.listdir(dest) if not n.startswith(".")]) == 2
