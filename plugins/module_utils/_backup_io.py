@@ -380,7 +380,7 @@ def verify_file(dest: str, m: Manifest, base: Optional[List[Optional[str]]], bas
         try:
             with open(path, "rb", buffering=_IO) as f:
                 try:
-                    _, state, (size, sha, chunks) = consume_diff(f, base_size, base)
+                    _unused, state, (size, sha, chunks) = consume_diff(f, base_size, base)
                     computed, _unknown = state.finish()
                 except DiffFormatError as exc:
                     # still name the damaged chunk: hash the raw file

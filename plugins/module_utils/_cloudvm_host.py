@@ -25,6 +25,7 @@ from typing import Iterator, Optional
 from ansible_collections.zjusct.cloud.plugins.module_utils import _bandwidth as bw
 from ansible_collections.zjusct.cloud.plugins.module_utils import _hostnet as net
 from ansible_collections.zjusct.cloud.plugins.module_utils import _supervisor as sup
+from ansible_collections.zjusct.cloud.plugins.module_utils import _volume_rbd as rbdvol
 from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import HostConfig, load
 from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import (
     CloudVMError,
@@ -110,7 +111,8 @@ def _launcher_config(cfg: HostConfig, vm: dict, volume: dict, lease: dict) -> di
         "boot": {"kernel": os.path.join(volume["image"], "vmlinuz"),
                  "initrd": os.path.join(volume["image"], "initrd.img"),
                  "cmdline": manifest["defaultCmdline"]},
-        "rootDisk": {"path": volume["location"], "cache": "Writeback"},
+        "rootDisk": rbdvol.root_disk(cfg.rbd, volume) if volume["driver"] == "rbd"
+        else {"path": volume["location"], "cache": "Writeback"},
         "identity": {"hostname": name, "instanceID": meta["uid"],
                      "sshAuthorizedKeys": list(spec.get("sshAuthorizedKeys") or [])},
         "network": {"mode": "tap", "tap": lease["tap"], "createTap": False, "mac": lease["mac"],
@@ -166,6 +168,8 @@ def _start_boot(cfg: HostConfig, store: HostStore, vm: dict) -> None:
         if volume.get("claimed_by") != uid:
             volume["claimed_by"] = uid
             store.put_volume(volume)
+    if volume["driver"] == "rbd":
+        rbdvol.claim(cfg.rbd, volume, uid)  # the image-meta mark, for other hosts and the backup tools
     for alert in verdict.alerts:
         store.record_event("Warning", cfg.node, "WaterLevelHigh",
                            f"{alert} at {verdict.levels[alert]:.0%} of capacity after placing {subject}")
@@ -243,6 +247,7 @@ def reconcile(cfg: HostConfig, store: HostStore, vm: dict) -> dict:
     known = sup.boots(paths)
     latest: Optional[int] = known[-1] if known else None
     start_error: Optional[CloudVMError] = None
+    volume_writer: Optional[str] = None
     if live is not None and (not want or live[0] != boot):
         marker = os.path.join(paths.state_dir, f"stop-{live[0]}")
         if not os.path.exists(marker):
@@ -252,8 +257,11 @@ def reconcile(cfg: HostConfig, store: HostStore, vm: dict) -> dict:
             store.record_event("Normal", f"{ns}/{name}", "StopRequested", f"stopping boot {live[0]}")
     elif live is None and want and (latest is None or latest < boot):
         try:
-            _start_boot(cfg, store, vm)
-            latest = boot
+            # Case V2: no launcher of this VM is alive, so any watcher of an RBD root volume is another writer.
+            volume_writer = rbdvol.writer(cfg.rbd, store.get_volume(spec["rootVolumeClaim"]))
+            if volume_writer is None:
+                _start_boot(cfg, store, vm)
+                latest = boot
         except (CloudVMError, VolumeError, net.NetworkError, sup.LauncherError, StoreError) as exc:
             start_error = exc if isinstance(exc, CloudVMError) else CloudVMError(str(exc))
     current = sup.observe(paths, latest, cfg.node) if latest is not None else None
@@ -262,7 +270,7 @@ def reconcile(cfg: HostConfig, store: HostStore, vm: dict) -> dict:
         others, current = (current,), None
     if current is not None and current.state in ("exited", "lost") and sup.running_boot(paths) is None:
         _cleanup_ended(cfg, store, vm)
-    status = derive_status(spec, current, others).as_dict()
+    status = derive_status(spec, current, others, volume_writer=volume_writer).as_dict()
     if start_error is not None:
         status.update(phase="Failed" if "dimension" not in start_error.details else "Pending",
                       reason="Unschedulable" if "dimension" in start_error.details else "StartFailed",
@@ -312,6 +320,9 @@ def _wait(cfg: HostConfig, store: HostStore, ns: str, name: str, target: str, ti
                 sup.running_boot(_paths(cfg, ns, name)) is None:
             # Stopped means no launcher (nor VMM) of the VM remains; a boot that failed is off too.
             return store.get_vm(ns, name) or vm
+        if target == "Running" and status["phase"] == "Blocked" and status["reason"] == "VolumeInUse":
+            raise CloudVMError(f"{ns}/{name} is Blocked (VolumeInUse): {status.get('message', '')}; stop that"
+                               " writer or fence it (docs/backup-restore.md, stale watchers)", status=status)
         if target == "Running" and same_boot and status["phase"] in ("Failed", "Stopped"):
             raise CloudVMError(f"boot {boot} of {ns}/{name} ended: phase {status['phase']}, reason"
                                f" {status['reason']}: {status.get('message', '')}", status=status)
@@ -376,11 +387,16 @@ def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, 
             if image is None:
                 raise AssertionError("image unexpectedly missing")
             try:
-                created = create_from_image(cfg.volumes_dir, desired["rootVolumeClaim"], image,
-                                            params.get("volume_size_mib"))
+                if cfg.volume_driver == "rbd":
+                    created = rbdvol.create_clone(cfg.rbd, desired["rootVolumeClaim"], image, desired["owner"],
+                                                  params.get("volume_size_mib"))
+                else:
+                    created = create_from_image(cfg.volumes_dir, desired["rootVolumeClaim"], image,
+                                                params.get("volume_size_mib"))
             except VolumeError as exc:
                 raise CloudVMError(str(exc)) from exc
-            store.put_volume({"name": desired["rootVolumeClaim"], "driver": "file", "owner": desired["owner"],
+            store.put_volume({"name": desired["rootVolumeClaim"], "driver": cfg.volume_driver,
+                              "owner": desired["owner"],
                               "image": image["dir"], **created})
             store.record_event("Normal", f"{ns}/{name}", "VolumeCreated",
                                f"volume {desired['rootVolumeClaim']} from image {os.path.basename(image['dir'])}")
@@ -433,6 +449,11 @@ def _absent(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, d
         if params.get("delete_volume") and volume is not None:
             if volume["driver"] == "file" and os.path.exists(volume["location"]):
                 os.unlink(volume["location"])
+            if volume["driver"] == "rbd":
+                try:
+                    rbdvol.delete(cfg.rbd, volume)
+                except VolumeError as exc:
+                    raise CloudVMError(str(exc)) from exc
             store.delete_volume(claim)
             kept = "deleted"
         else:
@@ -476,7 +497,7 @@ def info(params: dict) -> list[dict]:
         items = [vm for vm in items if vm["metadata"]["name"] == params["name"]]
     for selector in params.get("label_selectors") or []:
         negate = "!=" in selector
-        key, _, value = selector.partition("!=" if negate else "=")
+        key, _unused, value = selector.partition("!=" if negate else "=")
         items = [vm for vm in items
                  if (vm["metadata"]["labels"].get(key.strip()) == value.strip()) != negate]
     return [dict(vm, status=observed_status(cfg, vm)) for vm in items]

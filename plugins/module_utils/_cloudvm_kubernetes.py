@@ -341,7 +341,7 @@ class Backend:
                 changing under us.
         """
         ns, name = params["namespace"], params["name"]
-        for _ in range(CONFLICT_RETRIES):
+        for _unused in range(CONFLICT_RETRIES):
             existing = self.api.get(ns, name)
             if existing is None and not params.get("owner"):
                 raise CloudVMError(f"CloudVM {ns}/{name} does not exist; owner is required to create it")
@@ -406,13 +406,13 @@ class Backend:
         """Stop, wait Stopped (always, bounded by wait_timeout), start with bootID + 1, wait Running if asked."""
         ns, name = params["namespace"], params["name"]
         timeout = float(params.get("wait_timeout") or 0)
-        before, stopped, _ = self.apply(params, "stopped", check_mode)
+        before, stopped, _changed = self.apply(params, "stopped", check_mode)
         if check_mode:  # predict the start on top of the predicted stop; nothing is written
             predicted = desired_object(params, {**stopped, "status": {}}, "running")
             predicted["status"] = (before or {}).get("status", {})
             return _result(predicted, True, before, diff, warnings)
         self.wait_for(ns, name, "Stopped", timeout, changed=True)
-        _, after, _ = self.apply(params, "running", check_mode=False)
+        _before, after, _changed = self.apply(params, "running", check_mode=False)
         if params.get("wait", True):
             after = self.wait_for(ns, name, "Running", timeout, changed=True) or after
         return _result(after, True, before, diff, warnings)

@@ -52,6 +52,11 @@ class HostConfig:
         nic_mbps: capacity of the guests' uplink (Mbit/s) used by QoS.
         bandwidth_pools: shared bandwidth pools, name -> capacity (Mbit/s); VMs borrow from them
             (docs/qos.md). Default: one pool ``default`` of ``nic_mbps``.
+        volume_driver: how new root volumes are made: ``file`` (a sparse copy under ``volumes_dir``)
+            or ``rbd`` (a Ceph RBD clone of the image set's template, :mod:`._volume_rbd`).
+        rbd: Ceph settings of the ``rbd`` driver: ``pool`` (required for the driver), ``conf``
+            (ceph.conf path), ``user`` (cephx id without ``client.``), ``keyring_path``, optional
+            ``cluster``. Used by the host backend, the launcher (QEMU/librbd) and the backup playbooks.
     """
 
     node: str = field(default_factory=socket.gethostname)
@@ -81,6 +86,8 @@ class HostConfig:
     ratios: dict = field(default_factory=dict)
     nic_mbps: int = 1000
     bandwidth_pools: dict = field(default_factory=dict)
+    volume_driver: str = "file"
+    rbd: dict = field(default_factory=dict)
 
     def vm_state_dir(self, namespace: str, name: str) -> str:
         """Persistent per-VM directory (launcher configs, results)."""
@@ -121,4 +128,9 @@ def load(path: Optional[str] = None) -> HostConfig:
     for key in ("dns", "launcher_command"):
         if key in data:
             data[key] = tuple(data[key])
+    driver = data.get("volume_driver", "file")
+    if driver not in ("file", "rbd"):
+        raise ValueError(f"host_config: volume_driver: {driver!r} is not one of file, rbd")
+    if driver == "rbd" and not (data.get("rbd") or {}).get("pool"):
+        raise ValueError("host_config: rbd.pool: required when volume_driver is rbd")
     return HostConfig(**data)

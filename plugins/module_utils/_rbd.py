@@ -77,7 +77,7 @@ def parse_image_spec(field_name: str, spec: str, default_pool: str = "rbd") -> "
     """Parse ``[pool/]image[@snap]`` into an ImageRef; raise ValueError naming the field when malformed."""
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"{field_name}: {spec!r} is not an image spec ([pool/]image[@snapshot])")
-    rest, _, snap = spec.partition("@")
+    rest, _unused, snap = spec.partition("@")
     pool, sep, image = rest.partition("/")
     if not sep:
         pool, image = default_pool, rest
@@ -414,7 +414,7 @@ class RbdProcess:
             if self.proc.stdout is not None and not self.proc.stdout.closed:
                 self.proc.stdout.close()
             try:
-                _, err = self.proc.communicate(timeout=t)
+                _unused, err = self.proc.communicate(timeout=t)
             except subprocess.TimeoutExpired as exc:
                 self.proc.kill()
                 self.proc.communicate()

@@ -387,7 +387,7 @@ def _import_pyroute2() -> Any:
 def read_tick_in_usec(path: str = "/proc/net/psched") -> float:
     """psched ticks per microsecond (t2us / us2t x clock_res / 1e6), as tc and pyroute2 compute it."""
     with open(path, encoding="ascii") as f:
-        t2us, us2t, clock_res, _ = (int(x, 16) for x in f.read().split())
+        t2us, us2t, clock_res, _unused = (int(x, 16) for x in f.read().split())
     return t2us / us2t * (clock_res / 1_000_000)
 
 
@@ -449,7 +449,7 @@ def _decode_u32_keys(sel: Any) -> tuple[tuple[int, int, int], ...]:
     out = []
     for i in range(nkeys):
         mask, val = struct.unpack_from(">II", sel.data, base + 16 * i)
-        off, _ = struct.unpack_from("=ii", sel.data, base + 16 * i + 8)
+        off, _unused = struct.unpack_from("=ii", sel.data, base + 16 * i + 8)
         out.append((val, mask, off))
     return tuple(out)
 
@@ -486,7 +486,7 @@ class RtnlWriter:
             data = self.sock.recv(1 << 20)
             off = 0
             while off + 16 <= len(data):
-                length, mtype, flags, seq, _ = struct.unpack_from("=IHHII", data, off)
+                length, mtype, flags, seq, _unused = struct.unpack_from("=IHHII", data, off)
                 if length < 16:
                     break
                 if mtype == self.NLMSG_ERROR and seq in pending:
@@ -670,7 +670,7 @@ class NetlinkTc:
              opts: Any = None, info: int = 0) -> Any:
         from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
 
-        QosTcMsg, _ = _msg_classes()
+        QosTcMsg, _unused = _msg_classes()
         m = QosTcMsg()
         m["family"] = 0
         m["index"] = idx
@@ -739,7 +739,7 @@ class NetlinkTc:
         fopts = {"attrs": [["TCA_U32_ACT", action], ["TCA_U32_SEL", {"keys": [(0, 0, 0)]}]]}
         msgs.append(self._msg(idx, RTM_NEWTFILTER, NLM_F_CREATE | NLM_F_REPLACE, "u32",
                               0, INGRESS_HANDLE, fopts, htons(ETH_P_ALL) | (REDIRECT_PRIO << 16)))
-        for _ in self.ipr.nlm_request_batch(msgs):
+        for _unused in self.ipr.nlm_request_batch(msgs):
             pass
         return True
 
@@ -760,7 +760,7 @@ class NetlinkTc:
                                   htons(ETH_P_ALL) | (REDIRECT_PRIO << 16)))
         if not others and ours:
             msgs.append(self._msg(idx, RTM_DELQDISC, 0, None, INGRESS_HANDLE, TC_H_INGRESS))
-        for _ in self.ipr.nlm_request_batch(msgs):
+        for _unused in self.ipr.nlm_request_batch(msgs):
             pass
         return bool(msgs)
 
