@@ -7,7 +7,10 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 dest="$work/ansible_collections/zjusct/cloud"
 mkdir -p "$dest"
-(cd "$here" && git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done | xargs -0 cp --parents -t "$dest")
+# Only what the collection ships: galaxy.yml's build_ignore keeps tests/, bench/, hack/ and .ci/ out of
+# the artefact, and they are checked by ruff and mypy instead.
+(cd "$here" && git ls-files -z --cached --others --exclude-standard -- . ':!tests' ':!bench' ':!hack' ':!.ci' \
+  | while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done | xargs -0 cp --parents -t "$dest")
 # Dependencies (galaxy.yml) next to the collection, as ansible-test expects: kubernetes.core from the
 # community `ansible` package in the main venv.
 deps=$("${ZJUSCT_CACHE:-/var/cache/zjusct-cloud}/venv/bin/python" -c 'import ansible_collections, os; print(os.path.dirname(ansible_collections.__file__ or list(ansible_collections.__path__)[0]))' 2>/dev/null || true)
