@@ -410,11 +410,19 @@ def full_client_get_json(auth: dict, timeout: float) -> GetJson:
     server = api_client.configuration.host
 
     def get_json(path: str, query: dict) -> dict:
+        headers = {"Accept": "application/json"}
         try:
-            resp = api_client.call_api(path, "GET", query_params=list(query.items()),
-                                       header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
-                                       _preload_content=False, _return_http_data_only=True,
-                                       _request_timeout=timeout)
+            if hasattr(api_client, "param_serialize"):  # kubernetes >= 34 (openapi-generator 7 layout)
+                method, url, hdrs, body, post = api_client.param_serialize(
+                    "GET", path, query_params=list(query.items()), header_params=headers,
+                    auth_settings=["BearerToken"])
+                resp = api_client.call_api(method, url, hdrs, body, post, _request_timeout=timeout)
+                data, status = resp.read(), resp.status
+            else:  # older clients: call_api builds the request itself and raises ApiException on errors
+                resp = api_client.call_api(path, "GET", query_params=list(query.items()), header_params=headers,
+                                           auth_settings=["BearerToken"], _preload_content=False,
+                                           _return_http_data_only=True, _request_timeout=timeout)
+                data, status = resp.data, 200
         except Exception as exc:
             status = getattr(exc, "status", None)
             if status == 410:
@@ -423,7 +431,14 @@ def full_client_get_json(auth: dict, timeout: float) -> GetJson:
                 raise http_error(status, _status_message(status, getattr(exc, "body", b"") or b""), server,
                                  path) from exc
             raise KubeListError(f"cannot reach the Kubernetes API at {server}: {exc}") from exc
-        return dict(json.loads(resp.data))
+        if status == 410:
+            raise Expired(_status_message(status, data))
+        if status >= 400:
+            raise http_error(status, _status_message(status, data), server, path)
+        try:
+            return dict(json.loads(data))
+        except ValueError as exc:
+            raise KubeListError(f"{server}{path}: the answer is not JSON: {exc}") from exc
 
     return get_json
 

@@ -111,8 +111,9 @@ def run_inventory(source: Path, *args: str, env: dict | None = None, check: bool
     proc = subprocess.run([str(VENV_BIN / "ansible-inventory"), "-i", str(source), "--list", *args], cwd=REPO,
                           env=env or ansible_env(), capture_output=True, text=True, timeout=RUN_TIMEOUT,
                           check=False)
-    doc = json.loads(proc.stdout, object_hook=plain) if proc.returncode == 0 and proc.stdout.strip().startswith(
-        "{") else {}
+    # with -v.. Ansible prints its version banner on stdout before the JSON document
+    start = 0 if proc.stdout.startswith("{") else proc.stdout.find("\n{\n") + 1
+    doc = json.loads(proc.stdout[start:], object_hook=plain) if proc.returncode == 0 and start >= 0 else {}
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return InventoryRun(proc.returncode, doc, proc.stdout, proc.stderr)
