@@ -30,9 +30,9 @@ from typing import Optional
 from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import (
     META_CLAIMED_BY,
     META_OWNER,
-    MiB,
     Connection,
     ImageRef,
+    MiB,
     Rbd,
     RbdError,
     check_name,

@@ -1,0 +1,101 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, ZJUSCT cloud team
+# Apache License 2.0 (see LICENSE)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: host_volume
+short_description: Register an existing Ceph RBD image as a tenant's root volume on the single-host backend
+version_added: 0.1.0
+author: ZJUSCT cloud team (@zjusct)
+description:
+  - Adds a volume record (driver C(rbd), location C(pool/image)) to the host store for an RBD image that already
+    exists, typically one restored from a backup by M(zjusct.cloud.rbd_backup). A following
+    M(zjusct.cloud.cloudvm) with O(zjusct.cloud.cloudvm#module:root_volume_claim=<name>) creates the VM on it and
+    claims it when it first starts.
+  - The image must be in the host configuration's C(rbd.pool) (or name its pool), have no watcher, no
+    C(cloud.zjusct.io/claimed-by) mark, and an owner mark that is absent (then set to O(owner)) or equal to O(owner).
+  - Idempotent; a name already registered for another image or owner is refused.
+options:
+  name:
+    description: Volume name in the host store (a DNS label); by convention C(<vm name>-root).
+    type: str
+    required: true
+  owner:
+    description: User id owning the volume (a DNS label); must match the image's owner mark if it has one.
+    type: str
+    required: true
+  rbd_image:
+    description: The RBD image, C(pool/image) or C(image) (in the host configuration's C(rbd.pool)).
+    type: str
+    required: true
+  image:
+    description:
+      - Image set whose kernel and initrd boot the volume (name, full versioned name, or path); the guest's root
+        file system comes from the RBD image.
+      - Defaults to the host configuration's C(default_image).
+    type: str
+  host_config:
+    description: Host configuration file (default C(ZJUSCT_CLOUD_CONFIG), else C(/etc/zjusct-cloud/host.json)).
+    type: path
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+notes:
+  - Connection settings come from the host configuration's C(rbd) key (docs/host-backend.md).
+seealso:
+  - module: zjusct.cloud.host_volume_info
+  - module: zjusct.cloud.rbd_backup
+  - module: zjusct.cloud.cloudvm
+"""
+
+EXAMPLES = r"""
+- name: Register a restored image as bob's root volume
+  zjusct.cloud.host_volume:
+    name: bob-restored-root
+    owner: bob
+    rbd_image: rbd/bob-restored-root
+
+- name: Create and start a VM on it
+  zjusct.cloud.cloudvm:
+    name: bob-restored
+    owner: bob
+    root_volume_claim: bob-restored-root
+    power_state: running
+"""
+
+RETURN = r"""
+volume:
+  description: The volume record; C(rbd) holds the image and the host's connection settings (paths, no secrets).
+  returned: success
+  type: dict
+  sample:
+    name: bob-restored-root
+    driver: rbd
+    location: rbd/bob-restored-root
+    size_mib: 2048
+    owner: bob
+    claimed_by: null
+    rbd: {pool: rbd, image: bob-restored-root, conf: /etc/ceph/ceph.conf, user: cloud, keyring_path: /etc/ceph/k}
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.zjusct.cloud.plugins.module_utils._host_volume_module import (
+    adopt_volume,
+    host_volume_argument_spec,
+    run,
+)
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=host_volume_argument_spec(), supports_check_mode=True)
+    run(module, lambda: adopt_volume(module.params, module.check_mode))
+
+
+if __name__ == "__main__":
+    main()
