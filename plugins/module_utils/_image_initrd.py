@@ -53,7 +53,7 @@ def parse_modules_dep(text: str) -> dict[str, tuple[str, list[str]]]:
     for line in text.splitlines():
         if ":" not in line:
             continue
-        path, _, deps = line.partition(":")
+        path, _unused, deps = line.partition(":")
         table[module_name(path.strip())] = (path.strip(), deps.split())
     return table
 
@@ -71,7 +71,7 @@ def load_order(dep_text: str, builtin_text: str, wanted: list[str] | tuple[str, 
     """
     table = parse_modules_dep(dep_text)
     builtin = {module_name(line.strip()) for line in builtin_text.splitlines() if line.strip()}
-    by_path = {path: name for name, (path, _) in table.items()}
+    by_path = {path: name for name, (path, _unused) in table.items()}
     order: list[str] = []
     seen: set[str] = set()
 

@@ -118,7 +118,7 @@ def make_kernel_artifacts(root: str, dest: str, busybox: str, init_script: str, 
     with open(os.path.join(root, "boot", f"vmlinuz-{release}"), "rb") as fh:
         bzimage = fh.read()
     try:
-        compression, _ = payload(bzimage)
+        compression, _unused = payload(bzimage)
         vmlinux = extract_vmlinux(bzimage)
     except VmlinuxError as exc:
         raise KernelError(f"vmlinuz-{release}: {exc}") from exc
