@@ -9,7 +9,7 @@ dest="$work/ansible_collections/zjusct/cloud"
 mkdir -p "$dest"
 # Only what the collection ships: galaxy.yml's build_ignore keeps tests/, bench/, hack/ and .ci/ out of
 # the artefact, and they are checked by ruff and mypy instead.
-(cd "$here" && git ls-files -z --cached --others --exclude-standard -- . ':!tests' ':!bench' ':!hack' ':!.ci' \
+(cd "$here" && git ls-files -z --cached --others --exclude-standard -- . ':!tests' ':!bench' ':!hack' ':!.ci' tests/sanity \
   | while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done | xargs -0 cp --parents -t "$dest")
 # Dependencies (galaxy.yml) next to the collection, as ansible-test expects: kubernetes.core from the
 # community `ansible` package in the main venv.
