@@ -9,8 +9,9 @@ dest="$work/ansible_collections/zjusct/cloud"
 mkdir -p "$dest"
 # Only what the collection ships: galaxy.yml's build_ignore keeps tests/, bench/, hack/ and .ci/ out of
 # the artefact, and they are checked by ruff and mypy instead.
-(cd "$here" && git ls-files -z --cached --others --exclude-standard -- . ':!tests' ':!bench' ':!hack' ':!.ci' tests/sanity \
+(cd "$here" && git ls-files -z --cached --others --exclude-standard -- . ':!tests' ':!bench' ':!hack' ':!.ci' \
   | while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done | xargs -0 cp --parents -t "$dest")
+mkdir -p "$dest/tests" && cp -r "$here/tests/sanity" "$dest/tests/"  # ignore files with their reasons
 # Dependencies (galaxy.yml) next to the collection, as ansible-test expects: kubernetes.core from the
 # community `ansible` package in the main venv.
 deps=$("${ZJUSCT_CACHE:-/var/cache/zjusct-cloud}/venv/bin/python" -c 'import ansible_collections, os; print(os.path.dirname(ansible_collections.__file__ or list(ansible_collections.__path__)[0]))' 2>/dev/null || true)
