@@ -11,7 +11,9 @@ from ._cluster import (
     TENANT_USER,
     Cluster,
     ClusterError,
+    acquire_shared,
     load_state,
+    release_shared,
     stop_state_dir,
     wait_for,
 )
@@ -28,9 +30,11 @@ __all__ = [
     "Heartbeat",
     "Kubelet",
     "NodeSpec",
+    "acquire_shared",
     "cache_root",
     "load_state",
     "pinned_versions",
+    "release_shared",
     "stop_state_dir",
     "wait_for",
 ]

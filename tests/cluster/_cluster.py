@@ -22,6 +22,7 @@ import socket
 import ssl
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -306,6 +307,7 @@ class Cluster:
         reason = self.binaries.missing_reason()
         if reason:
             raise ClusterError(reason)
+        sweep_stale_state_dirs()
         _load_libc()
         atexit.register(self.stop)
         for attempt in (1, 2):
@@ -613,6 +615,62 @@ class Cluster:
         tmp = self.state_dir / (STATE_FILE + ".tmp")
         tmp.write_text(json.dumps(state, indent=2) + "\n")
         tmp.replace(self.state_dir / STATE_FILE)
+
+
+_shared: dict[str, Any] = {"cluster": None, "users": 0}
+_shared_lock = threading.Lock()
+
+
+def acquire_shared(keep_state: bool = False) -> Cluster:
+    """Return this process's shared cluster, starting it on first use (reference counted).
+
+    Session fixtures re-exported by several conftest files are separate fixture definitions; this
+    keeps them on one control plane per test session. Pair every call with :func:`release_shared`.
+
+    Raises:
+        ClusterError: the cluster could not be started (nothing is left running).
+    """
+    with _shared_lock:
+        if _shared["cluster"] is None:
+            _shared["cluster"] = Cluster(keep_state=keep_state).start()
+        _shared["users"] += 1
+        return _shared["cluster"]  # type: ignore[no-any-return]
+
+
+def release_shared() -> None:
+    """Drop one reference taken by :func:`acquire_shared`; stop the cluster when none is left."""
+    with _shared_lock:
+        _shared["users"] = max(0, _shared["users"] - 1)
+        if _shared["users"] == 0 and _shared["cluster"] is not None:
+            cluster, _shared["cluster"] = _shared["cluster"], None
+            cluster.stop()
+
+
+def sweep_stale_state_dirs(root: Path | None = None, min_age: float = 60.0) -> list[Path]:
+    """Remove ``zjusct-k8s-*`` state dirs left behind by a killed session.
+
+    A dir is stale when its state.json is older than ``min_age`` seconds and none of the pids it
+    records is alive (the daemons die with their owner through PR_SET_PDEATHSIG; only the dir stays).
+
+    Args:
+        root: where to look (default: the temp dir).
+        min_age: seconds; younger dirs are never touched.
+
+    Returns:
+        The removed directories.
+    """
+    removed = []
+    for state_file in Path(root or tempfile.gettempdir()).glob(f"zjusct-k8s-*/{STATE_FILE}"):
+        try:
+            if time.time() - state_file.stat().st_mtime < min_age:
+                continue
+            pids = [int(p) for p in json.loads(state_file.read_text()).get("pids", {}).values()]
+        except (OSError, ValueError):
+            continue
+        if not any(pid_alive(pid) for pid in pids):
+            shutil.rmtree(state_file.parent, ignore_errors=True)
+            removed.append(state_file.parent)
+    return removed
 
 
 def load_state(state_dir: Path) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.cluster import Binaries, Cluster, ClusterError, wait_for
+from tests.cluster import Binaries, Cluster, ClusterError, acquire_shared, release_shared, wait_for
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
@@ -58,15 +58,15 @@ def _k8s_component_gate(request: pytest.FixtureRequest) -> None:
 def k8s_cluster() -> Iterator[Cluster]:
     """The session's control plane (see ``tests.cluster.Cluster``)."""
     require_k8s_binaries()
-    cluster = Cluster(keep_state=bool(os.environ.get("ZJUSCT_K8S_KEEP")))
     try:
-        cluster.start()
+        # one control plane per session even where other conftest files re-export this fixture
+        cluster = acquire_shared(keep_state=bool(os.environ.get("ZJUSCT_K8S_KEEP")))
     except ClusterError as exc:
         pytest.fail(f"control plane did not start: {exc}")
     try:
         yield cluster
     finally:
-        cluster.stop()
+        release_shared()
 
 
 @pytest.fixture(scope="session")
@@ -145,31 +145,34 @@ def widget_crd(k8s_api: Any) -> Iterator[dict[str, str]]:
             },
         },
     }
-    ext.create_custom_resource_definition(
-        {
-            "apiVersion": "apiextensions.k8s.io/v1",
-            "kind": "CustomResourceDefinition",
-            "metadata": {"name": name},
-            "spec": {
-                "group": TEST_GROUP,
-                "scope": "Namespaced",
-                "names": {"plural": WIDGET_PLURAL, "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
-                "versions": [
-                    {
-                        "name": "v1",
-                        "served": True,
-                        "storage": True,
-                        "schema": {"openAPIV3Schema": schema},
-                        "subresources": {"status": {}},
-                    }
-                ],
-            },
-        }
-    )
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": name},
+        "spec": {
+            "group": TEST_GROUP,
+            "scope": "Namespaced",
+            "names": {"plural": WIDGET_PLURAL, "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": schema},
+                    "subresources": {"status": {}},
+                }
+            ],
+        },
+    }
+    try:
+        ext.create_custom_resource_definition(crd)
+    except ApiException as exc:
+        if exc.status != 409:  # already there: this conftest is imported by another directory too
+            raise
 
     def established() -> bool:
-        crd = ext.read_custom_resource_definition(name)
-        conds = {c.type: c.status for c in (crd.status.conditions or [])}
+        got = ext.read_custom_resource_definition(name)
+        conds = {c.type: c.status for c in (got.status.conditions or [])}
         return conds.get("Established") == "True"
 
     wait_for(established, 30, f"CRD {name} Established")
