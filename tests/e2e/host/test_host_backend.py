@@ -19,7 +19,7 @@ import pytest
 
 from .conftest import Cloud, launcher_pids
 
-pytestmark = [pytest.mark.guest, pytest.mark.netns, pytest.mark.slow]
+pytestmark = [pytest.mark.guest, pytest.mark.netns, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 
 def recap(doc: dict) -> dict:
