@@ -1,0 +1,167 @@
+"""Issue 10 end to end: RBD root volumes on the host backend, vm_backup.yml and vm_restore.yml on a real Ceph
+cluster with real QEMU guests (TCG), everything through ``ansible-playbook``.
+
+One journey (guest boots are expensive here: three in total): alice's VM starts on an RBD clone, a file written
+in the guest survives a full backup; after a change an incremental one; the full backup is restored into a new VM
+that boots and shows the original content; the incremental one is restored into a new (not booted) VM whose image
+shows the changed content (read with debugfs from an ``rbd export``, to save a boot). Refusals: a running VM
+without ``stop_if_running``, a file volume, a stale watcher (start Blocked/VolumeInUse naming it, no launcher;
+backup refused naming it), a corrupted backup (restore names the block; no image, volume or VM is created).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.ceph import Cluster
+from tests.e2e.host.conftest import Cloud, launcher_pids
+
+from .conftest import WATCHER_RE, file_at
+
+pytestmark = [pytest.mark.ceph, pytest.mark.guest, pytest.mark.netns, pytest.mark.slow]
+
+BACKUP_TASK = "Back up the root volume (refused while the image has watchers)"
+
+
+def task_result(doc: dict, task_name: str) -> dict:
+    for play in doc["plays"]:
+        for task in play["tasks"]:
+            if task["task"]["name"] == task_name:
+                return task["hosts"]["localhost"]
+    raise KeyError(task_name)
+
+
+def failure(doc: dict) -> str:
+    """The messages of the failed tasks of a playbook run."""
+    msgs = [str(h.get("msg", "")) for p in doc.get("plays", []) for t in p["tasks"]
+            for h in t["hosts"].values() if h.get("failed")]
+    return " | ".join(msgs) or doc.get("raw", "")[-3000:]
+
+
+def rbd(cluster: Cluster, *args: str) -> str:
+    return subprocess.run(["rbd", "-c", str(cluster.conf), *args], check=True, capture_output=True, text=True,
+                          timeout=120, env=cluster.env()).stdout
+
+
+def ssh_ok(cloud: Cloud, ip: str, command: str) -> str:
+    out = cloud.ssh(ip, command, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def volumes(cloud: Cloud) -> dict:
+    import sqlite3
+
+    with sqlite3.connect(cloud.config["store_path"]) as conn:
+        conn.row_factory = sqlite3.Row
+        return {r["name"]: dict(r) for r in conn.execute("SELECT * FROM volumes")}
+
+
+@pytest.mark.timeout(5400)
+def test_backup_restore_journey_on_rbd(rbd_cloud: Cloud, ceph_cluster: Cluster, tmp_path: Path):
+    cloud, backups = rbd_cloud, str(tmp_path / "backups")
+    start = cloud.playbook("vm_start", "owner=alice")
+    vm = task_result(start, "Start the VM and wait until its SSH answers")
+    assert vm["phase"] == "Running", failure(start)
+    ip = vm["cloudvm"]["status"]["sshEndpoint"]["host"]
+    uid = vm["cloudvm"]["metadata"]["uid"]
+    # the root volume is an RBD clone of the image set's template, marked with owner and claim
+    record = volumes(cloud)["alice-root"]
+    assert (record["driver"], record["location"], record["claimed_by"]) == ("rbd", "rbd/alice-root", uid)
+    info = json.loads(rbd(ceph_cluster, "info", "rbd/alice-root", "--format", "json"))
+    assert info["parent"]["image"].startswith("tmpl-") and info["parent"]["snapshot"] == "base"
+    marks = json.loads(rbd(ceph_cluster, "image-meta", "list", "rbd/alice-root", "--format", "json"))
+    assert marks == {"cloud.zjusct.io/owner": "alice", "cloud.zjusct.io/claimed-by": uid}
+    ssh_ok(cloud, ip, "echo original-content > /root/marker && sync")
+
+    # a running VM is refused without stop_if_running, and nothing is written
+    refused = cloud.playbook("vm_backup", "owner=alice", f"backup_dir={backups}", check=False)
+    assert refused["rc"] != 0 and "stop_if_running=true" in failure(refused), failure(refused)
+    assert not os.path.exists(backups)
+
+    cloud.playbook("vm_stop", "owner=alice")
+    full = task_result(cloud.playbook("vm_backup", "owner=alice", f"backup_dir={backups}"), BACKUP_TASK)
+    assert full["type"] == "full" and full["image_size_bytes"] == 2048 * 1024 * 1024
+
+    vm2 = task_result(cloud.playbook("vm_start", "owner=alice"), "Start the VM and wait until its SSH answers")
+    assert vm2["boot_id"] == 2
+    assert ssh_ok(cloud, ip, "cat /root/marker").strip() == "original-content"
+    ssh_ok(cloud, ip, "echo changed-content > /root/marker && sync")
+    # stop_if_running stops it through cloudvm, then backs up incrementally
+    doc = cloud.playbook("vm_backup", "owner=alice", f"backup_dir={backups}", "stop_if_running=true")
+    inc = task_result(doc, BACKUP_TASK)
+    assert inc["type"] == "diff" and inc["chain"] == [full["backup_id"], inc["backup_id"]]
+    assert inc["data_bytes"] < full["data_bytes"]
+    assert task_result(doc, "Stop the VM and wait until it is Stopped")["phase"] == "Stopped"
+
+    # restore the full backup into a new VM: it boots and shows the original content
+    doc = cloud.playbook("vm_restore", f"backup={full['backup_id']}", f"backup_dir={backups}", "name=alice-r1")
+    r1 = task_result(doc, "Create the VM on the restored volume and start it")
+    assert r1["phase"] == "Running" and r1["cloudvm"]["spec"]["owner"] == "alice"
+    assert task_result(doc, "Restore the backup into a new image and verify every block")["verified_blocks"] > 0
+    assert ssh_ok(cloud, r1["cloudvm"]["status"]["sshEndpoint"]["host"], "cat /root/marker").strip() == \
+        "original-content"
+    marks = json.loads(rbd(ceph_cluster, "image-meta", "list", "rbd/alice-r1-root", "--format", "json"))
+    assert marks["cloud.zjusct.io/restored-from"] == full["backup_id"]
+    assert marks["cloud.zjusct.io/claimed-by"] == r1["cloudvm"]["metadata"]["uid"]
+    cloud.playbook("vm_stop", "owner=alice", "name=alice-r1")
+
+    # restore the incremental backup without booting it: its image holds the changed content
+    doc = cloud.playbook("vm_restore", f"backup={inc['backup_id']}", f"backup_dir={backups}", "name=alice-r2",
+                         "start=false")
+    assert task_result(doc, "Create the VM on the restored volume and start it")["phase"] == "Stopped"
+    assert file_at(ceph_cluster, "alice-r2-root", "/root/marker", tmp_path).strip() == "changed-content"
+
+    # only rbd volumes can be backed up: a file volume is refused naming its driver
+    file_cfg = tmp_path / "file-host.json"
+    file_cfg.write_text(json.dumps(dict(cloud.config, volume_driver="file")))
+    env = dict(cloud.env(), ZJUSCT_CLOUD_CONFIG=str(file_cfg))
+    subprocess.run([str(Path(sys.executable).parent / "ansible"), "localhost", "-m", "zjusct.cloud.cloudvm",
+                    "-a", "name=carol owner=carol"], cwd=Path(__file__).resolve().parents[3], env=env, check=True,
+                   capture_output=True, timeout=300)
+    refused = cloud.playbook("vm_backup", "owner=carol", f"backup_dir={backups}", check=False)
+    assert refused["rc"] != 0 and "driver file; only rbd volumes can be backed up" in failure(refused), \
+        failure(refused)
+
+    # case V2: a stale watcher blocks the start (named, no launcher) and the backup (named)
+    watch = subprocess.Popen(["rbd", "-c", str(ceph_cluster.conf), "watch", "rbd/alice-root"],
+                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             env=ceph_cluster.env())
+    try:
+        for _ in range(300):
+            if json.loads(rbd(ceph_cluster, "status", "rbd/alice-root", "--format", "json"))["watchers"]:
+                break
+        blocked = cloud.playbook("vm_start", "owner=alice", check=False)
+        assert blocked["rc"] != 0 and "VolumeInUse" in failure(blocked), failure(blocked)
+        named = WATCHER_RE.search(failure(blocked))
+        assert named, failure(blocked)
+        status = cloud.vm("alice")["status"]
+        assert (status["phase"], status["reason"]) == ("Blocked", "VolumeInUse")
+        assert named.group(0) in status["message"]
+        assert launcher_pids(cloud, "alice") == []
+        refused = cloud.playbook("vm_backup", "owner=alice", f"backup_dir={backups}", check=False)
+        assert refused["rc"] != 0 and named.group(0) in failure(refused), failure(refused)
+    finally:
+        watch.send_signal(signal.SIGTERM)
+        watch.wait(30)
+
+    # a corrupted backup: the restore names the damaged block and creates nothing
+    data = Path(backups) / "default_alice" / full["backup_id"] / "data.rbdiff"
+    with open(data, "r+b") as fh:
+        fh.seek(data.stat().st_size // 2)
+        byte = fh.read(1)
+        fh.seek(-1, os.SEEK_CUR)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    bad = cloud.playbook("vm_restore", f"backup={inc['backup_id']}", f"backup_dir={backups}", "name=alice-r3",
+                         check=False)
+    assert bad["rc"] != 0 and "block" in failure(bad), failure(bad)
+    assert "alice-r3-root" not in rbd(ceph_cluster, "ls", "rbd")
+    assert "alice-r3-root" not in volumes(cloud)
+    assert cloud.vm("alice-r3") == {}

@@ -1,0 +1,88 @@
+"""The host backend's rbd volume driver (_volume_rbd) against the real test cluster: template import once per image
+set under concurrent runs, clone with ownership marks, V2 watcher detection, adoption rules, delete."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from ansible_collections.zjusct.cloud.plugins.module_utils import _volume_rbd as rv
+from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import ImageRef
+from ansible_collections.zjusct.cloud.plugins.module_utils._volume import VolumeError
+
+pytestmark = [pytest.mark.ceph]
+
+
+@pytest.fixture
+def settings(ceph_cluster) -> dict:
+    return {"pool": "rbd", "conf": str(ceph_cluster.conf), "user": "admin", "keyring_path": str(ceph_cluster.keyring)}
+
+
+@pytest.fixture
+def image_set(tmp_path, image_name) -> dict:
+    d = tmp_path / f"set-{image_name}"
+    d.mkdir()
+    with open(d / "rootfs.raw", "wb") as fh:
+        fh.truncate(16 * 1024 * 1024)
+        fh.seek(5 * 1024 * 1024)
+        fh.write(b"root file system bytes")
+    return {"dir": str(d)}
+
+
+def test_concurrent_runs_import_the_template_exactly_once(rbd, settings, image_set):
+    results: list = []
+    errors: list = []
+
+    def run() -> None:
+        try:
+            results.append(rv.ensure_template(rv._client(settings), "rbd", image_set["dir"]))
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert errors == []
+    refs = {ref for ref, _imported in results}
+    assert len(refs) == 1 and sum(imported for _ref, imported in results) == 1
+    names = rbd.ls("rbd")
+    template = refs.pop()
+    assert template.image in names and not [n for n in names if ".importing-" in n]
+    assert [s["protected"] for s in rbd.snapshots(template.at(None)) if s["name"] == "base"] == ["true"]
+    assert rv.ensure_template(rv._client(settings), "rbd", image_set["dir"]) == (template, False)
+
+
+def test_clone_marks_claims_detects_writers_and_deletes(rbd, settings, image_set, image_name, watcher):
+    created = rv.create_clone(settings, image_name, image_set, "alice", None)
+    assert created == {"location": f"rbd/{image_name}", "size_mib": 16}
+    ref = ImageRef("rbd", image_name)
+    assert rbd.meta(ref) == {"cloud.zjusct.io/owner": "alice"}
+    assert rbd.info(ref)["parent"]["snapshot"] == "base"
+    with pytest.raises(VolumeError, match="already exists but is not in the host store"):
+        rv.create_clone(settings, image_name, image_set, "alice", None)
+    volume = {"name": image_name, "driver": "rbd", "location": created["location"]}
+    rv.claim(settings, volume, "uid-1")
+    with pytest.raises(VolumeError, match="claimed by CloudVM uid uid-1"):
+        rv.claim(settings, volume, "uid-2")
+    assert rv.writer(settings, volume) is None
+    watcher(ref)
+    found = rv.writer(settings, volume)
+    assert found is not None and "(client." in found
+    with pytest.raises(VolumeError, match="has watchers"):
+        rv.delete(settings, volume)
+
+
+def test_adopt_checks_owner_and_claim(rbd, settings, image_name):
+    ref = ImageRef("rbd", image_name)
+    rbd.create(ref, size_mib=8)
+    assert rv.adopt(settings, image_name, "bob") == {"location": ref.spec, "size_mib": 8, "changed": True}
+    assert rv.adopt(settings, ref.spec, "bob")["changed"] is False
+    with pytest.raises(VolumeError, match="does not match the owner mark 'bob'"):
+        rv.adopt(settings, ref.spec, "carol")
+    rbd.meta_set(ref, "cloud.zjusct.io/claimed-by", "uid-9")
+    with pytest.raises(VolumeError, match="claimed by CloudVM uid uid-9"):
+        rv.adopt(settings, ref.spec, "bob")
+    with pytest.raises(VolumeError, match="does not exist"):
+        rv.adopt(settings, "rbd/no-such-image", "bob")
