@@ -22,8 +22,12 @@ done
 cd "$dest"
 git init -q && git add -A >/dev/null 2>&1 || true
 sanity=${ZJUSCT_CACHE:-/var/cache/zjusct-cloud}/venv-sanity
-pip_version=$("$sanity/bin/python" -c 'from ansible_test._internal.python_requirements import *' 2>/dev/null; \
-  grep -o "pip='[0-9.]*'" "$("$sanity/bin/python" -c 'import ansible_test, os; print(os.path.dirname(ansible_test.__file__))')/_internal/python_requirements.py" | cut -d"'" -f2)
+pip_version=$("$sanity/bin/python" - <<'PY'
+import os, re, ansible_test
+src = open(os.path.join(os.path.dirname(ansible_test.__file__), "_internal", "python_requirements.py")).read()
+print(re.search(r"pip='([0-9.]+)'", src).group(1))
+PY
+)
 mkdir -p ~/.ansible/test/cache
 cp "$here/hack/get_pip_offline.py" ~/.ansible/test/cache/get_pip_"${pip_version//./_}".py
 export PATH="$sanity/bin:$PATH"
