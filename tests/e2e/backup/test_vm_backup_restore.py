@@ -147,7 +147,13 @@ def test_backup_restore_journey_on_rbd(rbd_cloud: Cloud, ceph_cluster: Cluster, 
         assert named.group(0) in status["message"]
         assert launcher_pids(cloud, "alice") == []
         refused = cloud.playbook("vm_backup", "owner=alice", f"backup_dir={backups}", check=False)
-        assert refused["rc"] != 0 and named.group(0) in failure(refused), failure(refused)
+        assert refused["rc"] != 0 and named.group(0) in failure(refused), failure(refused)  # Blocked, named
+        # stopped first, the backup itself is refused by rbd_backup naming the watcher
+        refused = cloud.playbook("vm_backup", "owner=alice", f"backup_dir={backups}", "stop_if_running=true",
+                                 check=False)
+        assert refused["rc"] != 0 and "watchers" in failure(refused), failure(refused)
+        assert named.group(0) in failure(refused), failure(refused)
+        assert cloud.vm("alice")["status"]["phase"] == "Stopped"
     finally:
         watch.send_signal(signal.SIGTERM)
         watch.wait(30)

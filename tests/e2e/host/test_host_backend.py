@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.inventory_host.inventory_host_helpers import ping_via_inventory
+
 from .conftest import Cloud, launcher_pids
 
 pytestmark = [pytest.mark.guest, pytest.mark.netns, pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -71,6 +73,16 @@ def test_start_stop_start_keeps_data_and_second_runs_change_nothing(cloud: Cloud
     assert second["phase"] == "Running" and second["boot_id"] == 2
     out = cloud.ssh(ip, "cat /root/marker")
     assert out.stdout.strip() == "persisted", out.stderr
+
+
+def test_inventory_lists_alice_and_ansible_reaches_her_guest(cloud: Cloud):
+    """The dynamic inventory (inventory/cloudvm.yml, host source) groups alice's VM and Ansible pings it."""
+    graph = subprocess.run([str(Path(sys.executable).parent / "ansible-inventory"), "-i", "inventory/cloudvm.yml",
+                            "--graph"], cwd=str(Path(__file__).parents[3]), env=cloud.env(), capture_output=True,
+                           text=True, timeout=120, check=True).stdout
+    assert "@owner_alice:" in graph and "alice.default" in graph, graph
+    ping = ping_via_inventory(cloud.config_path, "alice", cloud.key, cloud.env())
+    assert '"ping": "pong"' in ping.stdout, ping.stdout + ping.stderr
 
 
 def test_concurrent_starts_boot_once(cloud: Cloud):
