@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The ``zjusct.cloud.cloudvm`` inventory plugin: running CloudVMs as Ansible hosts."""
 # ruff: noqa: E402  (DOCUMENTATION and EXAMPLES come before the imports, as in every Ansible plugin)
 

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The single-host backend of the cloudvm modules: store, volumes, network, launchers.
 
 Every module run reconciles: it observes the VM's launcher (:mod:`._supervisor`), derives the
@@ -480,8 +480,13 @@ def observed_status(cfg: HostConfig, vm: dict) -> dict:
             latest.state in ("alive", "starting"):
         others, current = (latest,), None
     kept = ("sshEndpoint", "sshProxyCommand", "observedGeneration")
-    status = {k: v for k, v in (vm.get("status") or {}).items() if k in kept}
+    stored = vm.get("status") or {}
+    status = {k: v for k, v in stored.items() if k in kept}
     status.update(derive_status(spec, current, others).as_dict())
+    if status["reason"] == "Starting" and stored.get("reason") == "VolumeInUse" and \
+            stored.get("bootID") == status["bootID"]:
+        # the requested boot was refused for another writer (case V2); only reconcile re-checks the volume
+        status.update({k: stored[k] for k in ("phase", "reason", "message")})
     return status
 
 

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Argument specs of the cloudvm modules and the dispatch to a backend.
 
 Each backend module exposes ``ensure(params, check_mode, diff) -> dict`` (the module result:

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Bodies of ``zjusct.cloud.host_volume`` and ``zjusct.cloud.host_volume_info``: root volumes in the host store.
 
 ``host_volume`` registers an existing RBD image (a restored backup, a migrated disk) as an owner's root volume,

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The single-host backend's configuration (``/etc/zjusct-cloud/host.json``).
 
 Written by the ``zjusct.cloud.hypervisor`` role (site.yml); read by the cloudvm modules, the

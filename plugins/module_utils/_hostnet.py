@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The single-host guest network: a bridge in the cloud's network namespace, one TAP per VM.
 
 Layout (docs/network.md): the namespace ``netns`` (default ``zjusct-cloud``) holds the bridge

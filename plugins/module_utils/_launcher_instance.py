@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The ``zjusct.cloud.fc_launcher`` module's logic: one launcher instance on a host."""
 
 from __future__ import annotations

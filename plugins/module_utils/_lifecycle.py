@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Power-state requests and the desired spec (pure, shared by both backends and the modules).
 
 Boot semantics (ARCHITECTURE §3): each new ``bootID`` value while ``powerState: Running`` is one

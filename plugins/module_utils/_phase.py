@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """What a CloudVM's status is, given its spec and what is actually there (pure).
 
 The host backend (launcher process + result file) and the Kubernetes controller (launcher Pod +

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The CloudVM spec: field limits, validation and update rules shared by every backend.
 
 The same rules are enforced by the CRD's OpenAPI schema and CEL rules on Kubernetes

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Run and observe launcher instances on a host (the effects behind ``zjusct.cloud.fc_launcher``).
 
 One launcher instance is one boot of one VM (docs/launcher-protocol.md). Files per VM:

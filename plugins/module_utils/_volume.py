@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """File-backed root volumes of the single-host backend, and image-set lookup.
 
 A volume is a sparse raw file ``<volumes_dir>/<name>.raw``: a copy (reflink where the file system

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
-# Apache License 2.0 (see LICENSE)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The host backend's ``rbd`` volume driver: root volumes as Ceph RBD clones of a per-image-set template.
 
 With ``volume_driver: rbd`` in the host config (:mod:`._hostconfig`), a new root volume is made in two steps:
