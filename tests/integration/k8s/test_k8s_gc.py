@@ -79,8 +79,9 @@ def test_custom_resource_owner_collects_pod(k8s_api: Any, k8s_namespace: str, wi
         },
     )
     custom.delete_namespaced_custom_object(g, v, k8s_namespace, p, "vm")
+    # the garbage collector picks up a new CRD's kind on its periodic discovery resync (30 s)
     wait_for(
-        lambda: _gone(lambda: core.read_namespaced_pod("vm-launcher", k8s_namespace)), 60, "launcher Pod collected"
+        lambda: _gone(lambda: core.read_namespaced_pod("vm-launcher", k8s_namespace)), 90, "launcher Pod collected"
     )
 
 
