@@ -86,7 +86,7 @@ def api_request(socket_path: str, method: str, path: str, body: dict[str, Any] |
                     break
                 data += chunk
                 if b"\r\n\r\n" in data:
-                    header, _, rest = data.partition(b"\r\n\r\n")
+                    header, _unused, rest = data.partition(b"\r\n\r\n")
                     match = re.search(rb"(?im)^content-length:\s*(\d+)", header)
                     if match is None or len(rest) >= int(match.group(1)):
                         break

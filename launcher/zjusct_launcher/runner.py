@@ -339,7 +339,7 @@ class Runner:
                 timeout = POLL_SECONDS if self.pidfd is None else 60.0
                 if stop_deadline is not None:
                     timeout = max(0.0, min(timeout, stop_deadline - time.monotonic()))
-                readable, _, _ = select.select(fds, [], [], timeout)
+                readable, _unused, _unused = select.select(fds, [], [], timeout)
                 if self._wake_r in readable:
                     self._drain(self._wake_r)
                 if self.qmp is not None:

@@ -31,7 +31,7 @@ description:
     C(ansible-playbook) and C(meta: refresh_inventory) list again and rewrite the cache, so a refreshed inventory
     sees VMs started earlier in the same play."
 author:
-  - ZJUSCT cloud team
+  - ZJUSCT cloud team (@zjusct)
 requirements:
   - PyYAML (ships with ansible-core).
   - For O(source=kubernetes) with an exec credential plugin, an auth-provider, O(proxy) or O(persist_config) the

@@ -170,11 +170,11 @@ def match_keys(spec: ClassSpec, direction: str) -> tuple[tuple[int, int, int], .
     if spec.mac:
         mac = bytes.fromhex(normalize_mac(spec.mac, f"classes[{spec.name}].match.mac").replace(":", ""))
         if direction == EGRESS:  # destination MAC: bytes -14..-9
-            return ((int.from_bytes(mac[0:2], "big"), 0x0000FFFF, -16), (int.from_bytes(mac[2:6], "big"),
-                                                                          0xFFFFFFFF, -12))
+            return ((int.from_bytes(mac[0:2], "big"), 0x0000FFFF, -16),
+                    (int.from_bytes(mac[2:6], "big"), 0xFFFFFFFF, -12))
         # source MAC: bytes -8..-3
-        return ((int.from_bytes(mac[0:4], "big"), 0xFFFFFFFF, -8), (int.from_bytes(mac[4:6], "big") << 16,
-                                                                     0xFFFF0000, -4))
+        return ((int.from_bytes(mac[0:4], "big"), 0xFFFFFFFF, -8),
+                (int.from_bytes(mac[4:6], "big") << 16, 0xFFFF0000, -4))
     if spec.ipv4:
         try:
             ip = int(ipaddress.IPv4Address(spec.ipv4))
@@ -433,10 +433,10 @@ def _msg_classes() -> tuple[Any, Any]:
         _nlmsg_base__r_nla_map = None
 
         @staticmethod
-        def get_options(self: Any, *argv: Any, **kwarg: Any) -> Any:
-            if self.get_attr("TCA_KIND") == "u32":
+        def get_options(msg: Any, *argv: Any, **kwarg: Any) -> Any:
+            if msg.get_attr("TCA_KIND") == "u32":
                 return U32Options
-            return tcmsg.get_options(self, *argv, **kwarg)
+            return tcmsg.get_options(msg, *argv, **kwarg)
 
     _CLASSES["tcmsg"], _CLASSES["u32"] = QosTcMsg, U32Options
     return QosTcMsg, U32Options

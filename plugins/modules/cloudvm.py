@@ -71,7 +71,6 @@ options:
     description: OpenSSH public keys injected into the guest at boot (at most 16).
     type: list
     elements: str
-    no_log: false
   bandwidth:
     description: Network bandwidth of the VM's interface (tc HTB; see docs/qos.md).
     type: dict

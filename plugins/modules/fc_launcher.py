@@ -59,6 +59,7 @@ attributes:
     description: Reports whether it would start or stop without doing it.
   diff_mode:
     support: none
+    description: Reports the instance's state, not a diff.
 """
 
 EXAMPLES = r"""

@@ -41,7 +41,7 @@ options:
     type: list
     elements: str
     default: [virtio_pci, virtio_mmio, virtio_blk, virtio_net, virtio_rng, crc32c_generic, ext4, button, evdev]
-author: zjusct.cloud contributors
+author: ZJUSCT cloud team (@zjusct)
 """
 
 EXAMPLES = r"""

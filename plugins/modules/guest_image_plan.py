@@ -70,7 +70,7 @@ options:
     description: Also re-hash every artefact of an existing set (reads the whole rootfs).
     type: bool
     default: false
-author: zjusct.cloud contributors
+author: ZJUSCT cloud team (@zjusct)
 """
 
 EXAMPLES = r"""

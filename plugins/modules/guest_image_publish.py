@@ -47,7 +47,7 @@ options:
     description: Replace a complete existing set.
     type: bool
     default: false
-author: zjusct.cloud contributors
+author: ZJUSCT cloud team (@zjusct)
 """
 
 EXAMPLES = r"""

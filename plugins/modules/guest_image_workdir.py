@@ -32,7 +32,7 @@ options:
     type: list
     elements: str
     default: []
-author: zjusct.cloud contributors
+author: ZJUSCT cloud team (@zjusct)
 """
 
 EXAMPLES = r"""

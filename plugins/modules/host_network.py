@@ -30,6 +30,7 @@ attributes:
     description: Reports what it would create or remove.
   diff_mode:
     support: none
+    description: Reports created and removed devices, not a diff.
 """
 
 EXAMPLES = r"""

@@ -159,7 +159,7 @@ image:
     size_bytes: {description: Size in bytes., type: int, sample: 4294967296}
     object_size: {description: Object size in bytes., type: int, sample: 4194304}
     features: {description: Enabled image features., type: list, elements: str, sample: [layering, exclusive-lock]}
-    parent: {description: C(pool/image@snapshot) of a clone's parent, else null., type: str, sample: rbd/debian@v1}
+    parent: {description: "C(pool/image@snapshot) of a clone's parent, else null.", type: str, sample: rbd/debian@v1}
     watchers:
       description: Open clients (C(address), C(client) id). A watcher that outlives its VM is stale (fence it).
       type: list

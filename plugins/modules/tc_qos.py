@@ -28,16 +28,17 @@ description:
     arbitrate (guarantee, borrow from the pool, preempt lower priority, deny), see docs/qos.md.
   - For VMs managed by the host backend, the backend applies bandwidth itself (same code); this module is for
     operators and tests.
-author:
-  - zjusct.cloud contributors
+author: ZJUSCT cloud team (@zjusct)
 requirements:
   - pyroute2 >= 0.9, < 0.10 on the managed node
   - Linux with sch_htb, cls_u32, act_mirred and ifb (ingress direction); root (CAP_NET_ADMIN)
 attributes:
   check_mode:
     support: full
+    description: Computes and reports the classes it would change without touching the kernel or the store.
   diff_mode:
     support: full
+    description: Shows the device's managed classes before and after.
 options:
   device:
     description: Network device to shape (for a VM, its TAP device).
