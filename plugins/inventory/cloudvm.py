@@ -245,11 +245,13 @@ notes:
 """
 
 EXAMPLES = r"""
-# inventory/cloudvm.yml: the single-host cloud (source host)
-plugin: zjusct.cloud.cloudvm
-source: host
+# Three separate inventory files are shown; each is a file of its own.
 
-# inventory/cloudvm-kubernetes.yml: every Running CloudVM the kubeconfig user may list
+# --- inventory/cloudvm.yml: the single-host cloud (source host)
+# plugin: zjusct.cloud.cloudvm
+# source: host
+
+# --- inventory/cloudvm-kubernetes.yml: every Running CloudVM the kubeconfig user may list
 plugin: zjusct.cloud.cloudvm
 source: kubernetes
 kubeconfig: ~/.kube/config
@@ -263,10 +265,10 @@ keyed_groups:
 compose:
   big: cloudvm_memory_mib >= 2048
 
-# a tenant limited to her namespace, through a jump host on the VM's node
-plugin: zjusct.cloud.cloudvm
-namespaces: [tenant-alice]
-jump_host: "ops@{node}"
+# --- a tenant limited to her namespace, through a jump host on the VM's node
+# plugin: zjusct.cloud.cloudvm
+# namespaces: [tenant-alice]
+# jump_host: "ops@{node}"
 """
 
 import os
