@@ -101,6 +101,14 @@ def test_backup_restore_journey_on_rbd(rbd_cloud: Cloud, ceph_cluster: Cluster, 
     assert inc["data_bytes"] < full["data_bytes"]
     assert task_result(doc, "Stop the VM and wait until it is Stopped")["phase"] == "Stopped"
 
+    # ownership: bob can neither back up alice's VM nor receive her backup (unless explicitly allowed)
+    refused = cloud.playbook("vm_backup", "owner=bob", "name=alice", f"backup_dir={backups}", check=False)
+    assert refused["rc"] != 0 and "no VM default/alice of owner bob" in failure(refused), failure(refused)
+    refused = cloud.playbook("vm_restore", f"backup={full['backup_id']}", f"backup_dir={backups}", "owner=bob",
+                             check=False)
+    assert refused["rc"] != 0 and "is not the owner alice of backup" in failure(refused), failure(refused)
+    assert "bob-restored-root" not in rbd(ceph_cluster, "ls", "rbd")
+
     # restore the full backup into a new VM: it boots and shows the original content
     doc = cloud.playbook("vm_restore", f"backup={full['backup_id']}", f"backup_dir={backups}", "name=alice-r1")
     r1 = task_result(doc, "Create the VM on the restored volume and start it")
