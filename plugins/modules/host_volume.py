@@ -43,8 +43,10 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Reports whether the volume would be registered, without checking the image or writing anything.
   diff_mode:
     support: none
+    description: No diff is returned.
 notes:
   - Connection settings come from the host configuration's C(rbd) key (docs/host-backend.md).
 seealso:
