@@ -87,6 +87,7 @@ def test_backup_restore_journey_on_rbd(rbd_cloud: Cloud, ceph_cluster: Cluster, 
     assert not os.path.exists(backups)
 
     cloud.playbook("vm_stop", "owner=alice")
+    print("watchers right after the stop:", rbd(ceph_cluster, "status", "rbd/alice-root", "--format", "json"))
     full = task_result(cloud.playbook("vm_backup", "owner=alice", f"backup_dir={backups}"), BACKUP_TASK)
     assert full["type"] == "full" and full["image_size_bytes"] == 2048 * 1024 * 1024
 
