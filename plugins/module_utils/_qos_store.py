@@ -22,14 +22,14 @@ lock per pool).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sqlite3
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, ContextManager
 
 from ansible_collections.zjusct.cloud.plugins.module_utils import _qos as q
+from ansible_collections.zjusct.cloud.plugins.module_utils._sqlite import write_transaction
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS qos_node (
@@ -99,19 +99,9 @@ class QoSStore:
             self.conn.isolation_level = None
         ensure_schema(conn)
 
-    @contextlib.contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
+    def transaction(self) -> ContextManager[sqlite3.Connection]:
         """One write transaction (BEGIN IMMEDIATE), committed on success; nested use joins the outer one."""
-        if self.conn.in_transaction:
-            yield self.conn
-            return
-        self.conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield self.conn
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            raise
-        self.conn.execute("COMMIT")
+        return write_transaction(self.conn)
 
     # -- configuration --
     def configure(self, nic_mbps: int, ratio: float, pools: dict[str, int]) -> list[str]:

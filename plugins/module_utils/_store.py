@@ -15,15 +15,15 @@ newer than this code is refused rather than damaged.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sqlite3
 import time
 import uuid
-from typing import Any, Iterator, Optional
+from typing import Any, ContextManager, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils._qos_store import SCHEMA as QOS_SCHEMA
+from ansible_collections.zjusct.cloud.plugins.module_utils._sqlite import write_transaction
 
 DEFAULT_PATH = "/var/lib/zjusct-cloud/cloud.db"
 
@@ -135,22 +135,12 @@ class HostStore:
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version={target + 1}")
 
-    @contextlib.contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
+    def transaction(self) -> ContextManager[sqlite3.Connection]:
         """Run a block in one write transaction (``BEGIN IMMEDIATE``), committed on success.
 
         Nested use joins the outer transaction.
         """
-        if self.conn.in_transaction:
-            yield self.conn
-            return
-        self.conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield self.conn
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            raise
-        self.conn.execute("COMMIT")
+        return write_transaction(self.conn)
 
     # --- events -------------------------------------------------------------------------------
     def record_event(self, kind: str, subject: str, reason: str, message: str,
