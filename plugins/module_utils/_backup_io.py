@@ -403,15 +403,17 @@ def verify_file(dest: str, m: Manifest, base: Optional[List[Optional[str]]], bas
 
 def backup(rbd: Rbd, ref: ImageRef, dest: str, *, vm: Optional[str] = None, owner: Optional[str] = None,
            keep: Optional[int] = None, full_every: int = 7, force_full: bool = False, allow_watchers: bool = False,
-           check_mode: bool = False, now: Optional[datetime.datetime] = None, verify: bool = True,
-           on_progress: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+           watcher_grace_seconds: float = 0, check_mode: bool = False, now: Optional[datetime.datetime] = None,
+           verify: bool = True, on_progress: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
     """Take one offline backup of ``ref`` into ``dest`` and apply retention.
 
     ``verify`` re-reads the stored file and checks its sha256 before the backup is marked complete.
     Refuses (BackupError) when the image is missing, has watchers (it is in use: stop the VM; ``allow_watchers``
-    overrides for crash-consistent copies), or its owner mark differs from ``owner``. Returns a dict with
-    ``backup`` (the manifest as JSON), ``plan``, ``retention``, ``removed_snapshots``, ``removed_partials``,
-    ``bytes_written``, ``seconds``.
+    overrides for crash-consistent copies), or its owner mark differs from ``owner``. Watchers are re-checked
+    for up to ``watcher_grace_seconds``: the watch of a client that died without closing the image lingers
+    until the OSDs expire it (``osd_client_watch_timeout``, 30 s by default); a live client is refused.
+    Returns a dict with ``backup`` (the manifest as JSON), ``plan``, ``retention``, ``removed_snapshots``,
+    ``removed_partials``, ``bytes_written``, ``seconds``.
     """
     import time
 
@@ -424,6 +426,10 @@ def backup(rbd: Rbd, ref: ImageRef, dest: str, *, vm: Optional[str] = None, owne
         info = None
     if info is None:
         raise BackupError(f"image: {ref.pool}/{ref.image} does not exist")
+    deadline = time.monotonic() + watcher_grace_seconds
+    while watchers and not allow_watchers and time.monotonic() < deadline:
+        time.sleep(min(3.0, max(deadline - time.monotonic(), 0)))
+        watchers = rbd.status(head)
     if watchers and not allow_watchers:
         names = ", ".join(f"{w.get('address')} (client.{w.get('client')})" for w in watchers)
         raise BackupError(f"image: {ref.pool}/{ref.image} is in use, watchers: {names}; stop the VM (or fence the "
@@ -710,7 +716,8 @@ def run_backup_module(p: Dict[str, Any], rbd: Rbd, check_mode: bool = False) -> 
         ref = ImageRef(check_name("pool", p["pool"]), check_name("name", p["name"]))
         res = backup(rbd, ref, dest, vm=p.get("vm"), owner=p.get("owner"), keep=p.get("keep"),
                      full_every=p.get("full_every") or 7, force_full=bool(p.get("force_full")),
-                     allow_watchers=bool(p.get("allow_watchers")), check_mode=check_mode,
+                     allow_watchers=bool(p.get("allow_watchers")),
+                     watcher_grace_seconds=float(p.get("watcher_grace_seconds") or 0), check_mode=check_mode,
                      verify=p.get("verify", True) is not False)
         out: Dict[str, Any] = {"changed": True, "type": res["plan"]["type"], "reason": res["plan"]["reason"],
                                "parent": res["plan"]["parent"], "ignored": res.get("ignored", [])}

@@ -59,6 +59,13 @@ options:
     description: Take a full backup even when a diff is possible.
     type: bool
     default: false
+  watcher_grace_seconds:
+    description:
+      - With O(state=present), seconds to keep re-checking an image that has watchers before refusing. The watch of
+        a client that died without closing the image lingers until the OSDs expire it (C(osd_client_watch_timeout),
+        30 s by default); a live client such as a running VM is still refused afterwards.
+    type: float
+    default: 35
   allow_watchers:
     description:
       - Back up an image that is open (crash-consistent only). By default an image with watchers is refused,
@@ -193,6 +200,7 @@ def main() -> None:
         full_every=dict(type="int", default=7),
         force_full=dict(type="bool", default=False),
         allow_watchers=dict(type="bool", default=False),
+        watcher_grace_seconds=dict(type="float", default=35),
         vm=dict(type="str"),
         owner=dict(type="str"),
         backup_id=dict(type="str"),
