@@ -403,7 +403,7 @@ def verify_file(dest: str, m: Manifest, base: Optional[List[Optional[str]]], bas
 
 def backup(rbd: Rbd, ref: ImageRef, dest: str, *, vm: Optional[str] = None, owner: Optional[str] = None,
            keep: Optional[int] = None, full_every: int = 7, force_full: bool = False, allow_watchers: bool = False,
-           watcher_grace_seconds: float = 0, check_mode: bool = False, now: Optional[datetime.datetime] = None,
+           watcher_grace_seconds: float = 35, check_mode: bool = False, now: Optional[datetime.datetime] = None,
            verify: bool = True, on_progress: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
     """Take one offline backup of ``ref`` into ``dest`` and apply retention.
 
@@ -717,7 +717,7 @@ def run_backup_module(p: Dict[str, Any], rbd: Rbd, check_mode: bool = False) -> 
         res = backup(rbd, ref, dest, vm=p.get("vm"), owner=p.get("owner"), keep=p.get("keep"),
                      full_every=p.get("full_every") or 7, force_full=bool(p.get("force_full")),
                      allow_watchers=bool(p.get("allow_watchers")),
-                     watcher_grace_seconds=float(p.get("watcher_grace_seconds") or 0), check_mode=check_mode,
+                     watcher_grace_seconds=float(p.get("watcher_grace_seconds", 35)), check_mode=check_mode,
                      verify=p.get("verify", True) is not False)
         out: Dict[str, Any] = {"changed": True, "type": res["plan"]["type"], "reason": res["plan"]["reason"],
                                "parent": res["plan"]["parent"], "ignored": res.get("ignored", [])}
