@@ -54,7 +54,7 @@ def main() -> int:
         "node": "bench", "store_path": str(root / "cloud.db"), "images_dir": str(CACHE / "images"),
         "default_image": json.loads(images[-1].read_text())["name"], "volumes_dir": str(root / "volumes"),
         "state_dir": str(root / "state"), "runtime_dir": f"/run/zjc-bench-{tag}", "log_dir": str(root / "log"),
-        "netns": f"zjc-bench-{tag}", "subnet": "10.215.0.0/24",
+        "netns": f"zjc-bench-{tag}", "subnet": "10.215.0.0/24", "nat": False,
         "launcher_command": [sys.executable, "-m", "zjusct_launcher"], "launcher_pythonpath": str(REPO / "launcher"),
     }
     (root / "host.json").write_text(json.dumps(config))
@@ -64,9 +64,11 @@ def main() -> int:
 
     def playbook(name: str) -> float:
         t0 = time.monotonic()
-        subprocess.run([str(VENV_BIN / "ansible-playbook"), f"playbooks/{name}.yml", "-e", "owner=bench",
-                        "-e", f"ssh_public_key_file={root / 'key'}.pub"], cwd=REPO, env=env, check=True,
-                       capture_output=True)
+        proc = subprocess.run([str(VENV_BIN / "ansible-playbook"), f"playbooks/{name}.yml", "-e", "owner=bench",
+                               "-e", f"ssh_public_key_file={root / 'key'}.pub"], cwd=REPO, env=env, check=False,
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"{name} failed:\n{proc.stdout[-3000:]}")
         return time.monotonic() - t0
 
     rows = []
