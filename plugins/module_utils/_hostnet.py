@@ -115,6 +115,12 @@ def link_exists(netns: str, dev: str) -> bool:
     return _ip(netns, "link", "show", "dev", dev, check=False).returncode == 0
 
 
+def _is_up(netns: str, dev: str) -> bool:
+    """Whether ``dev`` is administratively up (the UP flag in ``ip link show``: ``<...,UP,...>``)."""
+    flags = _ip(netns, "link", "show", "dev", dev).stdout.split("<", 1)[-1].split(">", 1)[0]
+    return "UP" in flags.split(",")
+
+
 def netns_exists(netns: str) -> bool:
     """Whether the named network namespace exists (the host's own namespace always does)."""
     if not netns:
@@ -139,8 +145,7 @@ def ensure_bridge(netns: str, bridge: str, subnet: str) -> bool:
     if address not in _ip(netns, "-o", "addr", "show", "dev", bridge).stdout:
         _ip(netns, "addr", "add", address, "dev", bridge)
         changed = True
-    if "state UP" not in _ip(netns, "link", "show", "dev", bridge).stdout and \
-            ",UP" not in _ip(netns, "link", "show", "dev", bridge).stdout:
+    if not _is_up(netns, bridge):
         _ip(netns, "link", "set", bridge, "up")
         changed = True
     exec_prefix = ["ip", "netns", "exec", netns] if netns else []
@@ -226,7 +231,7 @@ def ensure_uplink(netns: str, subnet: str, uplink_cidr: str, uplink_netns: str =
         if address not in _ip(ns, "-o", "addr", "show", "dev", dev).stdout:
             _ip(ns, "addr", "add", address, "dev", dev)
             changed = True
-        if ",UP" not in _ip(ns, "link", "show", "dev", dev).stdout:
+        if not _is_up(ns, dev):
             _ip(ns, "link", "set", dev, "up")
             changed = True
     if f"default via {net[1]}" not in _ip(netns, "route", "show", "default").stdout:
