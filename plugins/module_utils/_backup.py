@@ -21,6 +21,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
+from ansible_collections.zjusct.cloud.plugins.module_utils import _names
+
 API_VERSION = "backup.cloud.zjusct.io/v1"
 KIND = "RbdBackup"
 BLOCK_SIZE = 4 * 1024 * 1024
@@ -168,8 +170,12 @@ class BackupPlan:
 
 
 def snapshot_name(backup_id: str) -> str:
-    """The source-image snapshot a backup is taken from."""
-    return SNAP_PREFIX + backup_id
+    """The source-image snapshot a backup is taken from: SNAP_PREFIX + backup id, within the RBD name limit.
+
+    Backup ids are 23 characters (``_backup_io._new_id``: UTC timestamp + 6 hex), so the name is never cut in
+    practice; the limit goes through the collection's one naming rule (_names.fit) all the same.
+    """
+    return _names.fit(SNAP_PREFIX + backup_id, _names.RBD_NAME_MAX)
 
 
 def latest(backups: Iterable[Manifest]) -> Optional[Manifest]:

@@ -107,7 +107,7 @@ def test_naming_another_devices_ifb_is_refused_before_any_change(ns):
 
 def test_an_ifb_not_created_by_us_is_not_taken_over(ns):
     sh("ip", "-n", ns, "link", "add", "usersifb", "type", "ifb")
-    with pytest.raises(_tc.TcError, match="ifb: 'usersifb' .* was not created by zjusct.cloud"):
+    with pytest.raises(_tc.TcError, match=r"ifb: 'usersifb' .* was not created by zjusct\.cloud"):
         ingress(ns, TAP1, MAC1, 10, ifb="usersifb")
     assert ifbs(ns) == {"usersifb": ""}
     assert "ingress" not in sh("tc", "-n", ns, "qdisc", "show", "dev", TAP1).stdout
