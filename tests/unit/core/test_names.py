@@ -93,3 +93,18 @@ def test_firecracker_id_is_valid_and_keeps_names_apart(ns, name):
     got = launcher_names.firecracker_id(f"{ns}-{name}")
     assert re.fullmatch(r"[A-Za-z0-9-]{1,64}", got), got
     assert launcher_names.firecracker_id(f"{ns}-{name}x") != got
+
+
+@given(st.text(st.characters(min_codepoint=97, max_codepoint=122), min_size=1, max_size=250))
+def test_a_name_with_a_fixed_suffix_stays_within_the_limit_and_keeps_the_suffix(image):
+    suffix = ".importing-0123abcd"
+    name = _names.with_suffix(image, suffix, _names.RBD_NAME_MAX)
+    assert len(name) <= 250 and name.endswith(suffix)
+    assert name == image + suffix if len(image) < 250 - len(suffix) else name.startswith(image[:223])
+
+
+def test_backup_snapshot_names_keep_their_prefix_and_are_not_cut():
+    from ansible_collections.zjusct.cloud.plugins.module_utils._backup import SNAP_PREFIX, snapshot_name
+
+    assert snapshot_name("20261130T171200Z-0a1b2c") == SNAP_PREFIX + "20261130T171200Z-0a1b2c"
+    assert len(snapshot_name("x" * 300)) == 250 and snapshot_name("x" * 300).startswith(SNAP_PREFIX)
