@@ -50,6 +50,7 @@ FIRECRACKER_ID_MAX = 64
 IFB_PREFIX = "zqi"
 TAP_PREFIX = "zjt"
 
+
 def digest(subject: str, hex_digits: int = HASH_HEX) -> str:
     """The first ``hex_digits`` lower-case hex digits of sha256(subject, UTF-8)."""
     return hashlib.sha256(subject.encode("utf-8")).hexdigest()[:hex_digits]
