@@ -108,3 +108,18 @@ def test_backup_snapshot_names_keep_their_prefix_and_are_not_cut():
 
     assert snapshot_name("20261130T171200Z-0a1b2c") == SNAP_PREFIX + "20261130T171200Z-0a1b2c"
     assert len(snapshot_name("x" * 300)) == 250 and snapshot_name("x" * 300).startswith(SNAP_PREFIX)
+
+
+@pytest.mark.parametrize("vm_name", ["web.alice", "a" * 70 + "-one", "a" * 70 + "-two"])
+def test_the_launcher_accepts_a_vm_name_that_is_no_label_and_derives_its_host_name(vm_name):
+    import json
+    from pathlib import Path
+
+    from zjusct_launcher import config
+
+    doc = json.loads((Path(config.__file__).parents[1] / "examples" / "config-qemu-tap.json").read_text())
+    doc.pop("identity")
+    doc["vm"]["name"] = vm_name  # a DNS-1123 subdomain; the old default vm.name[:63] was refused or collided
+    cfg = config.parse(doc)
+    assert cfg.identity.hostname == launcher_names.dns_label(vm_name)
+    assert LABEL_RE.match(cfg.identity.hostname)
