@@ -11,8 +11,8 @@ import time
 
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils import _backup_io as bio
-from ansible_collections.zjusct.cloud.plugins.module_utils._backup_io import run_backup_module
 from ansible_collections.zjusct.cloud.plugins.module_utils._backup import COMPLETE_FILE, DATA_FILE
+from ansible_collections.zjusct.cloud.plugins.module_utils._backup_io import run_backup_module
 from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import ImageRef, MiB
 
 from .conftest import read_image, write_at

@@ -183,11 +183,11 @@ def test_missing_pool_and_files_are_refused_in_check_mode_too(rbd, image_name, t
     for check_mode in (True, False):
         with pytest.raises(VolumeRefused, match="pool: 'nosuchpool' does not exist"):
             run_volume(P(image_name, pool="nosuchpool", size_mib=8), rbd, check_mode=check_mode)
-        with pytest.raises(VolumeRefused, match="path: .*missing.rbdiff' is not an existing file to import"):
+        with pytest.raises(VolumeRefused, match=r"path: .*missing\.rbdiff' is not an existing file to import"):
             run_volume(P(image_name, state="imported", path=str(tmp_path / "missing.rbdiff")), rbd,
                        check_mode=check_mode)
     assert rbd.info(ImageRef("rbd", image_name)) is None
     run_volume(P(image_name, size_mib=8, snapshot="s"), rbd)
-    with pytest.raises(VolumeRefused, match="its directory .*/nodir does not exist"):
+    with pytest.raises(VolumeRefused, match=r"its directory .*/nodir does not exist"):
         run_volume(P(image_name, state="exported", snapshot="s", path=str(tmp_path / "nodir" / "x.raw")), rbd,
                    check_mode=True)
