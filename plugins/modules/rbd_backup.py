@@ -17,7 +17,7 @@ description:
     last. Then retention keeps O(keep) backups without ever breaking a chain a kept backup needs, and removes
     backup snapshots of the image that are no longer the base of the next diff.
   - One image may be backed up into several destinations (each with its own O(keep)). Each destination owns its
-    snapshots: they are named C(zjusct-backup-<tag>-<id>), where C(tag) is the first 8 hex digits of the sha256
+    snapshots, named C(zjusct-backup-<tag>-<id>) where C(tag) is the first 8 hex digits of the sha256
     of O(dest) with symlinks resolved (C(realpath)), and a destination removes only snapshots carrying its tag
     or named in its own manifests, never another destination's diff base. A diff base deleted by hand gives a
     full backup whose RV(reason) names the missing snapshot. Snapshots named C(zjusct-backup-<id>) by earlier
