@@ -205,7 +205,7 @@ class Runner:
         if hyp.type == "qemu" and hyp.accel == "tcg":
             return "tcg"
         if hyp.type == "qemu":
-            verdict = kvm.probe(binary, hyp.kvm_probe_timeout_seconds)
+            verdict = kvm.probe(binary, hyp.kvm_probe_timeout_seconds, kernel=self.cfg.boot.kernel or None)
         else:
             ok, detail = kvm.kvm_device_usable()
             qemu_bin = shutil.which(qemu.DEFAULT_BINARY)
