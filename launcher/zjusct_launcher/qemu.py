@@ -9,12 +9,13 @@ Command-line facts (QEMU 7.2 docs, qemu-options.hx / qapi/block-core.json):
 * ``-no-reboot`` makes a guest reboot end QEMU (SHUTDOWN reason guest-reset); ``-action panic=shutdown`` with
   the ``pvpanic`` device turns a guest panic into GUEST_PANICKED + SHUTDOWN reason guest-panic and an exit.
 * Option values parsed by QemuOpts escape ',' as ',,'.
-* Sandbox (qemu-options.hx ``-sandbox``, ``-runas``): ``-runas uid:gid`` (the numeric form, accepted by QEMU 7.2 here; no
-  passwd entry needed) makes QEMU setgroups/setgid/setuid to that pair at the end of its start-up, after it has opened
-  every file, socket and TAP named on the command line (os_setup_post), so the unprivileged VMM keeps those open
-  descriptors and needs no access to the paths. ``-sandbox on,...`` installs a libseccomp filter (which also sets
-  no_new_privs). ``elevateprivileges=deny`` forbids setuid/setgid, so it is only used without ``-runas``: with it
-  QEMU 7.2 dies of SIGSYS at the drop (measured). ``spawn=deny`` forbids fork/exec, hence ``script=no``.
+* Sandbox (qemu-options.hx ``-sandbox``, ``-runas``): ``-runas uid:gid`` (the numeric form, accepted by QEMU
+  7.2 here; no passwd entry needed) makes QEMU setgroups/setgid/setuid to that pair at the end of its start-up,
+  after it has opened every file, socket and TAP named on the command line (os_setup_post), so the unprivileged
+  VMM keeps those open descriptors and needs no access to the paths. ``-sandbox on,...`` installs a libseccomp
+  filter (which also sets no_new_privs). ``elevateprivileges=deny`` forbids setuid/setgid, so it is only used
+  without ``-runas``: with it QEMU 7.2 dies of SIGSYS at the drop (measured). ``spawn=deny`` forbids
+  fork/exec, hence ``script=no``.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ import shutil
 import signal
 import socket
 import stat
-import sys
 import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -317,7 +317,8 @@ class Runner:
         try:
             os.makedirs(root, mode=0o700)
         except OSError as exc:
-            raise _Fail("LauncherError", f"hypervisor.jailer.chrootBaseDir: cannot create {root}: {exc.strerror}")                 from None
+            message = f"hypervisor.jailer.chrootBaseDir: cannot create {root}: {exc.strerror}"
+            raise _Fail("LauncherError", message) from None
         self.jail_dir = jail_dir
         os.chown(root, run_as.uid, run_as.gid)
 
@@ -406,7 +407,7 @@ class Runner:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         ours.set_inheritable(False)
         try:
-            self.watchdog = subprocess.Popen([sys.executable, "-c", WATCHDOG], stdin=theirs,
+            self.watchdog = subprocess.Popen([sys.executable, "-c", WATCHDOG], stdin=theirs.fileno(),
                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
         except OSError as exc:
             ours.close()
