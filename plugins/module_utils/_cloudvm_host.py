@@ -119,7 +119,8 @@ def _launcher_config(cfg: HostConfig, vm: dict, volume: dict, lease: dict) -> di
                     "ipv4": f"{lease['ipv4']}/{prefix}", "gateway": net.gateway(cfg.subnet),
                     "dns": list(cfg.dns) or net.host_resolvers()},
         "hypervisor": {"type": cfg.hypervisor, "accel": cfg.accel, "allowTCG": cfg.allow_tcg,
-                       "kvmProbeTimeoutSeconds": 5, "tcgTranslationCacheMiB": cfg.tcg_translation_cache_mib},
+                       "kvmProbeTimeoutSeconds": 5, "tcgTranslationCacheMiB": cfg.tcg_translation_cache_mib,
+                       **cfg.hypervisor_sandbox(lease["ipv4"])},
         "readiness": {"host": lease["ipv4"], "port": 22, "timeoutSeconds": cfg.readiness_timeout_seconds},
         "stopTimeoutSeconds": cfg.stop_timeout_seconds,
         "runtimeDir": paths.runtime_dir,
@@ -179,7 +180,7 @@ def _start_boot(cfg: HostConfig, store: HostStore, vm: dict) -> None:
     net.ensure_bridge(cfg.netns, cfg.bridge, cfg.subnet)
     if cfg.nat:
         net.ensure_uplink(cfg.netns, cfg.subnet, cfg.uplink_cidr, cfg.uplink_netns)
-    net.ensure_tap(cfg.netns, cfg.bridge, lease["tap"])
+    net.ensure_tap(cfg.netns, cfg.bridge, lease["tap"], cfg.vmm_run_as(lease["ipv4"]))
     net.apply_isolation(cfg.netns, _owner_groups(store))
     try:
         _apply_bandwidth(cfg, store, vm, lease)
