@@ -258,7 +258,7 @@ EXAMPLES = r"""
 # plugin: zjusct.cloud.cloudvm
 # source: host
 
-# --- inventory/cloudvm-kubernetes.yml: every Running CloudVM the kubeconfig user may list
+# --- inventory/kubernetes.cloudvm.yml: every Running CloudVM the kubeconfig user may list
 plugin: zjusct.cloud.cloudvm
 source: kubernetes
 kubeconfig: ~/.kube/config
