@@ -27,6 +27,34 @@ class CloudVMError(Exception):
         self.details = details
 
 
+def authorize(vm: Optional[dict], params: dict) -> None:
+    """Refuse acting on an existing CloudVM that is not owned by the module's ``owner``.
+
+    The rule (docs/security.md, "Owner authorization"): a task that names an ``owner`` acts only on
+    that owner's VMs. ``operator: true`` is the operator's explicit switch that skips the comparison;
+    a task without ``owner`` is an operator's own task (the playbooks always pass one). A VM that does
+    not exist yet is not checked here: creating it makes ``owner`` its owner.
+
+    Args:
+        vm: the existing CloudVM (``spec.owner`` is read), or None.
+        params: the module's parameters (``owner``, ``operator``, ``namespace``, ``name``).
+
+    Raises:
+        CloudVMError: the VM belongs to another owner (``reason: Forbidden``, both owners named).
+    """
+    acting = params.get("owner")
+    if vm is None or not acting or params.get("operator"):
+        return
+    owner = (vm.get("spec") or {}).get("owner")
+    if owner != acting:
+        meta = vm.get("metadata") or {}
+        raise CloudVMError(
+            f"owner: {acting!r} may not act on CloudVM {meta.get('namespace', params.get('namespace'))}/"
+            f"{meta.get('name', params.get('name'))}, which belongs to owner {owner!r} (spec.owner); only its "
+            "owner may start, stop, restart, change or delete it, or an operator with operator=true",
+            reason="Forbidden", vm_owner=owner)
+
+
 def current_boot_live(spec: dict, status: Optional[dict]) -> bool:
     """True when the spec's current boot is requested and not known to have ended.
 
