@@ -31,9 +31,10 @@ def authorize(vm: Optional[dict], params: dict) -> None:
     """Refuse acting on an existing CloudVM that is not owned by the module's ``owner``.
 
     The rule (docs/security.md, "Owner authorization"): a task that names an ``owner`` acts only on
-    that owner's VMs. ``operator: true`` is the operator's explicit switch that skips the comparison;
-    a task without ``owner`` is an operator's own task (the playbooks always pass one). A VM that does
-    not exist yet is not checked here: creating it makes ``owner`` its owner.
+    that owner's VMs. ``operator: true`` is the operator's explicit switch that skips the comparison
+    (``owner`` then only names the owner of a VM being created, :func:`params_to_spec`); a task
+    without ``owner`` is an operator's own task (the playbooks always pass one). A VM that does not
+    exist yet is not checked here: creating it makes ``owner`` its owner.
 
     Args:
         vm: the existing CloudVM (``spec.owner`` is read), or None.
@@ -103,7 +104,8 @@ def params_to_spec(params: dict, existing: Optional[dict]) -> dict:
         existing: the current spec, or None on create.
     """
     spec = dict(existing) if existing else {}
-    if params.get("owner") is not None:
+    if params.get("owner") is not None and not (existing and params.get("operator")):
+        # with the operator switch, owner names the owner of a VM being created only (see authorize)
         spec["owner"] = params["owner"]
     claim = params.get("root_volume_claim")
     if claim is None and not existing:

@@ -80,3 +80,9 @@ def test_authorize_lets_the_owner_the_operator_and_creation_through():
     authorize(vm, {"owner": "alice", "operator": True})
     authorize(vm, {"owner": None})  # an operator's own task names no owner
     authorize(None, {"owner": "alice"})  # creating: the owner becomes spec.owner
+
+
+def test_operator_owner_names_the_owner_of_a_new_vm_only():
+    existing = dict(BASE, owner="bob", powerState="Stopped", bootID=0)
+    assert params_to_spec({"owner": "ops", "operator": True, "name": "bob"}, existing)["owner"] == "bob"
+    assert params_to_spec({"owner": "carol", "operator": True, "name": "c"}, None)["owner"] == "carol"
