@@ -29,6 +29,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils import _volume_rbd as
 from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import HostConfig, load
 from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import (
     CloudVMError,
+    authorize,
     params_to_spec,
     plan_power,
 )
@@ -343,6 +344,7 @@ def ensure(params: dict, check_mode: bool = False, diff: bool = False) -> dict:
             raise CloudVMError(f"metadata.{field}: {value!r} is not a DNS label")
     store = HostStore(cfg.store_path)
     try:
+        authorize(store.get_vm(ns, name), params)  # spec.owner is immutable: no lock needed
         if params["state"] == "absent":
             return _absent(cfg, store, params, check_mode, diff)
         return _present(cfg, store, params, check_mode, diff)
