@@ -42,7 +42,7 @@ options:
   owner:
     description:
       - Stable user id that owns the VM and its root volume (a DNS label). Required to create; immutable.
-      - On an existing VM it is also the acting user's id: the task refuses (C(reason=Forbidden), both owners
+      - On an existing VM it is also the acting user's id, and the task refuses (C(reason=Forbidden), both owners
         named) unless the VM's C(spec.owner) equals it, or O(operator=true). The playbooks always pass it; a
         task that omits it is an operator's own task. See docs/security.md.
     type: str
