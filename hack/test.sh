@@ -6,6 +6,9 @@
 #   4. pytest: unit, integration (real kube-apiserver, Ceph, netns/tc, QEMU guests) and e2e
 # Every step runs even when an earlier one failed; the exit code is non-zero if any failed, and a
 # pytest run that collected no test counts as a failure. Extra arguments go to pytest.
+# pytest runs the tests in a random order (pytest-random-order: modules shuffled, tests shuffled within
+# each module) and prints the seed in its header ("Using --random-order-seed=N"); pass that option to
+# repeat an order: `make test` is `hack/test.sh`, so `hack/test.sh tests --random-order-seed=N` (docs/testing.md).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
@@ -34,9 +37,10 @@ step "ansible-test sanity" hack/sanity.sh
 step "changelog" antsibull-changelog lint
 
 if [ "$#" -eq 0 ]; then set -- tests; fi
-echo "==> pytest $*"
+order=(--random-order-bucket=module)
+echo "==> pytest ${order[*]} $*"
 t0=$SECONDS
-pytest -p no:cacheprovider "$@"
+pytest -p no:cacheprovider "${order[@]}" "$@"
 rc=$?
 echo "==> pytest: exit $rc ($((SECONDS - t0)) s)"
 case $rc in

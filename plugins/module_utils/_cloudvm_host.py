@@ -30,6 +30,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import Ho
 from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import (
     CloudVMError,
     authorize,
+    off_but_failed,
     params_to_spec,
     plan_power,
 )
@@ -296,8 +297,11 @@ def reconcile(cfg: HostConfig, store: HostStore, vm: dict) -> dict:
 
 
 # --- module entry points -------------------------------------------------------------------------
-def _result(vm: Optional[dict], changed: bool, before: Optional[dict], diff: bool) -> dict:
+def _result(vm: Optional[dict], changed: bool, before: Optional[dict], diff: bool,
+            warnings: Optional[list[str]] = None) -> dict:
     out: dict = {"changed": changed}
+    if warnings:
+        out["warnings"] = warnings
     if vm is not None:
         out.update(cloudvm=vm, phase=vm["status"].get("phase"), boot_id=vm["spec"].get("bootID"))
     if diff:
@@ -409,8 +413,10 @@ def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, 
         elif changed:
             store.update_vm(ns, name, spec=planned if planned != existing["spec"] else None, labels=labels)
     wait, timeout = params.get("wait", True), int(params.get("wait_timeout") or 600)
+    warnings: list[str] = []
     if restart:
-        _wait(cfg, store, ns, name, "Stopped", timeout)
+        off = off_but_failed(ns, name, _wait(cfg, store, ns, name, "Stopped", timeout).get("status"))
+        warnings += [off] if off else []
         with _vm_lock(cfg, ns, name):
             vm = store.get_vm(ns, name)
             if vm is None:
@@ -422,11 +428,13 @@ def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, 
     target = {"Running": "Running", "Stopped": "Stopped"}[vm["spec"]["powerState"]]
     if wait and (power is not None or restart):
         vm = _wait(cfg, store, ns, name, target, timeout)
+        off = off_but_failed(ns, name, vm.get("status")) if target == "Stopped" else None
+        warnings += [off] if off else []
     else:
         with _vm_lock(cfg, ns, name):
             reconcile(cfg, store, vm)
         vm = store.get_vm(ns, name)
-    return _result(vm, changed, before, diff)
+    return _result(vm, changed, before, diff, warnings)
 
 
 def _absent(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, diff: bool) -> dict:
@@ -438,7 +446,8 @@ def _absent(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, d
         return _result(None, True, existing["spec"], diff)
     with _vm_lock(cfg, ns, name):
         store.update_vm(ns, name, spec=dict(existing["spec"], powerState="Stopped"))
-    _wait(cfg, store, ns, name, "Stopped", int(params.get("wait_timeout") or 600))
+    off = off_but_failed(ns, name, _wait(cfg, store, ns, name, "Stopped",
+                                         int(params.get("wait_timeout") or 600)).get("status"))
     paths = _paths(cfg, ns, name)
     with _vm_lock(cfg, ns, name):
         _cleanup_ended(cfg, store, existing)
@@ -462,7 +471,7 @@ def _absent(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, d
         else:
             kept = "kept"
         store.record_event("Normal", f"{ns}/{name}", "Deleted", f"CloudVM deleted; volume {claim} {kept}")
-    return _result(None, True, existing["spec"], diff)
+    return _result(None, True, existing["spec"], diff, [off] if off else None)
 
 
 def observed_status(cfg: HostConfig, vm: dict) -> dict:

@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional, Protocol
 from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import (
     CloudVMError,
     authorize,
+    off_but_failed,
     params_to_spec,
     plan_power,
 )
@@ -402,6 +403,8 @@ class Backend:
         if wait and not check_mode and power is not None:
             target = "Running" if power == "running" else "Stopped"
             after = self.wait_for(ns, name, target, timeout, changed) or after
+            off = off_but_failed(ns, name, after.get("status")) if target == "Stopped" else None
+            warnings += [off] if off else []
         return _result(after, changed, before, diff, warnings)
 
     def restart(self, params: dict, check_mode: bool, diff: bool, warnings: list[str]) -> dict:
@@ -413,7 +416,8 @@ class Backend:
             predicted = desired_object(params, {**stopped, "status": {}}, "running")
             predicted["status"] = (before or {}).get("status", {})
             return _result(predicted, True, before, diff, warnings)
-        self.wait_for(ns, name, "Stopped", timeout, changed=True)
+        off = off_but_failed(ns, name, (self.wait_for(ns, name, "Stopped", timeout, changed=True) or {}).get("status"))
+        warnings += [off] if off else []
         _before, after, _changed = self.apply(params, "running", check_mode=False)
         if params.get("wait", True):
             after = self.wait_for(ns, name, "Running", timeout, changed=True) or after

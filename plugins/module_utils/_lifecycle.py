@@ -72,6 +72,20 @@ def current_boot_live(spec: dict, status: Optional[dict]) -> bool:
     return status.get("phase") not in ("Stopped", "Failed")
 
 
+def off_but_failed(namespace: str, name: str, status: Optional[dict]) -> Optional[str]:
+    """A warning when a wait for ``Stopped`` ended on phase ``Failed``, else None.
+
+    A VM whose last boot failed (crash, panic, launcher lost) is off, so a stop wait accepts
+    Failed; it must not do so silently, because "stopped" then hides how the boot ended. The
+    text names the boot, the reason and the status message.
+    """
+    status = status or {}
+    if status.get("phase") != "Failed":
+        return None
+    return (f"{namespace}/{name} is off, but boot {status.get('bootID')} ended in phase Failed (reason"
+            f" {status.get('reason', '-')}): {status.get('message', '')}").rstrip(": ")
+
+
 def plan_power(spec: dict, status: Optional[dict], power_state: Optional[str]) -> dict:
     """The spec after a power-state request (``running``, ``stopped`` or None for unchanged).
 

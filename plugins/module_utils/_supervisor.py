@@ -140,19 +140,36 @@ def running_boot(paths: LauncherPaths) -> Optional[tuple[int, int]]:
 
 
 def observe(paths: LauncherPaths, boot_id: int, node: Optional[str] = None) -> BootObservation:
-    """What is there of boot ``boot_id``: alive, starting, exited (with its result) or lost."""
+    """What is there of boot ``boot_id``: alive, starting, exited (with its result) or lost.
+
+    Reads the lock BEFORE the result. The launcher writes its result (temp file, fsync, rename,
+    fsync of the directory) before it exits, and only its exit (and its VMM's, reaped before the
+    result is written) releases the lock (launcher/zjusct_launcher/runner.py ``run``), so a lock
+    seen free means any result is already on disk. Read the other way round, a launcher that
+    wrote its result and exited between the two reads would look like one that vanished without
+    a result (``lost``, shown as Failed/LauncherLost). A result on disk wins over a held lock: the
+    launcher has decided how the boot ended and is only exiting.
+
+    Returns:
+        A :class:`BootObservation`; ``lost`` only when the launcher was spawned more than
+        :data:`SPAWN_GRACE_SECONDS` ago, no live launcher of this boot held the lock and no result
+        was on disk after that.
+    """
     spawned = _read_json(paths.spawned(boot_id)) or {}
     started_at = spawned.get("startedAt")
+    live = running_boot(paths)  # first: see the docstring
     result = _read_json(paths.result(boot_id))
     ready_at = (_read_json(paths.ready(boot_id)) or {}).get("readyAt") or (result or {}).get("readyAt")
     if ready_at is None and os.path.exists(paths.ready(boot_id)):
-        ready_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(os.path.getmtime(paths.ready(boot_id))))
-    live = running_boot(paths)
-    if live is not None and live[0] == boot_id:
-        return BootObservation(boot_id, "alive", ready_at=ready_at, started_at=started_at, node=node)
+        try:
+            ready_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(os.path.getmtime(paths.ready(boot_id))))
+        except FileNotFoundError:  # removed by a launcher starting the same boot again
+            ready_at = None
     if result is not None:
         return BootObservation(boot_id, "exited", ready_at=ready_at, started_at=started_at, result=result,
                                node=node)
+    if live is not None and live[0] == boot_id:
+        return BootObservation(boot_id, "alive", ready_at=ready_at, started_at=started_at, node=node)
     if spawned and time.time() - float(spawned.get("time", 0)) < SPAWN_GRACE_SECONDS and live is None:
         return BootObservation(boot_id, "starting", started_at=started_at, node=node)
     if not spawned:

@@ -123,7 +123,10 @@ options:
     type: bool
     default: false
   wait:
-    description: Wait until the target phase (Running with SSH ready, Stopped, or deleted) is reached.
+    description:
+      - Wait until the target phase (Running with SSH ready, Stopped, or deleted) is reached.
+      - A VM whose last boot ended in phase C(Failed) is off too, so a wait for Stopped ends there; the task then
+        returns a warning naming the boot, the reason and the message (RV(phase) is C(Failed)).
     type: bool
     default: true
   wait_timeout:

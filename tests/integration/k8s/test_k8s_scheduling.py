@@ -31,6 +31,12 @@ def _failed_scheduling(core: client.CoreV1Api, ns: str, name: str) -> str | None
     return None
 
 
+def _pod_scheduled(core: client.CoreV1Api, ns: str, name: str) -> Any:
+    """The Pod's PodScheduled condition once the scheduler has written one, else None."""
+    pod = core.read_namespaced_pod(name, ns)
+    return next((c for c in pod.status.conditions or [] if c.type == "PodScheduled"), None)
+
+
 def test_pod_is_bound_to_a_node_with_room(k8s_api: Any, k8s_namespace: str, make_pod: Any) -> None:
     core = client.CoreV1Api(k8s_api)
     make_pod("fits", {"cpu": "500m", "memory": "256Mi", BANDWIDTH_RESOURCE: "100"})
@@ -45,15 +51,17 @@ def test_pod_is_bound_to_a_node_with_room(k8s_api: Any, k8s_namespace: str, make
 def test_pod_stays_pending_without_bandwidth(k8s_api: Any, k8s_namespace: str, make_pod: Any) -> None:
     core = client.CoreV1Api(k8s_api)
     make_pod("too-much-bw", {"cpu": "100m", BANDWIDTH_RESOURCE: "5000"})  # each node has 1000
+    # The scheduler records an unschedulable Pod twice, in two separate writes: a FailedScheduling event and a
+    # patch of the Pod's PodScheduled condition. Wait for each of them before asserting on it.
     message = wait_for(lambda: _failed_scheduling(core, k8s_namespace, "too-much-bw"), 30, "FailedScheduling event")
     assert f"Insufficient {BANDWIDTH_RESOURCE}" in message
     assert "0/2 nodes are available" in message
+    cond = wait_for(lambda: _pod_scheduled(core, k8s_namespace, "too-much-bw"), 30, "PodScheduled condition")
+    assert (cond.status, cond.reason) == ("False", "Unschedulable")
+    assert f"Insufficient {BANDWIDTH_RESOURCE}" in (cond.message or "")
     pod = core.read_namespaced_pod("too-much-bw", k8s_namespace)
     assert pod.spec.node_name is None
     assert pod.status.phase == "Pending"
-    cond = {c.type: c for c in pod.status.conditions}
-    assert cond["PodScheduled"].status == "False"
-    assert cond["PodScheduled"].reason == "Unschedulable"
 
 
 def test_bandwidth_is_accounted_across_bound_pods(k8s_api: Any, k8s_namespace: str, make_pod: Any) -> None:

@@ -7,6 +7,7 @@ its own VM. Each test names the behaviour and checks the result document, the ex
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import require
 from tests.integration.launcher import busybox_guest as bg
 from tests.integration.launcher.harness import (
     PYTHON,
@@ -86,8 +88,11 @@ class Fleet:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    if shutil.which("qemu-system-x86_64") is None or shutil.which("busybox") is None:
-        pytest.skip("qemu-system-x86_64 / busybox-static missing")
+    require("guest", shutil.which("qemu-system-x86_64") is not None, "qemu-system-x86_64 not installed"
+            " (qemu-system-x86, hack/install-deps.sh)")
+    require("guest", shutil.which("busybox") is not None,
+            "busybox not installed (busybox-static, hack/install-deps.sh)")
+    require("guest", bool(glob.glob("/boot/vmlinuz-*")), "no /boot/vmlinuz-* (linux-image-amd64, hack/install-deps.sh)")
     f = Fleet(tmp_path_factory.mktemp("fleet"))
     try:
         for name in SCENARIOS:
@@ -289,9 +294,9 @@ def test_firecracker_missing_is_reported_by_check_and_run(tmp_path: Path) -> Non
     cfg["hypervisor"] = {"type": "firecracker", "accel": "kvm"}
     path = tmp_path / "fc.json"
     path.write_text(json.dumps(cfg))
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[3] / "launcher"), PATH="/usr/bin:/bin")
-    if shutil.which("firecracker", path=env["PATH"]):
-        pytest.skip("a firecracker binary is installed here")
+    no_binaries = tmp_path / "empty-bin"  # a PATH without firecracker, whatever the host has installed
+    no_binaries.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[3] / "launcher"), PATH=str(no_binaries))
     check = subprocess.run([PYTHON, "-m", "zjusct_launcher", "check", "--config", str(path)], env=env,
                            capture_output=True, text=True, timeout=60)
     assert check.returncode == 1 and "HypervisorMissing" in check.stdout, check.stdout

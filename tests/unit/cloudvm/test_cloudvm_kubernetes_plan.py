@@ -376,3 +376,20 @@ def test_operator_switch_acts_on_a_vm_of_another_owner() -> None:
     backend(api).ensure(params(), check_mode=False, diff=False)
     gone = backend(api).ensure(params(owner="ops", operator=True, state="absent"), check_mode=False, diff=False)
     assert gone["changed"] is True and ("ns", "vm1") not in api.objects
+
+
+def test_stop_wait_ending_on_failed_says_so_in_a_warning() -> None:
+    api = FakeApi()
+    backend(api).ensure(params(power_state="running"), check_mode=False, diff=False)
+
+    def crashed() -> None:  # the boot crashed before the stop was carried out: the VM is off, as Failed
+        api.set_status("ns", "vm1", phase="Failed", reason="HypervisorCrashed", bootID=1, message="qemu exited 139")
+
+    stopped = backend(api, Clock(on_sleep=crashed)).ensure(params(power_state="stopped", wait=True),
+                                                           check_mode=False, diff=False)
+    assert stopped["phase"] == "Failed"
+    assert stopped["warnings"] == ["ns/vm1 is off, but boot 1 ended in phase Failed (reason HypervisorCrashed):"
+                                   " qemu exited 139"]
+    api.set_status("ns", "vm1", phase="Stopped", reason="StopRequested", bootID=1)
+    clean = backend(api).ensure(params(power_state="stopped", wait=True), check_mode=False, diff=False)
+    assert "warnings" not in clean, "a clean stop warns about nothing"

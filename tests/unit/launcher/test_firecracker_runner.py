@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import require
+
 REPO = Path(__file__).resolve().parents[3]
 
 FAKE = r'''
@@ -189,8 +191,8 @@ def status_field(pid: int, name: str) -> str:
     raise AssertionError(f"{name} not in /proc/{pid}/status")
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the jailer's privilege drop needs root")
 def test_jailer_runs_the_vmm_as_run_as_in_a_prepared_jail_and_everything_is_undone(tmp_path: Path) -> None:
+    require("guest", os.geteuid() == 0, "the jailer's privilege drop needs root")
     proc, cfg = setup(tmp_path, "obey", jailed=True)
     base = Path(cfg["hypervisor"]["jailer"]["chrootBaseDir"])
     try:
@@ -216,9 +218,9 @@ def jailed_run_and_cleanup(tmp_path: Path, proc: subprocess.Popen[bytes], cfg: d
     assert "fake console: reset" in (tmp_path / "serial.log").read_text()
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the jailer's privilege drop needs root")
 def test_killed_launcher_takes_its_jailed_vmm_along(tmp_path: Path) -> None:
     """A VMM that changed uid lost PR_SET_PDEATHSIG; the launcher's watchdog kills it instead."""
+    require("guest", os.geteuid() == 0, "the jailer's privilege drop needs root")
     proc, cfg = setup(tmp_path, "ignore", jailed=True)
     base = Path(cfg["hypervisor"]["jailer"]["chrootBaseDir"])
     try:
