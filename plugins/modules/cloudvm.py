@@ -48,7 +48,7 @@ options:
     type: str
   operator:
     description:
-      - Act as the cloud's operator on an existing VM of any owner: O(owner) is neither compared with the VM's
+      - Act as the cloud's operator on an existing VM of any owner; O(owner) is then neither compared with the VM's
         C(spec.owner) nor written to it (it names the owner of a VM being created only).
       - The explicit operator switch of the playbooks (C(-e operator=true)); never give it to a tenant's job
         template.
