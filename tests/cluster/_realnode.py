@@ -195,6 +195,7 @@ class RealNode:
                  die_with_parent: bool = True) -> None:
         self.cluster_state_dir = cluster_state_dir.resolve()
         self.name = name
+        self._own_work = work_dir is None
         self.work = Path(work_dir or tempfile.mkdtemp(prefix="zjusct-node-")).resolve()
         self.extra_images = tuple(extra_images)
         self.lock_timeout = lock_timeout
@@ -209,6 +210,20 @@ class RealNode:
         self.host_paths_before: dict[str, bool] = {}
         self._lock_fd: int | None = None
         self._stopped = False
+
+    @staticmethod
+    def missing_reason() -> str | None:
+        """What a real node lacks on this machine (root, containerd, runc, ctr, CNI plugins, kubelet), or None."""
+        missing = [] if os.geteuid() == 0 else ["root"]
+        missing += [t for t in ("containerd", "runc", "ctr") if shutil.which(t) is None]
+        if not Path("/usr/lib/cni/bridge").exists():
+            missing.append("/usr/lib/cni/bridge (containernetworking-plugins)")
+        if missing:
+            missing = [f"{', '.join(missing)} (hack/install-deps.sh)"]
+        reason = Binaries.pinned().kubelet_missing_reason()
+        if reason:
+            missing.append(reason)
+        return "; ".join(missing) or None
 
     # ------------------------------------------------------------------ paths
 
@@ -249,15 +264,15 @@ class RealNode:
             RealNodeError: a component is missing, failed or timed out; everything is torn down when raised.
             TimeoutError: the lock stayed held by another real node for ``lock_timeout`` s.
         """
-        reason = self.binaries.kubelet_missing_reason()
+        reason = self.missing_reason()
         if reason:
             raise RealNodeError(reason)
-        for tool in ("containerd", "runc", "ctr"):
-            if shutil.which(tool) is None:
-                raise RealNodeError(f"{tool} not installed (hack/apt-packages.txt: containerd, runc)")
-        if not Path("/usr/lib/cni/bridge").exists():
-            raise RealNodeError("/usr/lib/cni/bridge missing (package containernetworking-plugins)")
-        self._take_lock()
+        try:
+            self._take_lock()
+        except BaseException:
+            if self._own_work:
+                shutil.rmtree(self.work, ignore_errors=True)
+            raise
         try:
             self._start(timeout)
         except BaseException:

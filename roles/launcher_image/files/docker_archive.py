@@ -32,6 +32,7 @@ import stat
 import sys
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -90,7 +91,7 @@ def write_layer(root: Path, out: BinaryIO, mtime: int = 0) -> tuple[str, int]:
     """
     hw = _HashingWriter(out)
     links: dict[tuple[int, int], str] = {}
-    with tarfile.open(fileobj=hw, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+    with tarfile.open(fileobj=hw, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         for name, path in _sorted_walk(root):
             st = path.lstat()
             if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) or stat.S_ISSOCK(st.st_mode):
@@ -163,9 +164,7 @@ def write_archive(root: Path, tag: str, out: Path, *, entrypoint: list[str] | No
         raise ValueError(f"workdir {workdir!r} is not an absolute path")
     created = "1970-01-01T00:00:00Z"
     if mtime:
-        import datetime as dt
-
-        created = dt.datetime.fromtimestamp(mtime, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(mtime))
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".docker-archive-") as tmp:
         layer_path = Path(tmp) / "layer.tar"
