@@ -162,7 +162,7 @@ def main() -> int:
             image = {"dir": d, "cmdline": json.loads(Path(manifests[-1]).read_text())["defaultCmdline"]}
             rep = work / "li.json"
             subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "playbooks/launcher_image.yml",
-                            "-e", "launcher_image_import=false", "-e", f"launcher_image_report_file={rep}"],
+                            "-e", '{"launcher_image_import": false}', "-e", f"launcher_image_report_file={rep}"],
                            cwd=REPO, check=True, stdout=subprocess.DEVNULL)
             li = json.loads(rep.read_text())
             extra, tag = (Path(li["archive"]),), li["tag"]

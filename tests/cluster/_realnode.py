@@ -144,12 +144,12 @@ def node_images(cache: Path | None = None) -> dict[str, Path | str]:
 
 
 def node_ip() -> str:
-    """The host's source address for outbound traffic (the default route's), used as the node IP.
+    """The host's source address towards 1.1.1.1 (the default route's; a route lookup, no traffic): the node IP.
 
     Raises:
         RealNodeError: there is no IPv4 default route.
     """
-    out = subprocess.run(["ip", "-4", "-j", "route", "get", "192.0.2.255"], capture_output=True, text=True,
+    out = subprocess.run(["ip", "-4", "-j", "route", "get", "1.1.1.1"], capture_output=True, text=True,
                          check=False).stdout
     try:
         return str(json.loads(out)[0]["prefsrc"])

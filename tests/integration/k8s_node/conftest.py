@@ -54,7 +54,7 @@ def real_node(k8s_cluster: Cluster) -> Iterator[RealNode]:
 def launcher_image(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """``{"tag", "archive", "key"}`` of the launcher image, imported into the real node."""
     report = tmp_path_factory.mktemp("launcher-image") / "report.json"
-    argv = [ansible_playbook(), "playbooks/launcher_image.yml", "-e", "launcher_image_import=false",
+    argv = [ansible_playbook(), "playbooks/launcher_image.yml", "-e", '{"launcher_image_import": false}',
             "-e", f"launcher_image_report_file={report}"]
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=3600, check=False)
     if proc.returncode != 0:
