@@ -64,7 +64,7 @@ def pod_latency(core: Any, node: RealNode, ns: str, count: int) -> list[float]:
     for i in range(count):
         name = f"lat-{i}"
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-               "spec": {"nodeSelector": node.pod_node_selector(), "restartPolicy": "Never",
+               "spec": {**node.pod_placement(), "restartPolicy": "Never",
                         "terminationGracePeriodSeconds": 1,
                         "containers": [{"name": "main", "image": str(node.images["busybox"]),
                                         "imagePullPolicy": "Never", "command": ["sleep", "600"]}]}}
@@ -99,7 +99,7 @@ def launcher_pair(core: Any, node: RealNode, ns: str, image: Any, tag: str, work
     cfg["readyMarkerPath"] = "/vm/ready"
     core.create_namespaced_config_map(ns, config_map(f"bench{i}", cfg))
     t0 = time.monotonic()
-    core.create_namespaced_pod(ns, launcher_pod(f"bench{i}", tag, node.pod_node_selector(), image["dir"], vm,
+    core.create_namespaced_pod(ns, launcher_pod(f"bench{i}", tag, node.pod_placement(), image["dir"], vm,
                                                 f"bench{i}"))
     res["pod_running_s"] = wait_running(core, ns, f"bench{i}") - t0
     res["pod_ready_marker_s"] = wait_file(vm / "ready", 1800) - t0

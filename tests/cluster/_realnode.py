@@ -29,8 +29,10 @@ the CNI bridge, removes the host paths above that did not exist before, removes 
 restores the sysctls kubelet and the bridge plugin change (``vm.overcommit_memory``, ``kernel.panic``,
 ``kernel.panic_on_oops``, ``net.ipv4.ip_forward``) to their values before start.
 
-The Node objects of the cluster's heartbeat stay (scale tests); Pods target the real node with
-``nodeSelector: {kubernetes.io/hostname: <name>}`` (see :meth:`RealNode.pod_node_selector`).
+The Node objects of the cluster's heartbeat stay (scale tests). The real node registers with the taint
+``cloud.zjusct.io/real-node=true:NoSchedule`` so that only Pods meant for it land there: they carry
+:meth:`RealNode.pod_placement` (``nodeSelector: {kubernetes.io/hostname: <name>}`` plus the toleration). The Node
+object is deleted at stop.
 """
 
 from __future__ import annotations
@@ -69,6 +71,9 @@ SYSCTLS = ("vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops", "net.
 # host paths kubelet/containerd/libcni use whatever their configured directories are
 HOST_PATHS = (Path("/var/lib/kubelet"), Path("/var/log/containers"), Path("/var/lib/cni"), Path("/run/containerd"))
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+# Registered with the node: only Pods that tolerate it land here, so tests sharing the control plane (scheduling
+# onto node-a/node-b) never get a Pod placed on the real node.
+TAINT_KEY = "cloud.zjusct.io/real-node"
 
 
 class RealNodeError(RuntimeError):
@@ -246,6 +251,13 @@ class RealNode:
         """``nodeSelector`` that places a Pod on this node."""
         return {"kubernetes.io/hostname": self.name}
 
+    def pod_placement(self) -> dict[str, Any]:
+        """Pod spec fields that place a Pod on this node: the ``nodeSelector`` and the toleration of its taint."""
+        return {
+            "nodeSelector": self.pod_node_selector(),
+            "tolerations": [{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+        }
+
     # ------------------------------------------------------------------ lifecycle
 
     def __enter__(self) -> RealNode:
@@ -254,7 +266,7 @@ class RealNode:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self, timeout: float = 120.0) -> RealNode:
+    def start(self, timeout: float = 300.0) -> RealNode:
         """Take the machine lock, start containerd and kubelet, wait until the Node is Ready without taints.
 
         ``timings`` gets ``containerd_s`` (spawn -> serving), ``images_s`` (build/reuse + import),
@@ -330,6 +342,7 @@ class RealNode:
             f"--config={self.work / 'node' / 'kubelet-config.json'}",
             f"--kubeconfig={self.work / 'node' / 'kubelet.kubeconfig'}",
             f"--root-dir={self.work / 'kubelet-root'}",
+            f"--cert-dir={self.work / 'kubelet-root' / 'pki'}",
             f"--hostname-override={self.name}",
             f"--node-ip={self.ip}",
             "--v=1",
@@ -391,7 +404,7 @@ class RealNode:
     def _ready(self) -> bool:
         n = self._core_cached().read_node(self.name)
         ready = any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
-        return ready and not (n.spec.taints or [])
+        return ready and not [t for t in (n.spec.taints or []) if t.key != TAINT_KEY]
 
     def _core_cached(self) -> Any:
         if not hasattr(self, "_core_api"):
@@ -511,6 +524,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "maxPods": 20,
             "allowedUnsafeSysctls": ["net.ipv4.ip_forward"],
             "nodeStatusReportFrequency": "10s",
+            "registerWithTaints": [{"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}],
         }
         (node_dir / "kubelet-config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         self.timings["kubelet_port"] = port
@@ -572,12 +586,28 @@ def teardown(work: Path, state: dict[str, Any]) -> list[str]:
                 subprocess.run(["umount", "-l", mnt], capture_output=True, check=False)
             shutil.rmtree(path_s, ignore_errors=True)
     _remove_kubepods_cgroups()
+    _delete_node_object(state)
     for name, value in state.get("sysctls_before", {}).items():
         with contextlib.suppress(OSError):
             if _read_sysctl(name) != value:
                 _write_sysctl(name, value)
     shutil.rmtree(work, ignore_errors=True)
     return killed
+
+
+def _delete_node_object(state: dict[str, Any]) -> None:
+    """Delete the Node object (kubelet is stopped: it would stay NotReady in the shared control plane)."""
+    if not state.get("name") or not state.get("cluster_state_dir"):
+        return
+    with contextlib.suppress(Exception):
+        from kubernetes import client, config
+
+        kubeconfig = load_state(Path(state["cluster_state_dir"]))["kubeconfigs"]["admin"]
+        api = config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+        try:
+            client.CoreV1Api(api).delete_node(state["name"])
+        finally:
+            api.close()
 
 
 def _remove_kubepods_cgroups() -> None:

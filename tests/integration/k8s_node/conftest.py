@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 @pytest.fixture(scope="session")
 def real_node(k8s_cluster: Cluster) -> Iterator[RealNode]:
-    """A real node named ``real-node`` (Pods: ``nodeSelector`` from ``pod_node_selector()``)."""
+    """A real node named ``real-node`` (Pods: spec fields from ``pod_placement()``: nodeSelector + toleration)."""
     require_real_node()
     node = RealNode(k8s_cluster.state_dir)
     try:

@@ -68,14 +68,17 @@ def launcher_config(name: str, image_dir: Path, cmdline: str, pubkey: str, *, bo
     }
 
 
-def launcher_pod(name: str, image: str, node_selector: dict[str, str], image_dir: Path, vm_dir: Path,
+def launcher_pod(name: str, image: str, placement: dict[str, Any], image_dir: Path, vm_dir: Path,
                  config_map: str) -> dict[str, Any]:
-    """The Pod manifest: launcher image, NET_ADMIN + /dev/net/tun, image set and VM dir as hostPath volumes."""
+    """The Pod manifest: launcher image, NET_ADMIN + /dev/net/tun, image set and VM dir as hostPath volumes.
+
+    ``placement``: spec fields that put it on the real node (``RealNode.pod_placement()``).
+    """
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "zjusct-launcher"}},
         "spec": {
-            "nodeSelector": node_selector,
+            **placement,
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 200,  # > stopTimeoutSeconds: the guest shuts down, then the result
             "securityContext": {"sysctls": [{"name": "net.ipv4.ip_forward", "value": "1"}]},

@@ -56,7 +56,7 @@ def test_launcher_pod_boots_guest_answers_ssh_and_delete_is_a_graceful_stop(
                           .read_text().strip())
     core.create_namespaced_config_map(k8s_namespace, config_map("podvm-launcher", cfg))
     core.create_namespaced_pod(k8s_namespace, launcher_pod("podvm", launcher_image["tag"],
-                                                           real_node.pod_node_selector(), guest_image.dir, vm_dir,
+                                                           real_node.pod_placement(), guest_image.dir, vm_dir,
                                                            "podvm-launcher"))
 
     def running_ip() -> str | None:

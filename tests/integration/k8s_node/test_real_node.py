@@ -21,7 +21,7 @@ def busybox_pod(node: RealNode, name: str, script: str, **spec: Any) -> dict[str
     return {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
         "spec": {
-            "nodeSelector": node.pod_node_selector(),
+            **node.pod_placement(),
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 5,
             "containers": [{"name": "main", "image": str(node.images["busybox"]), "imagePullPolicy": "Never",
@@ -55,6 +55,8 @@ def test_node_is_ready_with_real_kubelet_version_and_runtime(real_node: RealNode
     assert info.container_runtime_version.startswith("containerd://")
     assert {a.type: a.address for a in node.status.addresses}["InternalIP"] == real_node.ip
     assert any(c.type == "Ready" and c.status == "True" for c in node.status.conditions)
+    # tainted: Pods of other tests (scheduling onto node-a/node-b) never land on the real node
+    assert [(t.key, t.effect) for t in node.spec.taints] == [("cloud.zjusct.io/real-node", "NoSchedule")]
 
 
 def test_pod_runs_and_succeeds_with_its_exit_code(real_node: RealNode, k8s_api: Any, k8s_namespace: str) -> None:
