@@ -132,16 +132,18 @@ def image_config(diff_id: str, entrypoint: list[str] | None, cmd: list[str] | No
     }
 
 
-def write_archive(root: Path, tag: str, out: Path, *, entrypoint: list[str] | None = None,
+def write_archive(root: Path, tag: str | list[str], out: Path, *, entrypoint: list[str] | None = None,
                   cmd: list[str] | None = None, env: tuple[str, ...] | list[str] = DEFAULT_ENV,
                   labels: dict[str, str] | None = None, workdir: str = "/", mtime: int = 0) -> dict[str, Any]:
     """Write ``out`` (docker-archive tar) holding one image tagged ``tag`` whose only layer is ``root``.
+
+    ``tag`` may be a list: the image gets every tag (``RepoTags``), e.g. the version and a content-keyed tag.
 
     The archive is written to a temporary file next to ``out`` and renamed into place.
 
     Args:
         root: directory tree of the image's root file system.
-        tag: ``name:tag``, e.g. ``localhost/zjusct/launcher:0.1.0`` (lowercase name, explicit tag).
+        tag: ``name:tag``, e.g. ``localhost/zjusct/launcher:0.1.0`` (lowercase name, explicit tag), or a list.
         out: the archive path.
         entrypoint, cmd: the image's Entrypoint and Cmd (argv lists) or None.
         env: ``KEY=value`` strings (default: a standard PATH).
@@ -150,14 +152,19 @@ def write_archive(root: Path, tag: str, out: Path, *, entrypoint: list[str] | No
         mtime: clamp for entry modification times and the ``created`` stamp (0 = keep times, created = epoch).
 
     Returns:
-        ``{"tag", "config_digest", "diff_id", "layer_size", "size"}`` (digests as ``sha256:<hex>``, sizes in bytes).
+        ``{"tag", "tags", "config_digest", "diff_id", "layer_size", "size"}`` (``tag`` the first tag, digests as
+        ``sha256:<hex>``, sizes in bytes).
 
     Raises:
         ValueError: ``tag`` is not ``name:tag``, ``root`` is not a directory or ``workdir`` is not absolute.
         OSError: reading ``root`` or writing ``out`` failed.
     """
-    if not TAG_RE.match(tag):
-        raise ValueError(f"tag {tag!r} is not a lowercase image name with an explicit :tag (e.g. localhost/x:1.0)")
+    tags = [tag] if isinstance(tag, str) else list(tag)
+    if not tags:
+        raise ValueError("tag: at least one name:tag is required")
+    for t in tags:
+        if not TAG_RE.match(t):
+            raise ValueError(f"tag {t!r} is not a lowercase image name with an explicit :tag (e.g. localhost/x:1.0)")
     if not root.is_dir():
         raise ValueError(f"root {str(root)!r} is not a directory")
     if not workdir.startswith("/"):
@@ -174,13 +181,16 @@ def write_archive(root: Path, tag: str, out: Path, *, entrypoint: list[str] | No
         config = image_config(diff_id, entrypoint, cmd, list(env), labels or {}, workdir, created)
         config_bytes = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
         config_hex = hashlib.sha256(config_bytes).hexdigest()
-        name, _, version = tag.rpartition(":")
-        manifest = [{"Config": f"{config_hex}.json", "RepoTags": [tag], "Layers": [f"{layer_hex}/layer.tar"]}]
+        manifest = [{"Config": f"{config_hex}.json", "RepoTags": tags, "Layers": [f"{layer_hex}/layer.tar"]}]
+        repositories: dict[str, dict[str, str]] = {}
+        for t in tags:
+            name, _, version = t.rpartition(":")
+            repositories.setdefault(name, {})[version] = layer_hex
         members: list[tuple[str, bytes | Path]] = [
             (f"{layer_hex}/layer.tar", layer_path),
             (f"{config_hex}.json", config_bytes),
             ("manifest.json", json.dumps(manifest, separators=(",", ":")).encode()),
-            ("repositories", json.dumps({name: {version: layer_hex}}, separators=(",", ":")).encode()),
+            ("repositories", json.dumps(repositories, separators=(",", ":")).encode()),
         ]
         partial = Path(tmp) / "image.tar"
         with tarfile.open(partial, "w", format=tarfile.PAX_FORMAT) as tar:
@@ -199,7 +209,8 @@ def write_archive(root: Path, tag: str, out: Path, *, entrypoint: list[str] | No
                     tar.addfile(info, io.BytesIO(data))
         os.replace(partial, out)
     return {
-        "tag": tag,
+        "tag": tags[0],
+        "tags": tags,
         "config_digest": f"sha256:{config_hex}",
         "diff_id": diff_id,
         "layer_size": layer_size,
@@ -211,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     """Command line: write one archive, print the result of :func:`write_archive` as JSON."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--root", required=True, type=Path, help="directory tree of the image's /")
-    p.add_argument("--tag", required=True, help="name:tag, e.g. localhost/zjusct/launcher:0.1.0")
+    p.add_argument("--tag", required=True, action="append", help="name:tag, e.g. localhost/zjusct/launcher:0.1.0 "
+                   "(repeatable: every tag names the image)")
     p.add_argument("--out", required=True, type=Path, help="archive file to write")
     p.add_argument("--entrypoint", type=json.loads, help="JSON argv list")
     p.add_argument("--cmd", type=json.loads, help="JSON argv list")

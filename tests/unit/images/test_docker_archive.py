@@ -129,3 +129,13 @@ def test_launcher_image_version_is_the_collection_version() -> None:
     galaxy = yaml.safe_load((REPO / "galaxy.yml").read_text())
     defaults = yaml.safe_load((REPO / "roles" / "launcher_image" / "defaults" / "main.yml").read_text())
     assert defaults["launcher_image_version"] == galaxy["version"]
+
+
+def test_several_tags_name_the_same_image(tmp_path: Path) -> None:
+    out = tmp_path / "img.tar"
+    info = da.write_archive(make_root(tmp_path / "root"), ["localhost/x:1.0", "localhost/x:1.0-abc"], out)
+    got = members(out)
+    assert json.loads(got["manifest.json"])[0]["RepoTags"] == ["localhost/x:1.0", "localhost/x:1.0-abc"]
+    layer = info["diff_id"].split(":")[1]
+    assert json.loads(got["repositories"]) == {"localhost/x": {"1.0": layer, "1.0-abc": layer}}
+    assert info["tags"] == ["localhost/x:1.0", "localhost/x:1.0-abc"]
