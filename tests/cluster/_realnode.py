@@ -579,14 +579,15 @@ def teardown(work: Path, state: dict[str, Any]) -> list[str]:
     killed += kill_pids(shims, f"-address {sock}", timeout=5)
     for mnt in _mounts_under(work):
         subprocess.run(["umount", "-l", mnt], capture_output=True, check=False)
-    subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, check=False)
-    for path_s, existed in state.get("host_paths_before", {}).items():
-        if not existed:
-            for mnt in _mounts_under(Path(path_s)):
-                subprocess.run(["umount", "-l", mnt], capture_output=True, check=False)
-            shutil.rmtree(path_s, ignore_errors=True)
-    _remove_kubepods_cgroups()
-    _delete_node_object(state)
+    if pids:  # machine-wide leftovers exist only once a daemon ran (and then this node holds the machine lock)
+        subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, check=False)
+        for path_s, existed in state.get("host_paths_before", {}).items():
+            if not existed:
+                for mnt in _mounts_under(Path(path_s)):
+                    subprocess.run(["umount", "-l", mnt], capture_output=True, check=False)
+                shutil.rmtree(path_s, ignore_errors=True)
+        _remove_kubepods_cgroups()
+        _delete_node_object(state)
     for name, value in state.get("sysctls_before", {}).items():
         with contextlib.suppress(OSError):
             if _read_sysctl(name) != value:

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Write a one-layer docker-archive image (``docker save`` format) from a directory tree, stdlib only.
 
 The archive is what ``ctr -n k8s.io images import`` (containerd), ``docker load`` and ``podman load`` accept,
@@ -184,7 +183,7 @@ def write_archive(root: Path, tag: str | list[str], out: Path, *, entrypoint: li
         manifest = [{"Config": f"{config_hex}.json", "RepoTags": tags, "Layers": [f"{layer_hex}/layer.tar"]}]
         repositories: dict[str, dict[str, str]] = {}
         for t in tags:
-            name, _, version = t.rpartition(":")
+            name, version = t.rsplit(":", 1)
             repositories.setdefault(name, {})[version] = layer_hex
         members: list[tuple[str, bytes | Path]] = [
             (f"{layer_hex}/layer.tar", layer_path),
@@ -220,7 +219,7 @@ def write_archive(root: Path, tag: str | list[str], out: Path, *, entrypoint: li
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: write one archive, print the result of :func:`write_archive` as JSON."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     p.add_argument("--root", required=True, type=Path, help="directory tree of the image's /")
     p.add_argument("--tag", required=True, action="append", help="name:tag, e.g. localhost/zjusct/launcher:0.1.0 "
                    "(repeatable: every tag names the image)")
