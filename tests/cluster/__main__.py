@@ -150,7 +150,8 @@ def cmd_node_up(args: argparse.Namespace) -> int:
     """Start a detached real node (supervisor ``_node-serve``) for the cluster; exit 1 if it does not get Ready."""
     state_dir = _state_dir(args.state_dir)
     load_state(state_dir)
-    if find_state(state_dir) is not None and find_state(state_dir).exists():  # type: ignore[union-attr]
+    existing = find_state(state_dir)
+    if existing is not None and existing.exists():
         print(f"a real node already runs for {state_dir} (node-down first)", file=sys.stderr)
         return 1
     log = state_dir / "real-node-supervisor.log"
@@ -201,6 +202,7 @@ def cmd_node_serve(args: argparse.Namespace) -> int:
         node.start(timeout=args.timeout)
     except (RealNodeError, TimeoutError) as exc:
         print(exc, file=sys.stderr)
+        (state_dir / "real-node.work").unlink(missing_ok=True)
         return 1
     try:
         info = {"ip": node.ip, "timings": node.timings, "images": {k: str(v) for k, v in node.images.items()}}
