@@ -180,7 +180,8 @@ def cmd_node_up(args: argparse.Namespace) -> int:
     info = json.loads((work / "ready").read_text())
     print(
         f"# real node {args.name} ({info['ip']}) Ready {info['timings']['ready_s']:.1f}s after kubelet start; "
-        f"work dir {work}\n# pods: nodeSelector kubernetes.io/hostname={args.name}, images "
+        f"work dir {work}\n# pods: nodeSelector kubernetes.io/hostname={args.name}, toleration "
+        f"cloud.zjusct.io/real-node (NoSchedule), images "
         f"{info['images']['busybox']} (imagePullPolicy: Never)\n# stop: python -m tests.cluster node-down",
         file=sys.stderr,
     )
