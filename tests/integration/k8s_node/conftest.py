@@ -1,6 +1,9 @@
 """Fixtures for tests on a real node (containerd + kubelet) of the test control plane.
 
-* ``k8s_cluster``, ``k8s_api``, ``k8s_namespace``: from tests/integration/k8s/conftest.py (imported).
+* ``k8s_cluster`` (session): a control plane of its own, not the shared one of tests/integration/k8s: the real
+  node's Node object changes what the scheduler reports to other tests ("0/3 nodes are available", one more
+  tainted node). ``k8s_api`` and ``k8s_namespace`` are imported from tests/integration/k8s/conftest.py and resolve
+  to this cluster here.
 * ``real_node`` (session): :class:`tests.cluster.RealNode` joined to the session's control plane; torn down at
   session end, also when tests fail (its daemons die with the test process: PR_SET_PDEATHSIG). One per machine:
   a second session waits for the lock.
@@ -10,11 +13,11 @@
 Tests here are marked ``kubelet`` (and ``k8s``): under ``CI=true`` a missing containerd, runc or kubelet binary
 fails them (tests/conftest.py gate).
 """
-# ruff: noqa: F811  (pytest fixtures take the imported fixtures as parameters of the same name)
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,17 +25,32 @@ from typing import Any
 
 import pytest
 
-from tests.cluster import Cluster, RealNode, RealNodeError
+from tests.cluster import Cluster, ClusterError, RealNode, RealNodeError
 from tests.conftest import require_real_node
 from tests.guest_image_fixture import ansible_playbook
 from tests.integration.k8s.conftest import (  # noqa: F401  (fixtures re-exported for this directory)
     _k8s_component_gate,
     k8s_api,
-    k8s_cluster,
     k8s_namespace,
+    require_k8s_binaries,
 )
 
 REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="session")
+def k8s_cluster() -> Iterator[Cluster]:
+    """The real node's own control plane (stopped at session end, also when tests fail)."""
+    require_k8s_binaries()
+    cluster = Cluster(keep_state=bool(os.environ.get("ZJUSCT_K8S_KEEP")))
+    try:
+        cluster.start()
+    except ClusterError as exc:
+        pytest.fail(f"control plane did not start: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")
