@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Build pinned upstream Kubernetes control-plane binaries and etcd from Go modules
-# into a version-keyed cache directory outside the repository.
+# Build pinned upstream Kubernetes control-plane binaries, kubelet (for the test plane's real node)
+# and etcd from Go modules into a version-keyed cache directory outside the repository.
 #
 #   hack/build-k8s.sh            build what is missing (no-op when everything is cached)
 #   hack/build-k8s.sh --check    exit 0 if every binary is cached, 1 otherwise; builds nothing
 #   hack/build-k8s.sh --paths    print KEY=path lines for the cached binaries (no build)
 #
 # Layout (cache root: ${ZJUSCT_CACHE:-/var/cache/zjusct-cloud}):
-#   k8s/<K8S_VERSION>/{kube-apiserver,kube-controller-manager,kube-scheduler}
+#   k8s/<K8S_VERSION>/{kube-apiserver,kube-controller-manager,kube-scheduler,kubelet}
 #   etcd/<ETCD_VERSION>/etcd
 #   <binary>.stamp   written last, only when the binary is complete (version, sha256,
 #                    build seconds); a binary without its stamp is rebuilt.
@@ -31,7 +31,7 @@ GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
 
 K8S_DIR="$CACHE/k8s/$K8S_VERSION"
 ETCD_DIR="$CACHE/etcd/$ETCD_VERSION"
-K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler)
+K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
 
 log() { printf '[build-k8s %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 

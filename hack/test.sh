@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command (`make test`): set everything up, then run every check and test.
 #   1. hack/install-deps.sh        Debian packages, Python venv, collection link (idempotent)
-#   2. hack/build-k8s.sh           kube-apiserver/-scheduler/-controller-manager + etcd into the cache
+#   2. hack/build-k8s.sh           kube-apiserver/-scheduler/-controller-manager, kubelet + etcd into the cache
 #   3. ruff, mypy, ansible-lint (production profile), ansible-test sanity
 #   4. pytest: unit, integration (real kube-apiserver, Ceph, netns/tc, QEMU guests) and e2e
 # Every step runs even when an earlier one failed; the exit code is non-zero if any failed, and a

@@ -3,7 +3,7 @@
 * Puts the checkout on ``sys.path`` as ``ansible_collections.zjusct.cloud`` (through the
   ``.collections`` link made by ``hack/setup-collection.sh``) so tests import module_utils the way
   Ansible does.
-* Enforces the real-component rule: a test marked ``k8s``, ``ceph``, ``netns`` or ``guest`` whose
+* Enforces the real-component rule: a test marked ``k8s``, ``kubelet``, ``ceph``, ``netns`` or ``guest`` whose
   component is missing FAILS when ``CI=true`` and is skipped with the reason printed otherwise.
 """
 
@@ -35,7 +35,7 @@ def require(component: str, ok: bool, why: str) -> None:
     """Fail (under CI) or skip (elsewhere) the running test when a real component is missing.
 
     Args:
-        component: the marker name (``k8s``, ``ceph``, ``netns``, ``guest``).
+        component: the marker name (``k8s``, ``kubelet``, ``ceph``, ``netns``, ``guest``).
         ok: whether the component is present.
         why: what is missing and how to get it, printed in the failure or skip message.
     """
@@ -45,6 +45,14 @@ def require(component: str, ok: bool, why: str) -> None:
     if IN_CI:
         pytest.fail(message + " (CI=true: a missing component is a failure, not a skip)")
     pytest.skip(message)
+
+
+def require_real_node() -> None:
+    """The ``kubelet`` gate: root, containerd, runc, ctr, the CNI plugins and the kubelet binary."""
+    from tests.cluster import RealNode
+
+    reason = RealNode.missing_reason()
+    require("kubelet", reason is None, f"a real node needs {reason}")
 
 
 def _is_root() -> bool:
@@ -60,6 +68,8 @@ def _component_gate(request: pytest.FixtureRequest) -> None:
     if "guest" in markers:
         require("guest", shutil.which("qemu-system-x86_64") is not None,
                 "qemu-system-x86_64 not installed (hack/install-deps.sh)")
+    if "kubelet" in markers:
+        require_real_node()
     if "ceph" in markers:
         require("ceph", shutil.which("ceph-mon") is not None and shutil.which("rbd") is not None,
                 "ceph-mon/rbd not installed (hack/install-deps.sh)")

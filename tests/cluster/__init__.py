@@ -1,6 +1,7 @@
 """A real Kubernetes control plane for integration tests (etcd + kube-apiserver +
 kube-controller-manager + kube-scheduler on 127.0.0.1), usable from pytest fixtures and by hand
-(``python -m tests.cluster up|down|status|lose-node|restore-node``).
+(``python -m tests.cluster up|down|status|lose-node|restore-node|node-up|node-down``), and a real node
+(containerd + kubelet) that joins it.
 
 See docs/testing-kubernetes.md.
 """
@@ -18,6 +19,7 @@ from ._cluster import (
     wait_for,
 )
 from ._nodes import BANDWIDTH_RESOURCE, DEFAULT_NODES, Heartbeat, Kubelet, NodeSpec
+from ._realnode import RealNode, RealNodeError, archive_writer, node_images
 
 __all__ = [
     "BANDWIDTH_RESOURCE",
@@ -30,9 +32,13 @@ __all__ = [
     "Heartbeat",
     "Kubelet",
     "NodeSpec",
+    "RealNode",
+    "RealNodeError",
     "acquire_shared",
+    "archive_writer",
     "cache_root",
     "load_state",
+    "node_images",
     "pinned_versions",
     "release_shared",
     "stop_state_dir",

@@ -4,7 +4,9 @@
     python -m tests.cluster status
     python -m tests.cluster lose-node node-b  # stop node-b's heartbeat (NotReady + tainted after the grace period)
     python -m tests.cluster restore-node node-b
-    python -m tests.cluster down              # stop every process by pid, remove the state dir
+    python -m tests.cluster node-up           # a real node (containerd + kubelet) joins; one per machine
+    python -m tests.cluster node-down         # stop it, undo its host changes
+    python -m tests.cluster down              # stop every process by pid, remove the state dir (runs node-down)
 
 ``up`` starts a detached supervisor (``_serve``) that owns the daemons and the node heartbeat.
 Run from the repository root (or with it on PYTHONPATH).
@@ -26,6 +28,7 @@ from types import FrameType
 from ._binaries import BUILD_SCRIPT, REPO, Binaries
 from ._cluster import TENANT_NAMESPACE, Cluster, ClusterError, load_state, pid_alive, stop_state_dir, tail
 from ._nodes import pause_marker
+from ._realnode import RealNode, RealNodeError, find_state, stop_saved
 
 ENV_STATE = "ZJUSCT_K8S_STATE"
 ERROR_FILE = "error.txt"
@@ -128,6 +131,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_down(args: argparse.Namespace) -> int:
     """Stop every recorded process by pid and remove the state dir."""
     state_dir = _state_dir(args.state_dir)
+    work = find_state(state_dir)
+    if work is not None and work.exists():
+        stop_saved(work)
     try:
         killed = stop_state_dir(state_dir)
     except FileNotFoundError:
@@ -137,6 +143,90 @@ def cmd_down(args: argparse.Namespace) -> int:
         f"stopped cluster in {state_dir}" + (f" (SIGKILL needed: {', '.join(killed)})" if killed else ""),
         file=sys.stderr,
     )
+    return 0
+
+
+def cmd_node_up(args: argparse.Namespace) -> int:
+    """Start a detached real node (supervisor ``_node-serve``) for the cluster; exit 1 if it does not get Ready."""
+    state_dir = _state_dir(args.state_dir)
+    load_state(state_dir)
+    existing = find_state(state_dir)
+    if existing is not None and existing.exists():
+        print(f"a real node already runs for {state_dir} (node-down first)", file=sys.stderr)
+        return 1
+    log = state_dir / "real-node-supervisor.log"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    with log.open("ab") as out:
+        sup = subprocess.Popen(
+            [sys.executable, "-m", "tests.cluster", "_node-serve", "--state-dir", str(state_dir),
+             "--name", args.name, "--timeout", str(args.timeout)],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + args.timeout + 60
+    while True:
+        work = find_state(state_dir)
+        if sup.poll() is not None:
+            print(f"real node failed to start; {log}:\n{tail(log, 40)}", file=sys.stderr)
+            return 1
+        if work is not None and (work / "ready").exists():
+            break
+        if time.monotonic() > deadline:
+            sup.terminate()
+            sup.wait(timeout=120)
+            print(f"timed out; {log}:\n{tail(log, 40)}", file=sys.stderr)
+            return 1
+        time.sleep(0.3)
+    info = json.loads((work / "ready").read_text())
+    print(
+        f"# real node {args.name} ({info['ip']}) Ready {info['timings']['ready_s']:.1f}s after kubelet start; "
+        f"work dir {work}\n# pods: nodeSelector kubernetes.io/hostname={args.name}, toleration "
+        f"cloud.zjusct.io/real-node (NoSchedule), images "
+        f"{info['images']['busybox']} (imagePullPolicy: Never)\n# stop: python -m tests.cluster node-down",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_node_serve(args: argparse.Namespace) -> int:
+    """Supervisor of a real node: hold the machine lock and the daemons until SIGTERM/SIGINT/SIGHUP."""
+
+    def _exit(signum: int, _frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _exit)
+    state_dir = Path(args.state_dir).resolve()
+    node = RealNode(state_dir, name=args.name)
+    (state_dir / "real-node.work").write_text(f"{node.work}\n")
+    try:
+        node.start(timeout=args.timeout)
+    except (RealNodeError, TimeoutError) as exc:
+        print(exc, file=sys.stderr)
+        (state_dir / "real-node.work").unlink(missing_ok=True)
+        return 1
+    try:
+        info = {"ip": node.ip, "timings": node.timings, "images": {k: str(v) for k, v in node.images.items()}}
+        (node.work / "ready").write_text(json.dumps(info) + "\n")
+        while True:
+            signal.pause()
+    finally:
+        node.stop()
+        (state_dir / "real-node.work").unlink(missing_ok=True)
+
+
+def cmd_node_down(args: argparse.Namespace) -> int:
+    """Stop the real node of the cluster (its supervisor, else directly from its saved state)."""
+    state_dir = _state_dir(args.state_dir)
+    work = find_state(state_dir)
+    if work is None or not work.exists():
+        print(f"no real node for {state_dir}", file=sys.stderr)
+        (state_dir / "real-node.work").unlink(missing_ok=True)
+        return 1
+    killed = stop_saved(work)
+    (state_dir / "real-node.work").unlink(missing_ok=True)
+    print(f"stopped real node in {work}" + (f" (SIGKILL needed: {', '.join(killed)})" if killed else ""),
+          file=sys.stderr)
     return 0
 
 
@@ -189,6 +279,19 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=text)
         p.add_argument("--state-dir", help=f"default: ${ENV_STATE}")
         p.set_defaults(func=func)
+    node_up = sub.add_parser("node-up", help="start a real node (containerd + kubelet) for the cluster")
+    node_up.add_argument("--state-dir", help=f"default: ${ENV_STATE}")
+    node_up.add_argument("--name", default="real-node", help="Node name (default: real-node)")
+    node_up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait until Ready")
+    node_up.set_defaults(func=cmd_node_up)
+    node_serve = sub.add_parser("_node-serve", help=argparse.SUPPRESS)
+    node_serve.add_argument("--state-dir", required=True)
+    node_serve.add_argument("--name", default="real-node")
+    node_serve.add_argument("--timeout", type=float, default=180.0)
+    node_serve.set_defaults(func=cmd_node_serve)
+    node_down = sub.add_parser("node-down", help="stop the real node, undo its host changes")
+    node_down.add_argument("--state-dir", help=f"default: ${ENV_STATE}")
+    node_down.set_defaults(func=cmd_node_down)
     for name, text in (("lose-node", "stop a node's heartbeat"), ("restore-node", "resume a node's heartbeat")):
         p = sub.add_parser(name, help=text)
         p.add_argument("node")

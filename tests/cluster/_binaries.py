@@ -36,7 +36,11 @@ def pinned_versions() -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Binaries:
-    """Paths of the four binaries of one pinned release (they may not exist yet)."""
+    """Paths of the four control-plane binaries of one pinned release plus kubelet (they may not exist yet).
+
+    ``kubelet`` is only needed by a real node (:class:`tests.cluster.RealNode`); :meth:`missing` covers the
+    control plane only, :meth:`kubelet_missing_reason` the kubelet.
+    """
 
     k8s_version: str
     etcd_version: str
@@ -44,6 +48,7 @@ class Binaries:
     kube_apiserver: Path
     kube_controller_manager: Path
     kube_scheduler: Path
+    kubelet: Path
 
     @classmethod
     def pinned(cls, cache: Path | None = None) -> Binaries:
@@ -59,6 +64,7 @@ class Binaries:
             kube_apiserver=kdir / "kube-apiserver",
             kube_controller_manager=kdir / "kube-controller-manager",
             kube_scheduler=kdir / "kube-scheduler",
+            kubelet=kdir / "kubelet",
         )
 
     def all(self) -> dict[str, Path]:
@@ -86,6 +92,16 @@ class Binaries:
         return (
             f"{', '.join(missing)} not built for kubernetes v{self.k8s_version} / etcd v{self.etcd_version} "
             f"under {cache_root()}: run {BUILD_SCRIPT.relative_to(REPO)} (cold build takes minutes, then cached)"
+        )
+
+    def kubelet_missing_reason(self) -> str | None:
+        """A human-readable reason when the kubelet binary is not completely built, else ``None``."""
+        stamp = self.kubelet.with_name(self.kubelet.name + ".stamp")
+        if os.access(self.kubelet, os.X_OK) and stamp.is_file():
+            return None
+        return (
+            f"kubelet not built for kubernetes v{self.k8s_version} under {cache_root()}: "
+            f"run {BUILD_SCRIPT.relative_to(REPO)} (builds only what is missing)"
         )
 
     def stamps(self) -> dict[str, dict[str, str]]:

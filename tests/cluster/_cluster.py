@@ -38,6 +38,7 @@ from ._pki import PKI, KeyPair, write_kubeconfig
 STATE_FILE = "state.json"
 TENANT_USER = "alice"
 TENANT_NAMESPACE = "tenant-alice"
+KUBELET_CLIENT_USER = "kube-apiserver-kubelet-client"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 LIFECYCLE_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
 # Stopped stage by stage: kube-apiserver needs etcd while it shuts down (else it hangs ~10 s).
@@ -414,6 +415,9 @@ class Cluster:
             ips=("127.0.0.1",),
         )
         pki.issue("kube-scheduler-serving", "kube-scheduler", server=True, dns=("localhost",), ips=("127.0.0.1",))
+        # kube-apiserver -> kubelet (logs, exec, port-forward of a real node); authorized by the kubelet's
+        # webhook through the ClusterRoleBinding made in _bootstrap_objects
+        pki.issue("kube-apiserver-kubelet-client", KUBELET_CLIENT_USER, client=True)
         users: dict[str, tuple[str, tuple[str, ...]]] = {
             "admin": ("kubernetes-admin", ("system:masters",)),
             "kube-controller-manager": ("system:kube-controller-manager", ()),
@@ -470,6 +474,12 @@ class Cluster:
                 "--endpoint-reconciler-type=none",  # 127.0.0.1 is not a valid Endpoints address
                 "--allow-privileged=true",
                 "--profiling=false",
+                # a real node (tests.cluster.RealNode): reach its kubelet by the node IP (the node name is no
+                # DNS name), authenticate with a client certificate and verify the kubelet's serving certificate
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
+                f"--kubelet-client-certificate={d / 'kube-apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={d / 'kube-apiserver-kubelet-client.key'}",
+                f"--kubelet-certificate-authority={pki.ca.cert}",
             ]
         common = [
             f"--kubeconfig={self.kubeconfigs[name]}",
@@ -561,6 +571,17 @@ class Cluster:
             {"metadata": {"name": TENANT_NAMESPACE, "labels": {"cloud.zjusct.io/tenant": TENANT_USER}}}
         )
         rbac: Any = client.RbacAuthorizationV1Api(api)
+        rbac.create_cluster_role_binding(
+            {
+                "metadata": {"name": "zjusct-test:kube-apiserver-kubelet-client"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "system:kubelet-api-admin",
+                },
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": KUBELET_CLIENT_USER}],
+            }
+        )
         rbac.create_namespaced_role_binding(
             TENANT_NAMESPACE,
             {

@@ -110,6 +110,26 @@ class PKI:
             )
         )
 
+    @classmethod
+    def load(cls, directory: Path) -> PKI:
+        """Open the PKI an earlier :class:`PKI` wrote to ``directory`` (to issue more leaf certificates).
+
+        Raises:
+            OSError: ``ca.crt``/``ca.key`` cannot be read.
+            ValueError: they are not a PEM certificate and an EC private key.
+        """
+        self = cls.__new__(cls)
+        self.dir = directory
+        self.ca = KeyPair(directory / "ca.crt", directory / "ca.key")
+        self._ca_cert = x509.load_pem_x509_certificate(self.ca.cert.read_bytes())
+        key = serialization.load_pem_private_key(self.ca.key.read_bytes(), password=None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise ValueError(f"{self.ca.key} is not an EC private key")
+        self._ca_key = key
+        self.sa_private = directory / "sa.key"
+        self.sa_public = directory / "sa.pub"
+        return self
+
     def issue(
         self,
         name: str,
