@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.cluster import TENANT_NAMESPACE, TENANT_USER
+from tests.cluster import TENANT_NAMESPACE, TENANT_USER, wait_for
 from tests.integration.cloudvm_k8s.cloudvm_helpers import GROUP, PLURAL, VERSION, CloudVMs, api_error
 
 pytestmark = pytest.mark.k8s
@@ -89,7 +89,11 @@ def test_another_user_cannot_start_change_keys_or_delete(as_user: Callable[..., 
     after = cvm_api.get(k8s_namespace, "alice")
     assert after is not None and after["spec"] == before["spec"]
     alice.patch_spec(k8s_namespace, "alice", powerState="Running", bootID=1)
-    alice.api.delete_namespaced_custom_object(GROUP, VERSION, k8s_namespace, PLURAL, "alice")
+    # as the cloudvm module deletes: foreground propagation, which the garbage collector (no owner) finishes
+    # by removing its finalizer, a metadata-only update the policy lets through
+    alice.api.delete_namespaced_custom_object(GROUP, VERSION, k8s_namespace, PLURAL, "alice",
+                                              body={"propagationPolicy": "Foreground"})
+    wait_for(lambda: cvm_api.get(k8s_namespace, "alice") is None, 60, "alice's CloudVM deleted")
 
 
 def test_owner_group_operators_and_controller_may_act(as_user: Callable[..., CloudVMs], cvm_api: CloudVMs,
