@@ -17,8 +17,8 @@ Network isolation (docs/security.md, "Network isolation"), all nftables, all in 
   TAP name, so starting or deleting a VM changes elements, not rules (:func:`apply_isolation`).
 * ``inet zjusct_guard`` in the namespace (L3): routed traffic only guest -> uplink and its
   replies; guests reach nothing on the namespace itself but ICMP echo (:func:`guard_ruleset`).
-* ``ip zjusct_nat`` on the uplink's outer side: masquerade, and nothing from the uplink reaches
-  that namespace's own services (:func:`uplink_outer_ruleset`).
+* ``ip zjusct_nat`` on the uplink's outer side (the host): masquerade, and nothing a guest sends
+  reaches that namespace's own services (:func:`uplink_outer_ruleset`).
 
 Sysctls are written only inside the cloud's own namespace (``net.ipv4.ip_forward`` and
 ``net.bridge.bridge-nf-call-*`` are per namespace); the uplink's outer side (the host) gets
@@ -421,32 +421,25 @@ def apply_isolation(netns: str, groups: dict) -> bool:
     return True
 
 
-def uplink_outer_ruleset(uplink_cidr: str) -> list[str]:
+def uplink_outer_ruleset(subnet: str, uplink_cidr: str) -> list[str]:
     """The rules of ``ip zjusct_nat`` on the uplink's outer side (the host's namespace by default).
 
-    The uplink prefix is masqueraded onto every other interface, and nothing arriving from the
-    uplink veth reaches that namespace's own services: only replies to connections it opened.
+    Guests' traffic (``subnet``, routed there unchanged by the cloud's namespace) and the namespace's
+    own (``uplink_cidr``) are masqueraded onto every interface but the uplink veth. Nothing a guest
+    sends reaches the outer namespace's own services (its addresses on any interface): from the
+    uplink veth, packets from ``subnet`` come in only as replies. The cloud's namespace itself (the
+    launchers, QEMU reaching Ceph) keeps reaching the host.
     """
-    net = _network(uplink_cidr)
+    guests, uplink = _network(subnet).cidr, _network(uplink_cidr).cidr
     return [
         "chain postrouting {",
         "  type nat hook postrouting priority srcnat; policy accept;",
-        f'  ip saddr {net.cidr} oifname != "{UPLINK_OUTER}" masquerade',
+        f'  ip saddr {{ {guests}, {uplink} }} oifname != "{UPLINK_OUTER}" masquerade',
         "}",
         "chain input {",
         "  type filter hook input priority filter; policy accept;",
-        f'  iifname "{UPLINK_OUTER}" ct state established,related accept',
-        f'  iifname "{UPLINK_OUTER}" drop',
-        "}",
-    ]
-
-
-def nat_ruleset(source: str) -> list[str]:
-    """The rules of ``ip zjusct_nat`` in the cloud's namespace: guests' ``source`` masqueraded onto the uplink."""
-    return [
-        "chain postrouting {",
-        "  type nat hook postrouting priority srcnat; policy accept;",
-        f'  ip saddr {_network(source).cidr} oifname "{UPLINK_INNER}" masquerade',
+        f'  iifname "{UPLINK_OUTER}" ip saddr {guests} ct state established,related accept',
+        f'  iifname "{UPLINK_OUTER}" ip saddr {guests} drop',
         "}",
     ]
 
@@ -455,14 +448,19 @@ def ensure_uplink(netns: str, subnet: str, uplink_cidr: str, uplink_netns: str =
                   ip_forward: bool = False) -> bool:
     """Give the guests' namespace a way out: a veth to ``uplink_netns`` (the host's by default) and NAT.
 
-    Inside ``netns``: ``zjup1`` with the uplink's second address, a default route via the first,
-    and guests' traffic (``subnet``) masqueraded onto ``zjup1``. On the outer side: ``zjup0`` with
-    the first address and the table :func:`uplink_outer_ruleset` (the outer side's other tables are
-    untouched). The outer side's ``net.ipv4.ip_forward`` is written only when ``ip_forward`` is true
-    (the operator's opt-in ``uplink_ip_forward``); without forwarding there, guests reach the
-    uplink's outer namespace's neighbours but are not routed beyond (see :func:`uplink_forwarding`).
+    Inside ``netns``: ``zjup1`` with the uplink's second address and a default route via the first;
+    guests' packets are routed out unchanged. On the outer side: ``zjup0`` with the first address, a
+    route to ``subnet`` via ``zjup1``, and the table :func:`uplink_outer_ruleset` (masquerade, and no
+    guest reaches that namespace's services; its other tables are untouched). A single NAT on the
+    outer side lets it tell guests' packets (from ``subnet``) from the namespace's own. The outer
+    side's ``net.ipv4.ip_forward`` is written only when ``ip_forward`` is true (the operator's opt-in
+    ``uplink_ip_forward``); without forwarding there guests are not routed beyond it
+    (:func:`uplink_forwarding`).
 
     Returns whether anything changed.
+
+    Raises:
+        NetworkError: a command failed, or ``subnet`` is already routed elsewhere in the outer namespace.
     """
     if not netns:
         return False
@@ -483,8 +481,19 @@ def ensure_uplink(netns: str, subnet: str, uplink_cidr: str, uplink_netns: str =
     if f"default via {net[1]}" not in _ip(netns, "route", "show", "default").stdout:
         _ip(netns, "route", "replace", "default", "via", str(net[1]), "dev", UPLINK_INNER)
         changed = True
-    changed |= _ensure_table(netns, "ip", NAT_TABLE, nat_ruleset(subnet))
-    changed |= _ensure_table(uplink_netns, "ip", NAT_TABLE, uplink_outer_ruleset(uplink_cidr))
+    guests = str(_network(subnet).cidr)
+    routed = _ip(uplink_netns, "-o", "route", "show", "exact", guests).stdout.strip()
+    if not routed:
+        _ip(uplink_netns, "route", "add", guests, "via", str(net[2]), "dev", UPLINK_OUTER)
+        changed = True
+    elif f"via {net[2]} dev {UPLINK_OUTER}" not in routed:
+        where = f"namespace {uplink_netns}" if uplink_netns else "the host's namespace"
+        raise NetworkError(f"subnet: {guests} is already routed in {where} ({routed}); choose another"
+                           " hypervisor_subnet")
+    if _run([*_exec(netns), "nft", "list", "table", "ip", NAT_TABLE], check=False).returncode == 0:
+        _run([*_exec(netns), "nft", "delete", "table", "ip", NAT_TABLE])  # the former inner NAT (double NAT)
+        changed = True
+    changed |= _ensure_table(uplink_netns, "ip", NAT_TABLE, uplink_outer_ruleset(subnet, uplink_cidr))
     if ip_forward:
         changed |= _ensure_sysctl(uplink_netns, "net.ipv4.ip_forward", "1")
     return changed
@@ -517,7 +526,7 @@ def _ensure_table(netns: str, family: str, name: str, body: list[str]) -> bool:
 
 
 def remove_uplink(netns: str, uplink_netns: str = "") -> None:
-    """Delete the uplink veth pair and its table on the outer side."""
+    """Delete the uplink veth pair (and with it the outer route to the guests) and its table on the outer side."""
     if link_exists(uplink_netns, UPLINK_OUTER):
         _ip(uplink_netns, "link", "del", UPLINK_OUTER)
     _run([*_exec(uplink_netns), "nft", "delete", "table", "ip", NAT_TABLE], check=False)

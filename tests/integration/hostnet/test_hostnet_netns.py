@@ -154,6 +154,17 @@ def test_allowed_traffic_passes(guests):
     finally:
         obs.stop()
     assert out == "hello"
+    # the cloud's namespace itself (launchers, QEMU reaching Ceph) still reaches the host's services
+    outer_ip = str(net._network(UPLINK)[1])
+    obs = chk.Observer(topo.outside, "listen", "--host", outer_ip, "--port", "2223", "--until", "never",
+                       "--timeout", "30", "--once")
+    try:
+        code = f"import socket; print(socket.create_connection(('{outer_ip}', 2223), timeout=5).recv(5).decode())"
+        out = chk.run_in(topo.cloud, [sys.executable, "-c", code]).stdout.strip()
+        obs.result()
+    finally:
+        obs.stop()
+    assert out == "hello"
 
 
 def test_routed_guest_to_guest_of_another_owner_is_dropped(guests):

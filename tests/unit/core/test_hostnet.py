@@ -62,6 +62,6 @@ def test_rules_default_deny_for_guests():
     guard = guard_ruleset("zjbr0", "zjup1")
     assert '  iifname "zjbr0" drop' in guard and '  iifname "zjbr0" oifname "zjup1" accept' in guard
     assert not any("forward" in line for line in guard_ruleset("zjbr0", "zjup1", forward=False))
-    outer = uplink_outer_ruleset("100.64.255.0/30")
-    assert '  iifname "zjup0" drop' in outer
-    assert '  ip saddr 100.64.255.0/30 oifname != "zjup0" masquerade' in outer
+    outer = uplink_outer_ruleset("10.200.0.0/24", "100.64.255.0/30")
+    assert '  iifname "zjup0" ip saddr 10.200.0.0/24 drop' in outer  # guests, not the cloud's namespace itself
+    assert '  ip saddr { 10.200.0.0/24, 100.64.255.0/30 } oifname != "zjup0" masquerade' in outer
