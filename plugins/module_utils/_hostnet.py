@@ -129,7 +129,7 @@ def isolation_elements(groups: dict) -> dict:
             if not _MAC_RE.match(mac):
                 raise NetworkError(f"mac: {guest['mac']!r} of {tap} is not a MAC address (xx:xx:xx:xx:xx:xx)")
             try:
-                ipv4 = str(ipaddress.IPv4Address(str(guest["ipv4"]).split("/")[0]))
+                ipv4 = str(ipaddress.IPv4Address(str(guest["ipv4"]).split("/", maxsplit=1)[0]))
             except ValueError as exc:
                 raise NetworkError(f"ipv4: {guest['ipv4']!r} of {tap} is not an IPv4 address") from exc
             elements["guest_mac"].add((tap, mac))
