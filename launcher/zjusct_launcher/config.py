@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from zjusct_launcher import API_VERSION
+from zjusct_launcher import API_VERSION, names
 
 KIND = "LauncherConfig"
 
@@ -334,8 +334,9 @@ def _parse_root_disk(c: _Checker, raw: Any) -> RootDisk:
 
 def _parse_identity(c: _Checker, raw: Any, vm: VMRef) -> Identity:
     d = c.obj("identity", raw, ("hostname", "instanceID", "sshAuthorizedKeys"), ())
-    hostname = c.string("identity.hostname", d.get("hostname", vm.name[:63] or "vm"), pattern=DNS_LABEL_RE,
-                        max_len=63, what="a host name (DNS-1123 label)")
+    default_hostname = names.dns_label(vm.name) if vm.name else "vm"
+    hostname = c.string("identity.hostname", d.get("hostname", default_hostname), pattern=DNS_LABEL_RE, max_len=63,
+                        what="a host name (DNS-1123 label)")
     instance_id = c.string("identity.instanceID", d.get("instanceID", vm.uid or "unset"), pattern=INSTANCE_ID_RE,
                            max_len=128, what="an instance id (letters, digits, '_', '.', ':', '/', '-')")
     keys_raw = d.get("sshAuthorizedKeys", [])

@@ -17,6 +17,7 @@ import re
 import socket
 from typing import Any
 
+from zjusct_launcher import names
 from zjusct_launcher.config import LauncherConfig
 from zjusct_launcher.paths import RuntimePaths
 
@@ -52,8 +53,8 @@ def build_config(cfg: LauncherConfig, paths: RuntimePaths) -> dict[str, Any]:
 
 
 def instance_id(cfg: LauncherConfig) -> str:
-    """Firecracker ``--id``: 1-64 of alphanumerics and '-'."""
-    return re.sub(r"[^A-Za-z0-9-]", "-", f"{cfg.vm.namespace}-{cfg.vm.name}")[:64]
+    """Firecracker ``--id``: 1-64 of alphanumerics and '-' (names.firecracker_id of ``<namespace>-<name>``)."""
+    return names.firecracker_id(f"{cfg.vm.namespace}-{cfg.vm.name}")
 
 
 def build_argv(cfg: LauncherConfig, binary: str, paths: RuntimePaths) -> list[str]:

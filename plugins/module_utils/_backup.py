@@ -17,9 +17,13 @@ equals the source, block by block.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+from ansible_collections.zjusct.cloud.plugins.module_utils import _names
 
 API_VERSION = "backup.cloud.zjusct.io/v1"
 KIND = "RbdBackup"
@@ -29,6 +33,7 @@ DATA_FILE = "data.rbdiff"
 MANIFEST_FILE = "manifest.json"
 COMPLETE_FILE = "complete"
 SNAP_PREFIX = "zjusct-backup-"
+TAG_LEN = 8
 _ID_RE = re.compile(r"^[0-9]{8}T[0-9]{6}Z-[0-9a-f]{6}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -167,9 +172,19 @@ class BackupPlan:
     reason: str
 
 
-def snapshot_name(backup_id: str) -> str:
-    """The source-image snapshot a backup is taken from."""
-    return SNAP_PREFIX + backup_id
+def dest_tag(dest: str) -> str:
+    """The destination's tag in the names of the snapshots it creates: the first 8 hex digits of the sha256 of
+    the destination's absolute path with symlinks resolved (``os.path.realpath``), UTF-8 encoded — the same as
+    ``printf %s "$(realpath DEST)" | sha256sum | cut -c1-8``. Stable for one directory however it is spelled."""
+    return hashlib.sha256(os.path.realpath(dest).encode("utf-8", "surrogateescape")).hexdigest()[:TAG_LEN]
+
+
+def snapshot_name(backup_id: str, tag: Optional[str] = None) -> str:
+    """The source-image snapshot a backup is taken from: ``zjusct-backup-<tag>-<backup id>`` (``tag`` from
+    ``dest_tag``); without a tag the name used before destinations tagged their snapshots,
+    ``zjusct-backup-<backup id>``."""
+    name = f"{SNAP_PREFIX}{tag}-{backup_id}" if tag else SNAP_PREFIX + backup_id
+    return _names.fit(name, _names.RBD_NAME_MAX)  # ids are 23 characters: never cut in practice
 
 
 def latest(backups: Iterable[Manifest]) -> Optional[Manifest]:
@@ -214,7 +229,8 @@ def plan_backup(backups: Sequence[Manifest], image_id: str, image_size: int, sou
     if last is None:
         return full("no earlier complete backup of this image in the destination")
     if last.snapshot not in snaps:
-        return full(f"snapshot {last.snapshot} of backup {last.id} no longer exists on the image")
+        return full(f"snapshot {last.snapshot} of backup {last.id} no longer exists on the image (removed "
+                    "outside this destination's backups): a full backup starts a new chain")
     if len(last.chain) >= full_every:
         return full(f"chain of backup {last.id} has {len(last.chain)} backups (full_every={full_every})")
     if image_size < last.image_size:
@@ -257,11 +273,21 @@ def plan_retention(backups: Sequence[Manifest], keep: int) -> RetentionPlan:
                          kept_for_chain=sorted(set(extra), reverse=True))
 
 
-def stale_snapshots(source_snapshots: Iterable[str], latest_backup: Optional[Manifest]) -> List[str]:
-    """Backup snapshots on the source image no longer needed: every ``zjusct-backup-*`` snapshot except the
-    newest backup's (the base of the next diff). Snapshots not made by backups are never listed."""
+def stale_snapshots(source_snapshots: Iterable[str], latest_backup: Optional[Manifest], tag: str,
+                    owned: Iterable[str] = ()) -> List[str]:
+    """This destination's backup snapshots on the source image that are no longer needed: those it owns except
+    the newest backup's (the base of the next diff).
+
+    A destination owns the snapshots named with its ``tag`` (``zjusct-backup-<tag>-*``, see ``dest_tag``:
+    also those of its interrupted backups) and the ``owned`` names — the snapshots its own manifests and
+    partial backups record, which covers snapshots named before tags existed (``zjusct-backup-<id>``) and a
+    destination whose path (hence tag) changed. Snapshots of other destinations and snapshots not made by
+    backups are never listed.
+    """
     keep = latest_backup.snapshot if latest_backup else None
-    return sorted(s for s in source_snapshots if s.startswith(SNAP_PREFIX) and s != keep)
+    mine = SNAP_PREFIX + tag + "-"
+    owned = set(owned)
+    return sorted(s for s in source_snapshots if (s.startswith(mine) or s in owned) and s != keep)
 
 
 def resolve_chain(backups: Sequence[Manifest], backup_id: Optional[str]) -> List[Manifest]:

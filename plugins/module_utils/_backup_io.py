@@ -15,6 +15,11 @@ Crash safety: a backup is written into ``<dest>/.partial-<id>/``; ``manifest.jso
 verified, then ``complete`` (holding the manifest's sha256) is written and fsynced, and only then is the
 directory renamed to ``<dest>/<id>``. An interrupted backup therefore never has a ``complete`` marker and never
 carries a backup id as its directory name; the next run removes it and its snapshot.
+
+Ownership of source snapshots: one image may be backed up into several destinations (say a local disk kept 7
+deep and an off-site mount kept 4 deep), each with its own chain and diff base. Each destination names its
+snapshots ``zjusct-backup-<tag>-<id>`` with its own ``dest_tag`` and removes only snapshots it owns (its tag, or
+named by its own manifests), so one destination's run never deletes another's diff base.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from ._backup import (
     Problem,
     compare_blocks,
     compare_file,
+    dest_tag,
     latest,
     plan_backup,
     plan_retention,
@@ -440,10 +446,11 @@ def backup(rbd: Rbd, ref: ImageRef, dest: str, *, vm: Optional[str] = None, owne
     snaps = [s["name"] for s in snap_list]
     if not check_mode:
         os.makedirs(dest, mode=0o700, exist_ok=True)
+    tag = dest_tag(dest)
     complete, partial, bad = scan(dest)
     plan = plan_backup(complete, info["id"], int(info["size"]), snaps, full_every=full_every, force_full=force_full)
     result: Dict[str, Any] = {"plan": {"type": plan.type, "parent": plan.parent, "reason": plan.reason},
-                              "ignored": bad}
+                              "ignored": bad, "dest_tag": tag}
     if check_mode:
         result["changed"] = True
         return result
@@ -452,7 +459,7 @@ def backup(rbd: Rbd, ref: ImageRef, dest: str, *, vm: Optional[str] = None, owne
             _rmtree(os.path.join(dest, name))
         result["removed_partials"] = partial
         bid = _new_id(now)
-        snap = snapshot_name(bid)
+        snap = snapshot_name(bid, tag)
         work = os.path.join(dest, PARTIAL_PREFIX + bid)
         os.mkdir(work, 0o700)
         snap_made = False
@@ -513,9 +520,14 @@ def backup(rbd: Rbd, ref: ImageRef, dest: str, *, vm: Optional[str] = None, owne
         result["backup"] = m.to_dict()
         result["bytes_written"] = size
         result["phases"] = phases
-        # source snapshots no longer needed as a diff base
+        # this destination's source snapshots no longer needed as a diff base (never another destination's)
+        owned = [x.snapshot for x in complete]
+        for name in partial:  # interrupted backups, also those named before tags: .partial-<id>
+            pid = name[len(PARTIAL_PREFIX):]
+            owned += [snapshot_name(pid), snapshot_name(pid, tag)]
         removed_snaps = []
-        for s in stale_snapshots([*snaps, snap], latest(x for x in complete if x.image_id == info["id"])):
+        for s in stale_snapshots([*snaps, snap], latest(x for x in complete if x.image_id == info["id"]), tag,
+                                 owned):
             try:
                 rbd.snap_remove(ref.at(s))
                 removed_snaps.append(s)
@@ -720,7 +732,8 @@ def run_backup_module(p: Dict[str, Any], rbd: Rbd, check_mode: bool = False) -> 
                      watcher_grace_seconds=float(p.get("watcher_grace_seconds", 35)), check_mode=check_mode,
                      verify=p.get("verify", True) is not False)
         out: Dict[str, Any] = {"changed": True, "type": res["plan"]["type"], "reason": res["plan"]["reason"],
-                               "parent": res["plan"]["parent"], "ignored": res.get("ignored", [])}
+                               "parent": res["plan"]["parent"], "ignored": res.get("ignored", []),
+                               "dest_tag": res["dest_tag"]}
         m = res.get("backup")
         if m:
             out.update(backup_id=m["id"], chain=m["chain"], snapshot=m["snapshot"],

@@ -13,24 +13,24 @@ This is the API the host backend calls on VM start/stop (docs/qos.md, "Wiring"):
   the stored pool state; devices that do not exist (VM not running) are reported and skipped.
 
 Each VM's TAP carries its own managed HTB tree (root 7a:, one VM class 7a:<minor>, default 7a:ffff); its IFB is
-named :func:`ifb_name` (TAP) and carries the mirror tree for the other direction. Both directions get the same
-rate (guaranteed) and ceil (guaranteed + granted).
+named :func:`ifb_name` (TAP), the one rule shared with tc_qos (_names), marked with the TAP's name and never
+reused for another TAP (_tc.NetlinkTc.check_ifb); it carries the mirror tree for the other direction. Both
+directions get the same rate (guaranteed) and ceil (guaranteed + granted).
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from typing import Any
 
+from ansible_collections.zjusct.cloud.plugins.module_utils import _names, _tc
 from ansible_collections.zjusct.cloud.plugins.module_utils import _qos as q
-from ansible_collections.zjusct.cloud.plugins.module_utils import _tc
 from ansible_collections.zjusct.cloud.plugins.module_utils._qos_store import Attachment, QoSStore
 
 
 def ifb_name(device: str) -> str:
-    """Stable IFB name for a device: ``zqi`` + 10 hex digits of sha256(device) (fits IFNAMSIZ)."""
-    return "zqi" + hashlib.sha256(device.encode()).hexdigest()[:10]
+    """The IFB name for a device: the same rule as tc_qos's default ``ifb`` (:func:`_names.ifb_name`)."""
+    return _names.ifb_name(device)
 
 
 def _store(store: Any) -> QoSStore:
@@ -66,8 +66,8 @@ def apply_device(qs: QoSStore, state: q.State, netns: str, device: str) -> dict:
     with nl:
         if not nl.exists(device):
             result["missing"] = True
-            if not atts and nl.delete_ifb(ifb_name(device)):
-                result["ops"].append(f"ifb {ifb_name(device)} deleted")
+            if not atts:
+                result["ops"].extend(f"ifb {x} deleted" for x in nl.owned_ifbs() if nl.delete_ifb(x))
             return result
         specs = _specs(state, atts)
         ifb = atts[0].ifb if atts else ifb_name(device)
@@ -96,8 +96,8 @@ def apply_device(qs: QoSStore, state: q.State, netns: str, device: str) -> dict:
         elif not specs:
             if nl.remove_redirect():
                 result["ops"].append(f"{device}: ingress redirect removed")
-            if nl.delete_ifb(ifb):
-                result["ops"].append(f"ifb {ifb} deleted")
+            # every IFB created for this device, also one recorded under an earlier naming rule
+            result["ops"].extend(f"ifb {x} deleted" for x in nl.owned_ifbs() if nl.delete_ifb(x))
     return result
 
 

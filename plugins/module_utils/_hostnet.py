@@ -38,12 +38,14 @@ import re
 import subprocess
 from typing import Any, Iterable, Optional
 
+from ansible_collections.zjusct.cloud.plugins.module_utils import _names
+
 try:
     from netaddr import IPNetwork
 except ImportError:  # reported by the functions that need it
     IPNetwork = None
 
-TAP_PREFIX = "zjt"
+TAP_PREFIX = _names.TAP_PREFIX
 NFT_TABLE = "zjusct_isolation"
 GUARD_TABLE = "zjusct_guard"
 NAT_TABLE = "zjusct_nat"
@@ -55,8 +57,8 @@ class NetworkError(Exception):
 
 
 def tap_name(vm_uid: str) -> str:
-    """Stable TAP name for a VM: ``zjt`` + 10 hex digits of sha256(uid) (IFNAMSIZ is 16)."""
-    return TAP_PREFIX + hashlib.sha256(vm_uid.encode()).hexdigest()[:10]
+    """Stable TAP name for a VM: ``zjt`` + 10 hex digits of sha256(uid) (:func:`_names.tap_name`)."""
+    return _names.tap_name(vm_uid)
 
 
 def mac_address(vm_uid: str) -> str:

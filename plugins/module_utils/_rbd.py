@@ -296,9 +296,20 @@ class Rbd:
         """All image-meta key/values (empty dict when none)."""
         return dict(self.run(["image-meta", "list", ref.spec]) or {})
 
-    def children(self, ref: ImageRef) -> List[Dict[str, Any]]:
-        """Clones of a snapshot: list of {pool, pool_namespace, image}."""
-        return list(self.run(["children", ref.spec]) or [])
+    def children(self, ref: ImageRef, include_trash: bool = False) -> List[Dict[str, Any]]:
+        """Clones of a snapshot (or, for an image spec, of all its snapshots): list of {pool, pool_namespace,
+        image}; with ``include_trash`` (``--all``) also clones moved to the trash, each then carrying ``id`` and
+        ``trash`` (bool). A trashed clone still holds its parent snapshot (unprotect fails with EBUSY)."""
+        words = ["children", ref.spec] + (["--all"] if include_trash else [])
+        return list(self.run(words) or [])
+
+    def pool_exists(self, pool: str) -> bool:
+        """Whether the pool exists (``rbd ls`` answers ENOENT for a missing pool)."""
+        try:
+            self.run(["ls", pool])
+        except RbdNotFound:
+            return False
+        return True
 
     def ls(self, pool: str) -> List[str]:
         """Image names in a pool."""

@@ -8,6 +8,12 @@ Ownership (ARCHITECTURE.md §5): image-meta ``cloud.zjusct.io/owner`` and ``clou
 request naming an owner or claim that differs from the marks is refused; deleting a claimed image is refused
 until the claim is released; releasing a claim, deleting or shrinking is refused while the image has watchers
 (a writer may remain — case V2).
+
+The plan sees every fact the real run depends on, so check mode and the real run reach the same decision and a
+refusal comes before any change: watchers, the clones of each snapshot (``rbd children --all``, including clones
+in the trash) — a snapshot with clones can be neither unprotected nor removed (rbd: EBUSY) — manual locks
+(``rbd lock add``; librbd answers every change with EROFS and ``rbd rm`` hangs, measured on Ceph 16), whether
+the pool exists, and the files an export writes into or an import reads.
 """
 
 from __future__ import annotations
@@ -29,7 +35,10 @@ class VolumeRefused(Exception):
 @dataclass
 class Observed:
     """What exists now. ``size`` in bytes; ``snapshots``: name -> protected; ``watchers``: list of
-    {address, client}; ``meta``: image-meta; ``parent``: ``pool/image@snap`` of a clone, else None."""
+    {address, client}; ``meta``: image-meta; ``parent``: ``pool/image@snap`` of a clone, else None;
+    ``locks``: ``rbd lock ls`` entries {id, locker, address}; ``children``: snapshot name -> its clones as
+    ``rbd children --all`` lists them ({pool, pool_namespace, image, id, trash}; only snapshots that have clones,
+    and only when the request could touch snapshots); ``pool_exists``: False when the pool is missing."""
 
     exists: bool
     size: int = 0
@@ -37,6 +46,9 @@ class Observed:
     watchers: List[Dict[str, Any]] = field(default_factory=list)
     meta: Dict[str, str] = field(default_factory=dict)
     parent: Optional[str] = None
+    locks: List[Dict[str, Any]] = field(default_factory=list)
+    children: Dict[str, List[Dict[str, Any]]] = field(default_factory=dict)
+    pool_exists: bool = True
 
 
 Action = Tuple[Any, ...]
@@ -44,6 +56,55 @@ Action = Tuple[Any, ...]
 
 def watcher_names(watchers: List[Dict[str, Any]]) -> str:
     return ", ".join(f"{w.get('address')} (client.{w.get('client')})" for w in watchers)
+
+
+def child_spec(child: Dict[str, Any]) -> str:
+    """``pool[/namespace]/image`` of one ``rbd children`` entry, plus where it is when in the trash."""
+    ns = child.get("pool_namespace") or ""
+    spec = f"{child.get('pool')}/{ns + '/' if ns else ''}{child.get('image')}"
+    if child.get("trash"):
+        spec += f" (in the trash, id {child.get('id')})"
+    return spec
+
+
+def _clone_advice(children: List[Dict[str, Any]]) -> str:
+    live = [child_spec(c) for c in children if not c.get("trash")]
+    gone = [c for c in children if c.get("trash")]
+    steps = []
+    if live:
+        steps.append("flatten each clone (" + "; ".join(f"rbd flatten {s}" for s in live) +
+                     ") or delete it")
+    if gone:
+        steps.append("purge the trashed clones (" + "; ".join(
+            f"rbd trash rm {c.get('pool')}/{c.get('id')}" for c in gone) + ") or restore and flatten them")
+    return " and ".join(steps) + ", then retry"
+
+
+def _refuse_clones(what: str, name: str, obs: Observed, snaps: List[str]) -> None:
+    """Refuse when any of ``snaps`` has clones: rbd cannot unprotect or remove such a snapshot (EBUSY)."""
+    blocked = [(s, obs.children[s]) for s in sorted(snaps) if obs.children.get(s)]
+    if not blocked:
+        return
+    held = "; ".join(f"snapshot {name}@{s} has clones {', '.join(child_spec(c) for c in kids)}"
+                     for s, kids in blocked)
+    raise VolumeRefused(f"{what} refused: {held}; {_clone_advice([c for _s, kids in blocked for c in kids])}")
+
+
+def manual_locks(locks: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Locks taken with ``rbd lock add`` (any id not starting with ``auto ``). librbd's own exclusive lock (id
+    ``auto <cookie>``) belongs to a watching client, or is broken automatically once its owner is gone; a manual
+    lock is never broken: every change fails with EROFS and ``rbd rm`` hangs (measured, Ceph 16)."""
+    return [lk for lk in locks if not str(lk.get("id", "")).startswith("auto ")]
+
+
+def _refuse_locks(name: str, obs: Observed) -> None:
+    held = manual_locks(obs.locks)
+    if not held:
+        return
+    desc = ", ".join(f"{lk.get('id')!r} held by {lk.get('locker')} ({lk.get('address')})" for lk in held)
+    fix = "; ".join(f"rbd lock rm {name} '{lk.get('id')}' {lk.get('locker')}" for lk in held)
+    raise VolumeRefused(f"{name} is locked ({desc}): rbd refuses changes to a locked image (Read-only file "
+                        f"system) and deleting it hangs; once the holder is gone remove the lock ({fix}), then retry")
 
 
 def _validate(p: Dict[str, Any]) -> None:
@@ -119,14 +180,17 @@ def _snapshot(p: Dict[str, Any], obs: Observed) -> List[Action]:
     want = p.get("snapshot_state") or "present"
     exists = snap in obs.snapshots
     protected = obs.snapshots.get(snap, False)
+    name = f"{p['pool']}/{p['name']}"
     if want == "absent":
         if not exists:
             return []
+        _refuse_clones("snapshot_state: absent", name, obs, [snap])
         return ([("snap_unprotect", snap)] if protected else []) + [("snap_remove", snap)]
     acts: List[Action] = [] if exists else [("snap_create", snap)]
     if want == "protected" and not protected:
         acts.append(("snap_protect", snap))
     if want == "unprotected" and protected:
+        _refuse_clones("snapshot_state: unprotected", name, obs, [snap])
         acts.append(("snap_unprotect", snap))
     return acts
 
@@ -141,9 +205,24 @@ def plan_volume(p: Dict[str, Any], obs: Observed, parent_obs: Optional[Observed]
     Returns:
         actions in execution order (empty = nothing to change).
     Raises:
-        VolumeRefused: the request conflicts with the marks, watchers, snapshots or size rules (message names the
-            field and what to do).
+        VolumeRefused: the request conflicts with the marks, watchers, clones of its snapshots, manual locks,
+            snapshots or size rules, or names a missing pool or file (message names the field or the blocking
+            objects and what to do). The same observation gives the same decision in check mode and for real.
     """
+    acts = _plan(p, obs, parent_obs)
+    if obs.exists and any(a[0] != "export" for a in acts):
+        _refuse_locks(f"{p['pool']}/{p['name']}", obs)
+    return acts
+
+
+def _need_files(p: Dict[str, Any]) -> None:
+    """An import reads ``path`` and ``diffs``: refuse before creating anything when one is not a file."""
+    for key, path in [("path", p["path"]), *((f"diffs[{i}]", d) for i, d in enumerate(p.get("diffs") or []))]:
+        if not os.path.isfile(path):
+            raise VolumeRefused(f"{key}: {path!r} is not an existing file to import")
+
+
+def _plan(p: Dict[str, Any], obs: Observed, parent_obs: Optional[Observed]) -> List[Action]:
     _validate(p)
     state = p["state"]
     name = f"{p['pool']}/{p['name']}"
@@ -159,6 +238,8 @@ def plan_volume(p: Dict[str, Any], obs: Observed, parent_obs: Optional[Observed]
         if obs.watchers:
             raise VolumeRefused(f"state: absent refused: {name} has watchers {watcher_names(obs.watchers)}; "
                                 "stop the VM, or fence the stale client (blocklist) first")
+        _refuse_clones("state: absent", name, obs, list(obs.snapshots))
+        _refuse_locks(name, obs)
         if obs.snapshots and not p.get("purge_snapshots"):
             raise VolumeRefused(f"state: absent refused: {name} has snapshots {', '.join(sorted(obs.snapshots))}; "
                                 "set purge_snapshots=true to delete them too")
@@ -192,6 +273,9 @@ def plan_volume(p: Dict[str, Any], obs: Observed, parent_obs: Optional[Observed]
             raise VolumeRefused("export_format: raw cannot be combined with from_snapshot; use diff")
         if os.path.exists(p["path"]) and not p.get("force"):
             return []
+        folder = os.path.dirname(os.path.abspath(p["path"]))
+        if not os.path.isdir(folder):
+            raise VolumeRefused(f"path: {p['path']!r}: its directory {folder} does not exist")
         return [("export", fmt, snap, frm, p["path"])]
     if state == "imported":
         if not p.get("path"):
@@ -200,10 +284,13 @@ def plan_volume(p: Dict[str, Any], obs: Observed, parent_obs: Optional[Observed]
             if obs.meta.get(META_IMPORTED_FROM) == import_fingerprint(p):
                 return []
             raise VolumeRefused(f"state: imported: {name} already exists; import only into a new image")
+        _need_pool(p, obs)
+        _need_files(p)
         return [("import", p["path"], list(p.get("diffs") or []))] + [
             a for a in _check_marks(p, Observed(False)) if a[0] == "meta_set"]
     # present
     if not obs.exists:
+        _need_pool(p, obs)
         if p.get("clone_from"):
             ref = parse_image_spec("clone_from", p["clone_from"], p["pool"])
             if parent_obs is None or not parent_obs.exists or ref.snapshot not in parent_obs.snapshots:
@@ -228,6 +315,12 @@ def plan_volume(p: Dict[str, Any], obs: Observed, parent_obs: Optional[Observed]
     return acts
 
 
+def _need_pool(p: Dict[str, Any], obs: Observed) -> None:
+    if not obs.pool_exists:
+        raise VolumeRefused(f"pool: {p['pool']!r} does not exist; create it first (ceph osd pool create "
+                            f"{p['pool']}; rbd pool init {p['pool']})")
+
+
 def import_fingerprint(p: Dict[str, Any]) -> str:
     """Identifies an import source set (file names and sizes) so a repeated import is recognised."""
     parts = []
@@ -242,16 +335,24 @@ def import_fingerprint(p: Dict[str, Any]) -> str:
 
 # -- effects -----------------------------------------------------------------------------------------------------
 
-def observe(rbd: Rbd, ref: ImageRef) -> Observed:
-    """Read the image's size, snapshots, watchers, meta and parent (one rbd call each)."""
+def observe(rbd: Rbd, ref: ImageRef, with_children: bool = False) -> Observed:
+    """Read the image's size, snapshots, watchers, meta, parent and locks (one rbd call each) and, with
+    ``with_children``, the clones of its snapshots (one ``rbd children --all`` of the image; one per snapshot
+    only when that finds clones). For a missing image, whether its pool exists."""
     info = rbd.info(ref)
     if info is None:
-        return Observed(False)
+        return Observed(False, pool_exists=rbd.pool_exists(ref.pool))
     snaps = {s["name"]: str(s.get("protected")) == "true" for s in rbd.snapshots(ref)}
     parent = info.get("parent")
     pspec = f"{parent['pool']}/{parent['image']}@{parent['snapshot']}" if parent else None
+    children: Dict[str, List[Dict[str, Any]]] = {}
+    if with_children and snaps and rbd.children(ref, include_trash=True):
+        for snap in snaps:
+            kids = rbd.children(ref.at(snap), include_trash=True)
+            if kids:
+                children[snap] = kids
     return Observed(True, size=int(info["size"]), snapshots=snaps, watchers=rbd.status(ref), meta=rbd.meta(ref),
-                    parent=pspec)
+                    parent=pspec, locks=rbd.locks(ref), children=children)
 
 
 def describe(rbd: Rbd, ref: ImageRef) -> Optional[Dict[str, Any]]:
@@ -392,7 +493,10 @@ def run_volume(p: Dict[str, Any], rbd: Rbd, check_mode: bool = False) -> Dict[st
     Returns {changed, actions, image, diff: {before, after}}. Raises VolumeRefused or RbdError.
     """
     ref = ImageRef(p["pool"], p["name"])
-    obs = observe(rbd, ref)
+    # the clones of its snapshots matter whenever the request may unprotect or remove a snapshot
+    touches_snaps = p["state"] == "absent" or (
+        p["state"] == "present" and bool(p.get("snapshot")) and p.get("snapshot_state") in ("absent", "unprotected"))
+    obs = observe(rbd, ref, with_children=touches_snaps)
     parent_obs = None
     if p.get("clone_from") and not obs.exists and p["state"] == "present":
         pref = parse_image_spec("clone_from", p["clone_from"], p["pool"])

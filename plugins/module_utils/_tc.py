@@ -11,7 +11,8 @@ What we manage on a device (everything else on the device is left alone):
 * one u32 filter per VM class on ``7a:`` (preference FILTER_PRIO, protocol all) with handle ``800::<minor>``;
 * for the ``ingress`` direction: the device's ``ingress`` qdisc (``ffff:``) holding one u32 filter of preference
   REDIRECT_PRIO that redirects every packet (mirred egress redirect) to an IFB device; the HTB tree lives on the
-  IFB. The IFB is created by us and marked with the alias IFB_ALIAS_PREFIX + device.
+  IFB. The IFB is created by us and marked with the alias IFB_ALIAS_PREFIX + device; an existing IFB is used
+  or deleted only when its alias names the same device (:meth:`NetlinkTc.check_ifb`).
 
 Direction semantics for a VM's TAP on a bridge: traffic TO the guest leaves the host through the TAP, so it is
 the TAP's **egress** (match the guest's MAC as Ethernet destination, or its IPv4 as IP destination). Traffic FROM
@@ -566,15 +567,53 @@ class NetlinkTc:
         link = self.ipr.get_links(self.index(ifname))[0]
         return int(link.get_attr("IFLA_MTU") or 1500)
 
-    def ifb_is_ours(self, ifb: str) -> bool:
+    def ifb_owner(self, ifb: str) -> str | None:
+        """The device an existing link ``ifb`` was created for (from its ifalias IFB_ALIAS_PREFIX + device).
+
+        Returns None when ``ifb`` does not exist, "" when it exists without our alias (not created by us).
+        """
         if not self.exists(ifb):
-            return False
+            return None
         link = self.ipr.get_links(self.index(ifb))[0]
         alias = link.get_attr("IFLA_IFALIAS") or ""
-        return alias.startswith(IFB_ALIAS_PREFIX)
+        info = link.get_attr("IFLA_LINKINFO")
+        kind = info.get_attr("IFLA_INFO_KIND") if info else None
+        if not alias.startswith(IFB_ALIAS_PREFIX) or kind not in (None, "ifb"):
+            return ""
+        return alias[len(IFB_ALIAS_PREFIX):]
+
+    def ifb_is_ours(self, ifb: str) -> bool:
+        """True when ``ifb`` exists and was created for this device (its ifalias names the device)."""
+        return self.ifb_owner(ifb) == self.device
+
+    def check_ifb(self, ifb: str) -> None:
+        """Refuse an ``ifb`` name that is taken by a link not created for this device (before any change).
+
+        Raises TcError naming the IFB, the device it belongs to (or that it is not ours) and this device. A
+        derived IFB name is collision-free by construction (_names.ifb_name); this check covers names given
+        explicitly and the residual hash collision, so that an IFB is never silently taken over.
+        """
+        owner = self.ifb_owner(ifb)
+        if owner is None or owner == self.device:
+            return
+        where = f" in netns {self.netns}" if self.netns else ""
+        whose = (f"is the IFB of device {owner!r}" if owner
+                 else "exists and was not created by zjusct.cloud (no matching ifalias, or not an ifb)")
+        raise TcError(f"ifb: {ifb!r}{where} {whose}; refusing to use it for device {self.device!r} "
+                      "(name another ifb)")
+
+    def owned_ifbs(self) -> list[str]:
+        """Names of the IFBs created for this device (ifalias IFB_ALIAS_PREFIX + device), sorted."""
+        want = IFB_ALIAS_PREFIX + self.device
+        return sorted(str(link.get_attr("IFLA_IFNAME")) for link in self.ipr.get_links()
+                      if (link.get_attr("IFLA_IFALIAS") or "") == want)
 
     def ensure_ifb(self, ifb: str) -> bool:
-        """Create (alias-marked) and bring up the IFB device ``ifb``; True when something changed."""
+        """Create (alias-marked) and bring up the IFB device ``ifb``; True when something changed.
+
+        Raises TcError (see :meth:`check_ifb`) when ``ifb`` exists but belongs to another device.
+        """
+        self.check_ifb(ifb)
         changed = False
         if not self.exists(ifb):
             self.ipr.link("add", ifname=ifb, kind="ifb")
@@ -587,6 +626,7 @@ class NetlinkTc:
         return changed
 
     def delete_ifb(self, ifb: str) -> bool:
+        """Delete ``ifb`` when it was created for this device; True when deleted (another's is left alone)."""
         if self.ifb_is_ours(ifb):
             self.ipr.link("del", index=self.index(ifb))
             return True

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ansible_collections.zjusct.cloud.plugins.module_utils import _names, _tc
 from ansible_collections.zjusct.cloud.plugins.module_utils import _qos as q
-from ansible_collections.zjusct.cloud.plugins.module_utils import _tc
 
 ARGUMENT_SPEC: dict[str, Any] = {
     "device": {"type": "str", "required": True},
@@ -96,7 +96,10 @@ def arbitrate(params: dict) -> tuple[list[_tc.ClassSpec], list[q.Decision], list
 def run(params: dict, check_mode: bool) -> dict:
     """Plan and (unless check_mode) apply; returns the module result. Raises TcError/QoSInputError."""
     device, netns, direction = params["device"], params.get("netns"), params["direction"]
-    ifb = params.get("ifb") or (("zqi" + device)[:15] if direction == "ingress" else None)
+    ifb = (params.get("ifb") or _names.ifb_name(device)) if direction == "ingress" else None
+    if ifb is not None and not 1 <= len(ifb) <= _names.IFNAME_MAX:
+        raise _tc.TcError(f"ifb: {ifb!r} has {len(ifb)} characters; an interface name has 1-{_names.IFNAME_MAX} "
+                          "(IFNAMSIZ 16 including the NUL, linux/if.h)")
     decisions: list[q.Decision] = []
     reqs: list[q.Request] = []
     specs: list[_tc.ClassSpec] = []
@@ -112,6 +115,10 @@ def run(params: dict, check_mode: bool) -> dict:
         target = device if direction == "egress" else ifb
         if target is None:
             raise AssertionError("target unexpectedly missing")
+        stale: list[str] = []
+        if ifb is not None:
+            nl.check_ifb(ifb)  # refuse another device's IFB before anything is planned or changed
+            stale = [x for x in nl.owned_ifbs() if x != ifb or params["state"] == "absent"]
         ifb_missing = direction == "ingress" and not nl.exists(target)
         current = _tc.Tree() if ifb_missing else nl.read_tree(target)
         if params["state"] == "present":
@@ -132,8 +139,9 @@ def run(params: dict, check_mode: bool) -> dict:
                 if ifb_missing or not nl.has_redirect(ifb):
                     extra.append(f"redirect {device} ingress to {ifb}")
             else:
-                if nl.has_redirect(ifb) or (nl.exists(ifb) and nl.ifb_is_ours(ifb)):
+                if nl.has_redirect(ifb) or nl.ifb_is_ours(ifb):
                     extra.append(f"remove redirect and ifb {ifb}")
+            extra += [f"remove stale ifb {x} (an earlier ifb of {device})" for x in stale if x != ifb]
         result["ops"] = extra + [op.describe() for op in ops]
         result["changed"] = bool(result["ops"])
         after = desired if params["state"] == "present" else _tc.Tree()
@@ -148,11 +156,14 @@ def run(params: dict, check_mode: bool) -> dict:
             nl.ensure_ifb(ifb)
             warnings = nl.apply(ops, ifb)
             nl.ensure_redirect(ifb)
+            for x in stale:
+                nl.delete_ifb(x)
         elif direction == "ingress":
             nl.remove_redirect()
-            if nl.exists(ifb):
+            if nl.ifb_is_ours(ifb):
                 warnings = nl.apply(ops, ifb)
-                nl.delete_ifb(ifb)
+            for x in stale:
+                nl.delete_ifb(x)
         else:
             warnings = nl.apply(ops)
         result["kernel_warnings"] = warnings

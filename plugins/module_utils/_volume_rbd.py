@@ -27,6 +27,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Optional
 
+from ansible_collections.zjusct.cloud.plugins.module_utils import _names
 from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import (
     META_CLAIMED_BY,
     META_OWNER,
@@ -132,7 +133,7 @@ def ensure_template(client: Rbd, pool: str, image_set_dir: str) -> tuple[ImageRe
         source = os.path.join(image_set_dir, "rootfs.raw")
         if not os.path.isfile(source):
             raise VolumeError(f"image: {image_set_dir} has no rootfs.raw")
-        tmp = ImageRef(pool, f"{final.image}.importing-{uuid.uuid4().hex[:8]}")
+        tmp = ImageRef(pool, _names.with_suffix(final.image, f".importing-{uuid.uuid4().hex[:8]}", _names.RBD_NAME_MAX))
         try:
             client.import_raw(source, tmp, timeout=IMPORT_TIMEOUT_SECONDS)
             client.snap_create(tmp.at(TEMPLATE_SNAPSHOT))

@@ -16,6 +16,12 @@ description:
     sha256 per 4 MiB block of the image, verification of the stored file, then a C(complete) marker written
     last. Then retention keeps O(keep) backups without ever breaking a chain a kept backup needs, and removes
     backup snapshots of the image that are no longer the base of the next diff.
+  - One image may be backed up into several destinations (each with its own O(keep)). Each destination owns its
+    snapshots, named C(zjusct-backup-<tag>-<id>) where C(tag) is the first 8 hex digits of the sha256
+    of O(dest) with symlinks resolved (C(realpath)), and a destination removes only snapshots carrying its tag
+    or named in its own manifests, never another destination's diff base. A diff base deleted by hand gives a
+    full backup whose RV(reason) names the missing snapshot. Snapshots named C(zjusct-backup-<id>) by earlier
+    versions stay usable as diff base and are cleaned up by the destination whose manifest names them.
   - Every backup is stored as C(<dest>/<id>/) with C(data.rbdiff) (an C(rbd export-diff) stream),
     C(manifest.json) and C(complete). A backup interrupted at any point has no C(complete) marker and no
     id-named directory; the next backup removes its leftovers.
@@ -137,7 +143,17 @@ reason:
   description: Why full or diff was chosen.
   returned: state=present
   type: str
-  sample: diff since backup 20261130T064320Z-d2e385 (snapshot zjusct-backup-20261130T064320Z-d2e385)
+  sample: diff since backup 20261130T064320Z-d2e385 (snapshot zjusct-backup-5d41402a-20261130T064320Z-d2e385)
+dest_tag:
+  description: This destination's tag in the names of the snapshots it creates (see the description).
+  returned: state=present
+  type: str
+  sample: 5d41402a
+snapshot:
+  description: The source-image snapshot this backup was taken from (C(zjusct-backup-<dest_tag>-<backup_id>)).
+  returned: state=present and not check mode
+  type: str
+  sample: zjusct-backup-5d41402a-20261130T064323Z-a904c0
 chain:
   description: Backup ids from the full backup to this one.
   returned: success
@@ -156,7 +172,7 @@ retention:
   returned: state=present with keep
   type: dict
 removed_snapshots:
-  description: Backup snapshots removed from the source image (no longer a diff base).
+  description: This destination's backup snapshots removed from the source image (no longer its diff base).
   returned: state=present and not check mode
   type: list
   elements: str

@@ -18,6 +18,13 @@ description:
   - Destructive requests are refused while the image is in use, namely O(state=absent) while the image has watchers
     (an open client such as QEMU, or a stale one — the watcher is named), while snapshots remain (unless
     O(purge_snapshots=true)) or while it is claimed (unless the claim is released in the same task).
+  - The plan sees every fact the real run depends on and refuses before any change, in check mode and for real
+    alike, naming the blocking objects and what to do. A snapshot with clones (C(rbd children --all), trashed
+    clones included) cannot be unprotected or removed, so O(state=absent) and O(snapshot_state=absent) or
+    V(unprotected) are refused naming each clone as C(pool/image) (flatten it with C(rbd flatten) or delete it).
+    Any change to an image holding a manual lock (C(rbd lock add)) is refused naming the lock (rbd would fail
+    with EROFS, or hang on delete). Creating or importing into a missing pool, importing a missing file and
+    exporting into a missing directory are refused too.
   - Idempotent; supports check mode (nothing is changed, the planned actions are returned) and diff mode.
 extends_documentation_fragment:
   - zjusct.cloud.ceph

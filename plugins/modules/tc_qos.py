@@ -54,8 +54,12 @@ options:
     default: egress
   ifb:
     description:
-      - IFB device for O(direction=ingress); created (marked with an alias) when missing, deleted with
-        O(state=absent). Default C(zqi) + O(device), cut to 15 characters.
+      - IFB device for O(direction=ingress); created (marked with the alias C(zjusct.cloud tc_qos ifb for
+        <device>)) when missing, deleted with O(state=absent). An existing link of that name is used only when
+        its alias names O(device); otherwise the task fails before changing anything.
+      - Default C(zqi) + O(device) when that is shorter than 15 characters, else the first 7 characters of
+        C(zqi) + O(device) followed by 8 hex digits of its sha256, so devices sharing a prefix get distinct IFBs
+        (IFNAMSIZ, 1-15 characters). IFBs left for O(device) under another name (an earlier naming rule) are removed.
     type: str
   root_rate_mbps:
     description: Rate and ceil of the root class C(7a:1), Mbit/s (1..4000000); no class ceil may exceed it.

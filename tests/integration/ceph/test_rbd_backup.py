@@ -12,6 +12,7 @@ import time
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils import _backup_io as bio
 from ansible_collections.zjusct.cloud.plugins.module_utils._backup import COMPLETE_FILE, DATA_FILE
+from ansible_collections.zjusct.cloud.plugins.module_utils._backup_io import run_backup_module
 from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import ImageRef, MiB
 
 from .conftest import read_image, write_at
@@ -114,6 +115,7 @@ KILL_SCRIPT = r"""
 import sys
 sys.path.insert(0, sys.argv[1])
 from ansible_collections.zjusct.cloud.plugins.module_utils import _backup_io as bio
+from ansible_collections.zjusct.cloud.plugins.module_utils._backup_io import run_backup_module
 from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import Connection, ImageRef, Rbd
 bio.backup(Rbd(Connection(conf=sys.argv[2])), ImageRef("rbd", sys.argv[3]), sys.argv[4])
 """
@@ -161,3 +163,67 @@ def test_killed_backup_leaves_nothing_complete_and_the_image_usable(rbd, ceph_cl
     assert [s["name"] for s in rbd.snapshots(ref)] == [res["backup"]["snapshot"]]
     assert json.loads(open(os.path.join(dest, res["backup"]["id"], "manifest.json")).read())["id"] == \
         res["backup"]["id"]
+
+
+def test_two_destinations_each_keep_their_own_diff_base(rbd, ceph_cluster, image_name, tmp_path):
+    """Issue input: one image backed up to two destinations (keep 7 and keep 4), 8 MiB written, backed up to both
+    again: both new backups are diffs of the 8 MiB; neither run removes the other destination's snapshot."""
+    ref = make_image(rbd, ceph_cluster, image_name, str(tmp_path), size_mib=64)
+    dests = {"local": (str(tmp_path / "local"), 7), "offsite": (str(tmp_path / "offsite"), 4)}
+
+    def run(which):
+        dest, keep = dests[which]
+        return run_backup_module({"state": "present", "pool": "rbd", "name": image_name, "dest": dest,
+                                  "keep": keep, "full_every": 7, "watcher_grace_seconds": 35}, rbd)
+
+    def snaps():
+        return {s["name"] for s in rbd.snapshots(ref)}
+
+    first = {}
+    for which in dests:
+        first[which] = run(which)
+        assert first[which]["type"] == "full"
+    assert snaps() == {first["local"]["snapshot"], first["offsite"]["snapshot"]}
+    assert first["local"]["dest_tag"] != first["offsite"]["dest_tag"]
+    write_at(ceph_cluster, ref, 32 * MiB, os.urandom(8 * MiB), str(tmp_path))
+    second = {}
+    for which, other in (("local", "offsite"), ("offsite", "local")):
+        second[which] = run(which)
+        res = second[which]
+        assert res["type"] == "diff", res["reason"]
+        assert res["parent"] == first[which]["backup_id"]
+        assert res["data_bytes"] == 8 * MiB and res["bytes_written"] < 9 * MiB  # two 4 MiB objects changed
+        assert res["removed_snapshots"] == [first[which]["snapshot"]]
+        assert res["snapshot"] == f"zjusct-backup-{res['dest_tag']}-{res['backup_id']}"
+        other_base = (second[other] if other in second else first[other])["snapshot"]
+        assert other_base in snaps(), f"the {which} run removed the {other} destination's diff base"
+    assert snaps() == {second["local"]["snapshot"], second["offsite"]["snapshot"]}
+    # a diff base deleted by hand: the next backup to that destination is full and says why; the other's survives
+    gone = second["local"]["snapshot"]
+    rbd.snap_remove(ref.at(gone))
+    third = run("local")
+    assert third["type"] == "full"
+    assert third["reason"].startswith(f"snapshot {gone} of backup {second['local']['backup_id']} no longer exists "
+                                      "on the image")
+    assert snaps() == {third["snapshot"], second["offsite"]["snapshot"]}
+    assert run("offsite")["type"] == "diff"
+
+
+def test_snapshots_named_before_tags_stay_usable_and_are_cleaned_by_their_destination(rbd, ceph_cluster, image_name,
+                                                                                      tmp_path, monkeypatch):
+    """Migration: a backup whose snapshot is named zjusct-backup-<id> (earlier versions) is still a diff base;
+    the next backup removes it (its manifest names it); an untagged snapshot of another destination stays."""
+    from ansible_collections.zjusct.cloud.plugins.module_utils import _backup as bk
+
+    ref = make_image(rbd, ceph_cluster, image_name, str(tmp_path), size_mib=24)
+    dest = str(tmp_path / "bk")
+    with monkeypatch.context() as m:  # the snapshot naming of earlier versions
+        m.setattr(bio, "snapshot_name", lambda bid, tag=None: bk.snapshot_name(bid))
+        old = bio.backup(rbd, ref, dest)["backup"]
+    assert old["snapshot"] == "zjusct-backup-" + old["id"]
+    foreign = "zjusct-backup-20200101T000000Z-abcdef"
+    rbd.snap_create(ref.at(foreign))
+    write_at(ceph_cluster, ref, 0, b"new", str(tmp_path))
+    new = bio.backup(rbd, ref, dest)
+    assert new["plan"]["type"] == "diff" and new["removed_snapshots"] == [old["snapshot"]]
+    assert {s["name"] for s in rbd.snapshots(ref)} == {foreign, new["backup"]["snapshot"]}

@@ -118,3 +118,76 @@ def test_export_full_and_diff_then_import_chain_into_new_image(rbd, image_name, 
         read_image(ceph_cluster, ref.at("s1"), str(tmp_path / "want2"))
     with pytest.raises(VolumeRefused, match="already exists; import only into a new image"):
         run_volume(P(image_name, state="imported", path=full), rbd)
+
+
+def test_absent_of_a_template_with_a_clone_is_refused_alike_in_check_mode_and_for_real(rbd, image_name,
+                                                                                       ceph_cluster):
+    """Issue input: image tmpl, protected snapshot base, clone child1; state=absent purge_snapshots=true."""
+    tmpl, child = image_name + "-tmpl", image_name + "-child1"
+    tref = ImageRef("rbd", tmpl)
+    run_volume(P(tmpl, size_mib=16, snapshot="base", snapshot_state="protected"), rbd)
+    run_volume(P(child, clone_from=f"rbd/{tmpl}@base"), rbd)
+    before = (rbd.info(tref), rbd.snapshots(tref), rbd.info(ImageRef("rbd", child)))
+    want = (f"state: absent refused: snapshot rbd/{tmpl}@base has clones rbd/{child}; "
+            f"flatten each clone \\(rbd flatten rbd/{child}\\) or delete it, then retry")
+    for check_mode in (True, False):
+        with pytest.raises(VolumeRefused, match=want):
+            run_volume(P(tmpl, state="absent", purge_snapshots=True), rbd, check_mode=check_mode)
+        assert (rbd.info(tref), rbd.snapshots(tref), rbd.info(ImageRef("rbd", child))) == before
+    # the same for the snapshot alone
+    for state in ("absent", "unprotected"):
+        with pytest.raises(VolumeRefused, match=f"snapshot_state: {state} refused: snapshot rbd/{tmpl}@base "
+                                                f"has clones rbd/{child}"):
+            run_volume(P(tmpl, snapshot="base", snapshot_state=state), rbd, check_mode=True)
+    rbd.run(["flatten", f"rbd/{child}", "--no-progress"], json_out=False)
+    planned = run_volume(P(tmpl, state="absent", purge_snapshots=True), rbd, check_mode=True)
+    assert planned["actions"] == ["snap_unprotect base", "snap_purge", "remove"]
+    res = run_volume(P(tmpl, state="absent", purge_snapshots=True), rbd)
+    assert res["changed"] and res["actions"] == planned["actions"] and res["image"] is None
+    assert rbd.info(tref) is None and "parent" not in rbd.info(ImageRef("rbd", child))
+    again = run_volume(P(tmpl, state="absent", purge_snapshots=True), rbd)
+    assert not again["changed"] and again["actions"] == []
+
+
+def test_a_trashed_clone_still_blocks_and_is_named(rbd, image_name):
+    tmpl, child = image_name + "-tmpl", image_name + "-gone"
+    run_volume(P(tmpl, size_mib=8, snapshot="base", snapshot_state="protected"), rbd)
+    run_volume(P(child, clone_from=f"rbd/{tmpl}@base"), rbd)
+    child_id = rbd.info(ImageRef("rbd", child))["id"]
+    rbd.run(["trash", "mv", f"rbd/{child}"], json_out=False)
+    with pytest.raises(VolumeRefused, match=f"has clones rbd/{child} \\(in the trash, id {child_id}\\); purge the "
+                                            f"trashed clones \\(rbd trash rm rbd/{child_id}\\)"):
+        run_volume(P(tmpl, state="absent", purge_snapshots=True), rbd)
+    rbd.run(["trash", "rm", f"rbd/{child_id}", "--no-progress"], json_out=False)
+    assert run_volume(P(tmpl, state="absent", purge_snapshots=True), rbd)["image"] is None
+
+
+def test_a_manual_lock_refuses_changes_before_any_is_made(rbd, image_name):
+    """A lock taken with `rbd lock add` makes resize/snap/meta fail with EROFS and `rbd rm` hang (measured)."""
+    ref = ImageRef("rbd", image_name)
+    run_volume(P(image_name, size_mib=8), rbd)
+    rbd.run(["lock", "add", ref.spec, "maint"], json_out=False)
+    lk = rbd.locks(ref)[0]
+    for kw in ({"state": "absent"}, {"size_mib": 16}, {"snapshot": "s1"}, {"owner": "alice"}):
+        for check_mode in (True, False):
+            with pytest.raises(VolumeRefused, match=f"rbd/{image_name} is locked \\('maint' held by "
+                                                    f"{lk['locker']}.*rbd lock rm rbd/{image_name} 'maint' "
+                                                    f"{lk['locker']}"):
+                run_volume(P(image_name, **kw), rbd, check_mode=check_mode)
+    assert rbd.info(ref)["size"] == 8 * MiB and rbd.snapshots(ref) == [] and rbd.meta(ref) == {}
+    rbd.run(["lock", "rm", ref.spec, "maint", lk["locker"]], json_out=False)
+    assert run_volume(P(image_name, state="absent"), rbd)["image"] is None
+
+
+def test_missing_pool_and_files_are_refused_in_check_mode_too(rbd, image_name, tmp_path):
+    for check_mode in (True, False):
+        with pytest.raises(VolumeRefused, match="pool: 'nosuchpool' does not exist"):
+            run_volume(P(image_name, pool="nosuchpool", size_mib=8), rbd, check_mode=check_mode)
+        with pytest.raises(VolumeRefused, match=r"path: .*missing\.rbdiff' is not an existing file to import"):
+            run_volume(P(image_name, state="imported", path=str(tmp_path / "missing.rbdiff")), rbd,
+                       check_mode=check_mode)
+    assert rbd.info(ImageRef("rbd", image_name)) is None
+    run_volume(P(image_name, size_mib=8, snapshot="s"), rbd)
+    with pytest.raises(VolumeRefused, match=r"its directory .*/nodir does not exist"):
+        run_volume(P(image_name, state="exported", snapshot="s", path=str(tmp_path / "nodir" / "x.raw")), rbd,
+                   check_mode=True)

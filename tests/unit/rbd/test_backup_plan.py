@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils._backup import (
@@ -12,6 +13,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils._backup import (
     ManifestError,
     compare_blocks,
     compare_file,
+    dest_tag,
     plan_backup,
     plan_retention,
     resolve_chain,
@@ -84,8 +86,32 @@ def test_retention_never_deletes_the_newest():
 
 
 def test_stale_snapshots_keep_only_the_next_diff_base_and_foreign_snapshots():
-    a, b = mk(1), mk(2)
-    assert stale_snapshots([a.snapshot, b.snapshot, "user-snap"], b) == [a.snapshot]
+    a, b = mk(1), mk(2)  # named before tags existed: owned through this destination's manifests
+    assert stale_snapshots([a.snapshot, b.snapshot, "user-snap"], b, "0badc0de", [a.snapshot, b.snapshot]) == \
+        [a.snapshot]
+
+
+def test_stale_snapshots_never_list_another_destinations_snapshots():
+    mine_old, mine_new = snapshot_name("20261130T000001Z-000001", "aaaa1111"), \
+        snapshot_name("20261130T000002Z-000002", "aaaa1111")
+    theirs = snapshot_name("20261130T000003Z-000003", "bbbb2222")
+    untagged_theirs = snapshot_name("20261130T000004Z-000004")
+    assert mine_new == "zjusct-backup-aaaa1111-20261130T000002Z-000002"
+    snaps = [mine_old, mine_new, theirs, untagged_theirs, "user-snap"]
+    latest_mine = Manifest.__new__(Manifest)
+    latest_mine.snapshot = mine_new
+    assert stale_snapshots(snaps, latest_mine, "aaaa1111") == [mine_old]
+    assert stale_snapshots(snaps, None, "bbbb2222") == [theirs]
+
+
+def test_dest_tag_is_stable_for_one_directory_however_spelled(tmp_path):
+    (tmp_path / "bk").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "bk")
+    tag = dest_tag(str(tmp_path / "bk"))
+    assert len(tag) == 8 and int(tag, 16) >= 0
+    assert dest_tag(str(tmp_path / "link")) == tag == dest_tag(str(tmp_path / "bk") + "/./")
+    assert tag == hashlib.sha256(os.path.realpath(tmp_path / "bk").encode()).hexdigest()[:8]
+    assert dest_tag(str(tmp_path / "other")) != tag
 
 
 def test_resolve_chain_orders_from_full_and_names_missing_members():

@@ -91,3 +91,36 @@ def test_clone_needs_a_protected_parent_snapshot():
 def test_bad_input_names_the_field(kw, msg):
     with pytest.raises((VolumeRefused, ValueError), match=msg):
         plan_volume(P(**kw), Observed(False))
+
+
+CHILD = {"pool": "rbd", "pool_namespace": "", "image": "child1", "id": "10a1", "trash": False}
+
+
+def test_clones_of_a_snapshot_refuse_absent_and_snapshot_removal_naming_them():
+    obs = Observed(True, size=MiB, snapshots={"base": True, "other": False}, children={"base": [CHILD]})
+    with pytest.raises(VolumeRefused, match=r"state: absent refused: snapshot rbd/vm@base has clones rbd/child1; "
+                                            r"flatten each clone \(rbd flatten rbd/child1\)"):
+        plan_volume(P(state="absent", purge_snapshots=True), obs)
+    for want in ("absent", "unprotected"):
+        with pytest.raises(VolumeRefused, match=f"snapshot_state: {want} refused: snapshot rbd/vm@base"):
+            plan_volume(P(snapshot="base", snapshot_state=want), obs)
+    assert plan_volume(P(snapshot="other", snapshot_state="absent"), obs) == [("snap_remove", "other")]
+    obs.children = {}
+    assert plan_volume(P(state="absent", purge_snapshots=True), obs) == [
+        ("snap_unprotect", "base"), ("snap_purge",), ("remove",)]
+
+
+def test_manual_lock_refuses_changes_but_not_reads_and_auto_locks_pass():
+    lock = {"id": "maint", "locker": "client.7", "address": "127.0.0.1:0/9"}
+    obs = Observed(True, size=MiB, snapshots={"s": False}, locks=[lock])
+    with pytest.raises(VolumeRefused, match=r"rbd/vm is locked \('maint' held by client.7 .*rbd lock rm rbd/vm "
+                                            r"'maint' client.7"):
+        plan_volume(P(size_mib=2), obs)
+    assert plan_volume(P(size_mib=1), obs) == []  # nothing to change: nothing refused
+    obs.locks = [dict(lock, id="auto 1403")]
+    assert plan_volume(P(size_mib=2), obs) == [("resize", 2, False)]
+
+
+def test_missing_pool_is_refused_before_create():
+    with pytest.raises(VolumeRefused, match="pool: 'rbd' does not exist"):
+        plan_volume(P(size_mib=8), Observed(False, pool_exists=False))
