@@ -113,6 +113,8 @@ def test_bridge_and_uplink_are_idempotent(topology):
 def test_bringing_the_network_up_changes_no_sysctl_outside_the_cloud_namespace(topology):
     """The host's ip_forward and the uplink's outer side's (the host's stand-in) stay as they were,
     unless the operator opted in (uplink_ip_forward); inside the cloud's namespace forwarding is on."""
+    # a new namespace inherits the host's current value: start the host's stand-in from "off"
+    sh("ip", "netns", "exec", topology.outside, "sysctl", "-q", "-w", "net.ipv4.ip_forward=0")
     host_before = open("/proc/sys/net/ipv4/ip_forward", encoding="ascii").read()
     outside_before = net.read_sysctl(topology.outside, "net.ipv4.ip_forward")
     assert outside_before == "0"
