@@ -28,6 +28,8 @@ TCG_TB_MIB = (16, 2048)
 READINESS_TIMEOUT_SECONDS = (1, 3600)
 STOP_TIMEOUT_SECONDS = (1, 3600)
 PORT = (1, 65535)
+# A VMM's uid/gid: never 0 (root), never 4294967295 ((uid_t)-1, "no change" to setresuid/chown).
+RUN_AS_ID = (1, 2**32 - 2)
 # arch/x86/include/asm/setup.h: COMMAND_LINE_SIZE 2048 (incl. NUL); the launcher appends <= 128 bytes.
 CMDLINE_MAX = 1900
 # sockaddr_un.sun_path is 108 bytes incl. NUL (unix(7)); the longest socket name we add is "/qmp.sock".
@@ -105,6 +107,22 @@ class Network:
 
 
 @dataclass(frozen=True)
+class RunAs:
+    """The unprivileged uid/gid the VMM drops to (QEMU ``-runas uid:gid``; Firecracker's jailer)."""
+
+    uid: int
+    gid: int
+
+
+@dataclass(frozen=True)
+class Jailer:
+    """Firecracker's jailer: its binary (None: ``jailer`` in PATH) and the chroot base directory."""
+
+    binary: str | None
+    chroot_base_dir: str
+
+
+@dataclass(frozen=True)
 class Hypervisor:
     type: str  # "qemu" | "firecracker"
     accel: str = "auto"
@@ -112,6 +130,9 @@ class Hypervisor:
     binary: str | None = None
     kvm_probe_timeout_seconds: int = 5
     tcg_translation_cache_mib: int = 256
+    run_as: RunAs | None = None
+    seccomp: bool = True
+    jailer: Jailer | None = None
 
 
 @dataclass(frozen=True)
@@ -421,9 +442,27 @@ def _parse_network(c: _Checker, raw: Any) -> Network:
                    dns=tuple(dns))
 
 
+def _parse_run_as(c: _Checker, raw: Any) -> RunAs | None:
+    if raw is None:
+        return None
+    d = c.obj("hypervisor.runAs", raw, ("uid", "gid"), ("uid", "gid"))
+    uid = c.integer("hypervisor.runAs.uid", d["uid"], RUN_AS_ID) if "uid" in d else RUN_AS_ID[0]
+    gid = c.integer("hypervisor.runAs.gid", d["gid"], RUN_AS_ID) if "gid" in d else RUN_AS_ID[0]
+    return RunAs(uid, gid)
+
+
+def _parse_jailer(c: _Checker, raw: Any) -> Jailer | None:
+    if raw is None:
+        return None
+    d = c.obj("hypervisor.jailer", raw, ("binary", "chrootBaseDir"), ("chrootBaseDir",))
+    binary = c.optional("hypervisor.jailer.binary", d.get("binary"), c.abs_path)
+    base = c.abs_path("hypervisor.jailer.chrootBaseDir", d["chrootBaseDir"]) if "chrootBaseDir" in d else ""
+    return Jailer(binary, base)
+
+
 def _parse_hypervisor(c: _Checker, raw: Any) -> Hypervisor:
     d = c.obj("hypervisor", raw, ("type", "accel", "allowTCG", "binary", "kvmProbeTimeoutSeconds",
-                                  "tcgTranslationCacheMiB"), ("type",))
+                                  "tcgTranslationCacheMiB", "runAs", "seccomp", "jailer"), ("type",))
     typ = c.enum("hypervisor.type", d["type"], ("qemu", "firecracker")) if "type" in d else "qemu"
     accel = c.enum("hypervisor.accel", d.get("accel", "auto"), ("auto", "kvm", "tcg"))
     allow = c.boolean("hypervisor.allowTCG", d.get("allowTCG", True))
@@ -435,7 +474,17 @@ def _parse_hypervisor(c: _Checker, raw: Any) -> Hypervisor:
         c.bad("hypervisor.accel", '"tcg" is not available with firecracker (it needs KVM)')
     if accel == "tcg" and not allow:
         c.bad("hypervisor.accel", '"tcg" contradicts hypervisor.allowTCG: false')
-    return Hypervisor(typ, accel, allow, binary, probe, tb)
+    run_as = _parse_run_as(c, d.get("runAs"))
+    seccomp = c.boolean("hypervisor.seccomp", d.get("seccomp", True))
+    jailer = _parse_jailer(c, d.get("jailer"))
+    if jailer is not None and typ != "firecracker":
+        c.bad("hypervisor.jailer", "is only used with hypervisor.type firecracker")
+    if typ == "firecracker" and run_as is not None and jailer is None:
+        c.bad("hypervisor.jailer", "is required with hypervisor.runAs when hypervisor.type is firecracker "
+                                   "(Firecracker drops privileges only through its jailer)")
+    if typ == "firecracker" and jailer is not None and run_as is None:
+        c.bad("hypervisor.runAs", "is required with hypervisor.jailer (the jailer needs a uid and a gid)")
+    return Hypervisor(typ, accel, allow, binary, probe, tb, run_as, seccomp, jailer)
 
 
 def _parse_readiness(c: _Checker, raw: Any, net: Network) -> Readiness | None:

@@ -8,11 +8,23 @@ machine-config {vcpu_count, mem_size_mib, smt}. The guest console is the process
 the guest resets (``reboot=k``: the i8042 reset line), with status 0; SendCtrlAltDel needs the guest's i8042
 driver. Exit statuses: 0 Ok, 1 generic error, 2 unexpected error, 3 bad configuration, 4 argument parsing,
 148 bad syscall (seccomp), larger values: fatal signals caught by Firecracker.
+
+The jailer (docs/jailer.md): ``jailer --id ID --exec-file FC --uid U --gid G --chroot-base-dir B
+[--cgroup-version 2] [--cgroup FILE=VALUE]... -- <firecracker args>`` builds ``<B>/<basename FC>/<ID>/root``, copies
+FC into it, creates ``/dev/kvm`` and ``/dev/net/tun`` there, joins the cgroups, chroots, drops to U:G and execs
+Firecracker with ``--id ID`` added; Firecracker's paths are then inside the chroot and it opens them as U:G. So the
+launcher puts the kernel, initrd, config disk and config file into the chroot beforehand (copies, owned by U:G,
+read-only) and the root disk as a hard link (the same inode; chowned to U:G for the run, restored afterwards).
+Firecracker's own seccomp filter is on unless ``--no-seccomp``.
+
+Not run against a release binary here: no Firecracker or jailer binary is installable on these machines (no KVM
+either); the tests use stand-ins that speak the documented surface.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 from typing import Any
@@ -28,16 +40,31 @@ EXIT_MEANINGS = {0: "ok", 1: "generic error", 2: "unexpected error", 3: "bad con
                  4: "argument parsing error", 148: "bad syscall (seccomp)"}
 
 
-def build_config(cfg: LauncherConfig, paths: RuntimePaths) -> dict[str, Any]:
-    boot: dict[str, Any] = {"kernel_image_path": cfg.boot.kernel,
+# Paths inside the jailer's chroot.
+JAIL_KERNEL, JAIL_INITRD, JAIL_ROOTFS, JAIL_IDENTITY = "/vmlinux", "/initrd.img", "/rootfs.raw", "/identity.tar"
+JAIL_CONFIG, JAIL_API_SOCKET = "/firecracker.json", "/run/firecracker.socket"
+CPU_PERIOD_US = 100000  # cgroup v2 cpu.max "<quota> <period>": quota = vCPUs x period
+
+
+def jail_root(cfg: LauncherConfig, binary: str) -> str:
+    """The jailer's chroot directory ``<chrootBaseDir>/<basename binary>/<id>/root`` (needs hypervisor.jailer)."""
+    jailer = cfg.hypervisor.jailer
+    if jailer is None:
+        raise ValueError("hypervisor.jailer is not set")
+    return os.path.join(jailer.chroot_base_dir, os.path.basename(binary), instance_id(cfg), "root")
+
+
+def build_config(cfg: LauncherConfig, paths: RuntimePaths, jailed: bool = False) -> dict[str, Any]:
+    """The ``--config-file`` document; ``jailed``: with the chroot paths (JAIL_*) instead of the host's."""
+    boot: dict[str, Any] = {"kernel_image_path": JAIL_KERNEL if jailed else cfg.boot.kernel,
                             "boot_args": (cfg.boot.cmdline + " " + EXTRA_BOOT_ARGS).strip()}
     if cfg.boot.initrd:
-        boot["initrd_path"] = cfg.boot.initrd
+        boot["initrd_path"] = JAIL_INITRD if jailed else cfg.boot.initrd
     drives = [
-        {"drive_id": "rootfs", "path_on_host": cfg.root_disk.path, "is_root_device": True,
-         "is_read_only": False, "cache_type": "Writeback"},
-        {"drive_id": "identity", "path_on_host": paths.identity_disk, "is_root_device": False,
-         "is_read_only": True, "cache_type": "Writeback"},
+        {"drive_id": "rootfs", "path_on_host": JAIL_ROOTFS if jailed else cfg.root_disk.path,
+         "is_root_device": True, "is_read_only": False, "cache_type": "Writeback"},
+        {"drive_id": "identity", "path_on_host": JAIL_IDENTITY if jailed else paths.identity_disk,
+         "is_root_device": False, "is_read_only": True, "cache_type": "Writeback"},
     ]
     doc: dict[str, Any] = {
         "boot-source": boot,
@@ -58,7 +85,22 @@ def instance_id(cfg: LauncherConfig) -> str:
 
 
 def build_argv(cfg: LauncherConfig, binary: str, paths: RuntimePaths) -> list[str]:
-    return [binary, "--api-sock", paths.fc_socket, "--config-file", paths.fc_config, "--id", instance_id(cfg)]
+    """Firecracker run directly (no hypervisor.runAs): as the launcher's user, with its own seccomp filter."""
+    argv = [binary, "--api-sock", paths.fc_socket, "--config-file", paths.fc_config, "--id", instance_id(cfg)]
+    return argv if cfg.hypervisor.seccomp else [*argv, "--no-seccomp"]
+
+
+def build_jailer_argv(cfg: LauncherConfig, jailer: str, binary: str) -> list[str]:
+    """The jailer's argument list: uid/gid from hypervisor.runAs, the chroot base from hypervisor.jailer, a
+    cgroup v2 CPU limit of machine.vcpus CPUs; Firecracker's own arguments (after ``--``) name chroot paths."""
+    run_as, jail = cfg.hypervisor.run_as, cfg.hypervisor.jailer
+    if run_as is None or jail is None:
+        raise ValueError("hypervisor.runAs and hypervisor.jailer are both required for the jailer")
+    argv = [jailer, "--id", instance_id(cfg), "--exec-file", binary, "--uid", str(run_as.uid),
+            "--gid", str(run_as.gid), "--chroot-base-dir", jail.chroot_base_dir, "--cgroup-version", "2",
+            "--cgroup", f"cpu.max={cfg.machine.vcpus * CPU_PERIOD_US} {CPU_PERIOD_US}",
+            "--", "--api-sock", JAIL_API_SOCKET, "--config-file", JAIL_CONFIG]
+    return argv if cfg.hypervisor.seccomp else [*argv, "--no-seccomp"]
 
 
 def describe_exit(status: int) -> str:

@@ -14,8 +14,10 @@ import resource
 import select
 import shutil
 import signal
+import socket
 import stat
 import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -34,6 +36,33 @@ QMP_CONNECT_TIMEOUT_SECONDS = 30.0
 FC_API_TIMEOUT_SECONDS = 10.0
 POLL_SECONDS = 1.0
 PANIC_MARKER = b"Kernel panic - not syncing"
+WATCHDOG_EXIT_SECONDS = 5.0
+# The VMM watchdog (a separate process, started before the VMM). A VMM that changes credentials (QEMU -runas, the
+# Firecracker jailer) loses PR_SET_PDEATHSIG (prctl(2): cleared when the effective uid/gid changes; measured with
+# QEMU 7.2), so it would outlive a SIGKILLed launcher. The watchdog receives a pidfd of the VMM over a socketpair
+# (SCM_RIGHTS) and kills it when the launcher's end closes: at the launcher's death, or after its cleanup, when
+# the pidfd's process is already gone (a pidfd never signals a recycled pid).
+WATCHDOG = """
+import signal, socket, sys
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(sig, signal.SIG_IGN)
+sock = socket.socket(fileno=0)
+try:
+    _msg, fds, _flags, _addr = socket.recv_fds(sock, 16, 1)
+except OSError:
+    sys.exit(0)
+if not fds:
+    sys.exit(0)
+try:
+    while sock.recv(16):
+        pass
+except OSError:
+    pass
+try:
+    signal.pidfd_send_signal(fds[0], signal.SIGKILL)
+except (ProcessLookupError, OSError):
+    pass
+"""
 
 
 class _Fail(Exception):
@@ -113,6 +142,11 @@ class Runner:
         self.pidfd: int | None = None
         self.qmp: QmpClient | None = None
         self.tap_created: str | None = None
+        self.jail_dir: str | None = None  # <chrootBaseDir>/<exec name>/<id>, removed at exit
+        self.jail_rootfs_owner: tuple[str, int, int] | None = None  # (path, uid, gid) to restore at exit
+        self.jail_run_fd: int | None = None  # O_PATH fd of <jail>/root/run: a short API socket path
+        self.watchdog: subprocess.Popen[bytes] | None = None
+        self.watchdog_sock: socket.socket | None = None
         self.ready_at: str | None = None
         self.readiness_timed_out = False
         self.killed_after_timeout = False
@@ -180,11 +214,14 @@ class Runner:
         if self.stop_requested:
             return "StopRequested", f"{self.stop_signal} before the VMM started; nothing was started", None
         binary = self._resolve_binary()
+        jailer = self._resolve_jailer()
         accel = self._decide_accel(binary)
         self._prepare()
+        if jailer is not None:
+            self._prepare_jail(binary)
         if self.stop_requested:
             return "StopRequested", f"{self.stop_signal} before the VMM started; nothing was started", None
-        self._start_vmm(binary, accel)
+        self._start_vmm(binary, accel, jailer)
         return self._supervise()
 
     def _resolve_binary(self) -> str:
@@ -200,12 +237,26 @@ class Runner:
                                              "install it or set hypervisor.binary")
         return found
 
+    def _resolve_jailer(self) -> str | None:
+        jail = self.cfg.hypervisor.jailer
+        if self.cfg.hypervisor.type != "firecracker" or jail is None:
+            return None
+        if jail.binary:
+            if os.path.isfile(jail.binary) and os.access(jail.binary, os.X_OK):
+                return jail.binary
+            raise _Fail("HypervisorMissing", f"hypervisor.jailer.binary: {jail.binary} is not an executable file")
+        found = shutil.which("jailer")
+        if not found:
+            raise _Fail("HypervisorMissing", f"jailer not found in PATH ({os.environ.get('PATH', '')}); "
+                                             "install it or set hypervisor.jailer.binary")
+        return found
+
     def _decide_accel(self, binary: str) -> str:
         hyp = self.cfg.hypervisor
         if hyp.type == "qemu" and hyp.accel == "tcg":
             return "tcg"
         if hyp.type == "qemu":
-            verdict = kvm.probe(binary, hyp.kvm_probe_timeout_seconds)
+            verdict = kvm.probe(binary, hyp.kvm_probe_timeout_seconds, kernel=self.cfg.boot.kernel or None)
         else:
             ok, detail = kvm.kvm_device_usable()
             qemu_bin = shutil.which(qemu.DEFAULT_BINARY)
@@ -235,7 +286,7 @@ class Runner:
             fd = os.open(paths.rbd_secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
             with os.fdopen(fd, "w") as fh:
                 fh.write(key)
-        if cfg.hypervisor.type == "firecracker":
+        if cfg.hypervisor.type == "firecracker" and cfg.hypervisor.jailer is None:
             write_atomic(paths.fc_config, json.dumps(firecracker.build_config(cfg, paths), indent=2).encode(),
                          mode=0o600)
         os.makedirs(os.path.dirname(cfg.serial_log_path), mode=0o755, exist_ok=True)
@@ -245,13 +296,69 @@ class Runner:
             self.serial_offset = 0
         if cfg.network.mode == "tap" and cfg.network.create_tap:
             try:
-                tap.create(cfg.network.tap or "", cfg.network.bridge)
+                run_as = cfg.hypervisor.run_as
+                tap.create(cfg.network.tap or "", cfg.network.bridge,
+                           (run_as.uid, run_as.gid) if run_as is not None else None)
             except tap.TapError as exc:
                 raise _Fail("LauncherError", str(exc)) from None
             self.tap_created = cfg.network.tap
             log.info("tap created", tap=cfg.network.tap, bridge=cfg.network.bridge)
 
-    def _start_vmm(self, binary: str, accel: str) -> None:
+    def _prepare_jail(self, binary: str) -> None:
+        """Lay out the jailer's chroot: read-only copies of kernel, initrd, config disk and config file owned by
+        runAs, the root disk hard-linked (same inode) and chowned to runAs for the run (restored at exit)."""
+        cfg = self.cfg
+        run_as = cfg.hypervisor.run_as
+        assert run_as is not None and cfg.root_disk.path is not None
+        root = firecracker.jail_root(cfg, binary)
+        jail_dir = os.path.dirname(root)
+        if os.path.lexists(jail_dir):  # a leftover of a killed launcher of this VM (we hold its lock)
+            shutil.rmtree(jail_dir)
+        try:
+            os.makedirs(root, mode=0o700)
+        except OSError as exc:
+            message = f"hypervisor.jailer.chrootBaseDir: cannot create {root}: {exc.strerror}"
+            raise _Fail("LauncherError", message) from None
+        self.jail_dir = jail_dir
+        os.chown(root, run_as.uid, run_as.gid)
+
+        def place(src: str, inner: str) -> None:
+            dst = root + inner
+            shutil.copyfile(src, dst)
+            os.chown(dst, run_as.uid, run_as.gid)
+            os.chmod(dst, 0o400)
+
+        place(cfg.boot.kernel, firecracker.JAIL_KERNEL)
+        if cfg.boot.initrd:
+            place(cfg.boot.initrd, firecracker.JAIL_INITRD)
+        place(self.paths.identity_disk, firecracker.JAIL_IDENTITY)
+        doc = json.dumps(firecracker.build_config(cfg, self.paths, jailed=True), indent=2).encode()
+        write_atomic(root + firecracker.JAIL_CONFIG, doc, mode=0o400)
+        os.chown(root + firecracker.JAIL_CONFIG, run_as.uid, run_as.gid)
+        disk = cfg.root_disk.path
+        try:
+            os.link(disk, root + firecracker.JAIL_ROOTFS)
+        except OSError as exc:
+            raise _Fail("LauncherError", f"rootDisk.path {disk}: cannot hard-link it into the jail {root} "
+                        f"({exc.strerror}); hypervisor.jailer.chrootBaseDir must be on the root disk's "
+                        "filesystem") from None
+        st = os.stat(disk)
+        self.jail_rootfs_owner = (disk, st.st_uid, st.st_gid)
+        os.chown(disk, run_as.uid, run_as.gid)
+        os.makedirs(root + "/run", mode=0o700)
+        os.chown(root + "/run", run_as.uid, run_as.gid)
+        self.jail_run_fd = os.open(root + "/run", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        log.info("jail prepared", root=root, uid=run_as.uid, gid=run_as.gid)
+
+    @property
+    def fc_api_socket(self) -> str:
+        """The Firecracker API socket: in runtimeDir, or (jailed) through /proc/self/fd of the jail's /run,
+        which keeps the path under the 107 bytes of sun_path whatever chrootBaseDir is."""
+        if self.jail_run_fd is not None:
+            return f"/proc/self/fd/{self.jail_run_fd}/{os.path.basename(firecracker.JAIL_API_SOCKET)}"
+        return self.paths.fc_socket
+
+    def _start_vmm(self, binary: str, accel: str, jailer: str | None = None) -> None:
         cfg, paths = self.cfg, self.paths
         if cfg.hypervisor.type == "qemu":
             root = cfg.root_disk.path
@@ -259,7 +366,8 @@ class Runner:
             argv = qemu.build_argv(cfg, binary, accel, paths, is_blk)
             stdout: Any = subprocess.DEVNULL
         else:
-            argv = firecracker.build_argv(cfg, binary, paths)
+            argv = firecracker.build_jailer_argv(cfg, jailer, binary) if jailer else \
+                firecracker.build_argv(cfg, binary, paths)
             stdout = open(cfg.serial_log_path, "ab")
         parent = os.getpid()
         libc = ctypes.CDLL(None, use_errno=True)
@@ -271,6 +379,8 @@ class Runner:
                 os._exit(127)
 
         cpu = _cpu_seconds()
+        if cfg.hypervisor.run_as is not None:
+            self._start_watchdog()
         try:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.PIPE,
                                          pass_fds=(lock_fd,), start_new_session=True, preexec_fn=child_setup)
@@ -284,9 +394,40 @@ class Runner:
             self.pidfd = os.pidfd_open(self.proc.pid)
         except (AttributeError, OSError):
             self.pidfd = None
+        if self.watchdog_sock is not None:
+            if self.pidfd is None:
+                raise _Fail("LauncherError", "pidfd_open failed: the VMM watchdog cannot be armed (Linux >= 5.3 "
+                                             "is needed with hypervisor.runAs)")
+            socket.send_fds(self.watchdog_sock, [b"p"], [self.pidfd])
         log.info("vmm started", pid=self.proc.pid, accel=accel, argv=argv, launcherCpuSecondsBeforeVmm=round(cpu, 4),
                  launcherMaxRssKiB=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
         threading.Thread(target=self._relay_stderr, name="vmm-stderr", daemon=True).start()
+
+    def _start_watchdog(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        ours.set_inheritable(False)
+        try:
+            self.watchdog = subprocess.Popen([sys.executable, "-c", WATCHDOG], stdin=theirs.fileno(),
+                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
+        except OSError as exc:
+            ours.close()
+            raise _Fail("LauncherError", f"cannot start the VMM watchdog: {exc.strerror}") from None
+        finally:
+            theirs.close()
+        self.watchdog_sock = ours
+
+    def _stop_watchdog(self) -> None:
+        """After the VMM is reaped: close our end (the watchdog's pidfd then names a dead process) and reap it."""
+        if self.watchdog_sock is not None:
+            self.watchdog_sock.close()
+            self.watchdog_sock = None
+        if self.watchdog is not None:
+            try:
+                self.watchdog.wait(WATCHDOG_EXIT_SECONDS)
+            except subprocess.TimeoutExpired:
+                self.watchdog.kill()
+                self.watchdog.wait()
+            self.watchdog = None
 
     def _relay_stderr(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None
@@ -373,7 +514,7 @@ class Runner:
                 self.qmp.execute("system_powerdown")
                 log.info("graceful stop sent", method="QMP system_powerdown", cause=why)
             else:
-                firecracker.send_ctrl_alt_del(self.paths.fc_socket)
+                firecracker.send_ctrl_alt_del(self.fc_api_socket)
                 log.info("graceful stop sent", method="SendCtrlAltDel", cause=why)
         except (QmpError, firecracker.ApiError) as exc:
             log.warning("graceful stop failed; waiting for the stop timeout", error=str(exc))
@@ -449,6 +590,7 @@ class Runner:
             rc = self.proc.wait()
             if status is None:
                 status = exit_status(rc)
+        self._stop_watchdog()
         if self.qmp is not None:
             self.qmp.close()
         if self.pidfd is not None:
@@ -465,4 +607,20 @@ class Runner:
                 _unlink(path)
             except OSError as exc:
                 log.error("cannot remove runtime file", path=path, error=str(exc))
+        self._cleanup_jail()
         return status
+
+    def _cleanup_jail(self) -> None:
+        if self.jail_run_fd is not None:
+            os.close(self.jail_run_fd)
+            self.jail_run_fd = None
+        if self.jail_rootfs_owner is not None:
+            disk, uid, gid = self.jail_rootfs_owner
+            try:
+                os.chown(disk, uid, gid)
+            except OSError as exc:
+                log.error("cannot restore the root disk's owner", path=disk, error=str(exc))
+        if self.jail_dir is not None:
+            shutil.rmtree(self.jail_dir, ignore_errors=True)
+            if os.path.lexists(self.jail_dir):
+                log.error("cannot remove the jail", path=self.jail_dir)

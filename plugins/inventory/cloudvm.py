@@ -16,7 +16,9 @@ description:
     paginated list per namespace (or one cluster-wide list), never one request per VM. The connection options and
     their E(K8S_AUTH_*) environment fallbacks are those of C(kubernetes.core).
   - V(host) reads the single-host backend's store (the SQLite file named by the host configuration that
-    C(site.yml) writes).
+    C(site.yml) writes) read-only, without taking its write lock, and derives each VM's phase from what runs (its
+    launcher's lock and boot records) with the same function as C(zjusct.cloud.cloudvm_info), never from the
+    status last stored. A store with an older schema is refused (run C(site.yml) to migrate it).
   - By default only VMs whose C(status.phase) is C(Running) (launcher alive and the guest's SSH answered) become
     hosts.
   - Host variables C(ansible_host) and C(ansible_port) come from C(status.sshEndpoint), C(ansible_user) from
@@ -30,6 +32,11 @@ description:
   - "With O(cache) enabled a run reads the cache; C(ansible-inventory --flush-cache), C(--flush-cache) on
     C(ansible-playbook) and C(meta: refresh_inventory) list again and rewrite the cache, so a refreshed inventory
     sees VMs started earlier in the same play."
+  - A cache entry answers only for the scope it was listed for. The cache key and the entry cover the effective
+    source and, for V(host), the host configuration and store paths and the effective uid; for V(kubernetes) the
+    API server URL, O(namespaces), the selectors and a one-way fingerprint (SHA-256) of the identity (token,
+    basic auth, client certificate, impersonation, kubeconfig context and user). The secret itself is never part
+    of a key or a cache file. A run under another identity or host configuration lists as C(--flush-cache) would.
 author:
   - ZJUSCT cloud team (@zjusct)
 requirements:
@@ -251,7 +258,7 @@ EXAMPLES = r"""
 # plugin: zjusct.cloud.cloudvm
 # source: host
 
-# --- inventory/cloudvm-kubernetes.yml: every Running CloudVM the kubeconfig user may list
+# --- inventory/kubernetes.cloudvm.yml: every Running CloudVM the kubeconfig user may list
 plugin: zjusct.cloud.cloudvm
 source: kubernetes
 kubeconfig: ~/.kube/config
@@ -271,6 +278,8 @@ compose:
 # jump_host: "ops@{node}"
 """
 
+import hashlib
+import json
 import os
 import sqlite3
 import time
@@ -331,51 +340,93 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
     # ------------------------------------------------------------------ records and cache
 
     def _records(self, path: str, cache: bool, opts: inv.InventoryOptions) -> list[dict]:
+        """The CloudVM records, from the cache when enabled and the entry is for the same scope.
+
+        The cache key is the file's key plus a digest of the scope (:meth:`_scope`): the effective
+        source, where it reads from and a fingerprint of the identity. A run under another host
+        configuration or another Kubernetes identity therefore never answers from this entry; it
+        lists like ``--flush-cache`` would.
+        """
         use_cache = bool(self.get_option("cache"))
-        key = self.get_cache_key(path)
+        source = self._host_source() if opts.source == "host" else self._kube_source()
+        scope = self._scope(opts, source)
+        digest = hashlib.sha256(json.dumps(scope, sort_keys=True).encode("utf-8")).hexdigest()[:16]
+        key = f"{self.get_cache_key(path)}_{digest}"
         if use_cache and cache:
             try:
                 cached = self._cache[key]
             except KeyError:
                 cached = None
-            if isinstance(cached, dict) and cached.get("format") == CACHE_FORMAT:
+            if isinstance(cached, dict) and cached.get("format") == CACHE_FORMAT and cached.get("scope") == scope:
+                self.display.vvv(f"cloudvm inventory: records from the cache entry {key}")
                 return list(cached["records"])
-        records = self._list(opts)
+        records = self._list_host(source) if opts.source == "host" else self._list_kubernetes(opts, source)
         if use_cache:
             # a fresh list (first run, expired entry, --flush-cache or meta: refresh_inventory) replaces the entry
-            self._cache[key] = {"format": CACHE_FORMAT, "records": records}
+            self._cache[key] = {"format": CACHE_FORMAT, "scope": scope, "records": records}
         return records
 
-    def _list(self, opts: inv.InventoryOptions) -> list[dict]:
+    def _scope(self, opts: inv.InventoryOptions, source: Any) -> dict:
+        """What a cached listing depends on; never a secret (the identity is a one-way fingerprint).
+
+        Host: the effective host configuration file, the store it names (absolute paths) and the
+        effective uid. Kubernetes: the API server URL, the namespaces, the server-side selectors
+        and :func:`_kube_list.identity_fingerprint` of the credentials.
+        """
         if opts.source == "host":
-            return self._list_host()
-        return self._list_kubernetes(opts)
-
-    def _list_host(self) -> list[dict]:
-        from ansible_collections.zjusct.cloud.plugins.module_utils import _hostconfig
-        from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore, StoreError
-
+            config_path, cfg = source
+            return {"source": "host", "host_config": os.path.abspath(config_path),
+                    "store": os.path.abspath(cfg.store_path), "uid": os.geteuid()}
         try:
-            cfg = _hostconfig.load(self.get_option("host_config"))
+            identity = kube.identity_fingerprint(source)
+        except kube.KubeListError as exc:
+            raise AnsibleParserError(f"source kubernetes: {exc}") from None
+        return {"source": "kubernetes", "server": source.server, "namespaces": sorted(opts.namespaces),
+                "label_selector": opts.label_selector, "field_selector": self._field_selector(opts),
+                "identity": identity}
+
+    @staticmethod
+    def _field_selector(opts: inv.InventoryOptions) -> str:
+        return f"spec.owner={opts.owners[0]}" if len(opts.owners) == 1 else ""
+
+    def _host_source(self) -> tuple[str, Any]:
+        """(effective host configuration path, loaded HostConfig) as every cloudvm module resolves them."""
+        from ansible_collections.zjusct.cloud.plugins.module_utils import _hostconfig
+
+        config_path = self.get_option("host_config") or os.environ.get("ZJUSCT_CLOUD_CONFIG") or \
+            _hostconfig.DEFAULT_PATH
+        try:
+            return config_path, _hostconfig.load(self.get_option("host_config"))
         except (OSError, ValueError) as exc:
             raise AnsibleParserError(f"source host: {exc}") from None
+
+    def _kube_source(self) -> kube.Connection:
+        try:
+            return kube.resolve(self._auth())
+        except kube.KubeListError as exc:
+            raise AnsibleParserError(f"source kubernetes: {exc}") from None
+
+    def _list_host(self, source: tuple[str, Any]) -> list[dict]:
+        """Every VM of the host store with the phase cloudvm_info shows (derived from what runs now)."""
+        from ansible_collections.zjusct.cloud.plugins.module_utils._cloudvm_host import observed_vms
+        from ansible_collections.zjusct.cloud.plugins.module_utils._store import StoreError
+
+        cfg = source[1]
         if not os.path.exists(cfg.store_path):
             self.display.warning(f"source host: the host store {cfg.store_path} does not exist yet (no VM was ever "
                                  f"created on this host): no hosts")
             return []
         try:
-            with HostStore(cfg.store_path, busy_timeout=10) as store:
-                vms = store.list_vms()
+            vms = observed_vms(cfg, busy_timeout=10)
         except (StoreError, sqlite3.Error, OSError) as exc:
             raise AnsibleParserError(f"source host: cannot read the host store {cfg.store_path}: {exc}") from None
         return [inv.vm_record(vm) for vm in vms]
 
-    def _list_kubernetes(self, opts: inv.InventoryOptions) -> list[dict]:
+    def _list_kubernetes(self, opts: inv.InventoryOptions, conn: kube.Connection) -> list[dict]:
         auth = self._auth()
         timeout = float(self.get_option("request_timeout"))
-        field_selector = f"spec.owner={opts.owners[0]}" if len(opts.owners) == 1 else ""
+        field_selector = self._field_selector(opts)
         try:
-            conn = kube.resolve(auth)
             if conn.needs_full_client:
                 self.display.vvv(f"cloudvm inventory: using the kubernetes client ({conn.why_full_client})")
                 get_json = kube.full_client_get_json(auth, timeout)

@@ -20,7 +20,7 @@ import json
 import os
 import shutil
 import time
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils import _bandwidth as bw
 from ansible_collections.zjusct.cloud.plugins.module_utils import _hostnet as net
@@ -29,6 +29,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils import _volume_rbd as
 from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import HostConfig, load
 from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import (
     CloudVMError,
+    authorize,
     params_to_spec,
     plan_power,
 )
@@ -119,7 +120,8 @@ def _launcher_config(cfg: HostConfig, vm: dict, volume: dict, lease: dict) -> di
                     "ipv4": f"{lease['ipv4']}/{prefix}", "gateway": net.gateway(cfg.subnet),
                     "dns": list(cfg.dns) or net.host_resolvers()},
         "hypervisor": {"type": cfg.hypervisor, "accel": cfg.accel, "allowTCG": cfg.allow_tcg,
-                       "kvmProbeTimeoutSeconds": 5, "tcgTranslationCacheMiB": cfg.tcg_translation_cache_mib},
+                       "kvmProbeTimeoutSeconds": 5, "tcgTranslationCacheMiB": cfg.tcg_translation_cache_mib,
+                       **cfg.hypervisor_sandbox(lease["ipv4"])},
         "readiness": {"host": lease["ipv4"], "port": 22, "timeoutSeconds": cfg.readiness_timeout_seconds},
         "stopTimeoutSeconds": cfg.stop_timeout_seconds,
         "runtimeDir": paths.runtime_dir,
@@ -179,7 +181,7 @@ def _start_boot(cfg: HostConfig, store: HostStore, vm: dict) -> None:
     net.ensure_bridge(cfg.netns, cfg.bridge, cfg.subnet)
     if cfg.nat:
         net.ensure_uplink(cfg.netns, cfg.subnet, cfg.uplink_cidr, cfg.uplink_netns, cfg.uplink_ip_forward)
-    net.ensure_tap(cfg.netns, cfg.bridge, lease["tap"])
+    net.ensure_tap(cfg.netns, cfg.bridge, lease["tap"], cfg.vmm_run_as(lease["ipv4"]))
     net.apply_isolation(cfg.netns, _owner_groups(store))
     try:
         _apply_bandwidth(cfg, store, vm, lease)
@@ -342,6 +344,7 @@ def ensure(params: dict, check_mode: bool = False, diff: bool = False) -> dict:
             raise CloudVMError(f"metadata.{field}: {value!r} is not a DNS label")
     store = HostStore(cfg.store_path)
     try:
+        authorize(store.get_vm(ns, name), params)  # spec.owner is immutable: no lock needed
         if params["state"] == "absent":
             return _absent(cfg, store, params, check_mode, diff)
         return _present(cfg, store, params, check_mode, diff)
@@ -471,12 +474,14 @@ def observed_status(cfg: HostConfig, vm: dict) -> dict:
     meta, spec = vm["metadata"], vm["spec"]
     paths = _paths(cfg, meta["namespace"], meta["name"])
     known = sup.boots(paths)
-    if not known:
+    if not known and (vm.get("status") or {}).get("phase") not in ("Running", "Stopping"):
+        # a refused start (Unschedulable, StartFailed, VolumeInUse) is recorded before any boot exists
         return vm.get("status") or {}
-    latest = sup.observe(paths, known[-1], cfg.node)
+    # a stored Running/Stopping without any boot on disk has no launcher: derived from nothing below
+    latest = sup.observe(paths, known[-1], cfg.node) if known else None
     current: Optional[BootObservation] = latest
     others: tuple[BootObservation, ...] = ()
-    if spec["powerState"] == "Running" and latest.boot_id < int(spec["bootID"]) and \
+    if latest is not None and spec["powerState"] == "Running" and latest.boot_id < int(spec["bootID"]) and \
             latest.state in ("alive", "starting"):
         others, current = (latest,), None
     kept = ("sshEndpoint", "sshProxyCommand", "observedGeneration")
@@ -490,19 +495,44 @@ def observed_status(cfg: HostConfig, vm: dict) -> dict:
     return status
 
 
+def observed_vms(cfg: HostConfig, namespace: Optional[str] = None, owner: Optional[str] = None,
+                 where: Optional[Callable[[dict], bool]] = None, busy_timeout: float = 30.0) -> list[dict]:
+    """The CloudVMs of the store (optionally one namespace's / one owner's / those ``where`` accepts),
+    ordered by namespace and name, each with its status re-derived from what runs now
+    (:func:`observed_status`): the one read path of cloudvm_info and of the inventory plugin's host
+    source, so both always show the same phase.
+
+    The store is opened read-only (no migration, no write lock); a store that does not exist yet
+    means no VM.
+
+    Raises:
+        StoreError: the store cannot be read or its schema is older or newer than this code.
+    """
+    if not os.path.exists(cfg.store_path):
+        return []
+    with HostStore(cfg.store_path, busy_timeout=busy_timeout, read_only=True) as store:
+        items = store.list_vms(namespace, owner)
+    return [dict(vm, status=observed_status(cfg, vm)) for vm in items if where is None or where(vm)]
+
+
 def info(params: dict) -> list[dict]:
     """The cloudvm_info module on the host backend: records filtered by name/namespace/owner/labels.
 
-    Each status is re-derived from what runs now (:func:`observed_status`).
+    Each status is re-derived from what runs now (:func:`observed_vms`).
     """
     cfg = _config(params)
-    with HostStore(cfg.store_path) as store:
-        items = store.list_vms(params.get("namespace"), params.get("owner"))
-    if params.get("name"):
-        items = [vm for vm in items if vm["metadata"]["name"] == params["name"]]
+    selectors = []
     for selector in params.get("label_selectors") or []:
         negate = "!=" in selector
         key, _unused, value = selector.partition("!=" if negate else "=")
-        items = [vm for vm in items
-                 if (vm["metadata"]["labels"].get(key.strip()) == value.strip()) != negate]
-    return [dict(vm, status=observed_status(cfg, vm)) for vm in items]
+        selectors.append((key.strip(), value.strip(), negate))
+
+    def wanted(vm: dict) -> bool:
+        if params.get("name") and vm["metadata"]["name"] != params["name"]:
+            return False
+        return all((vm["metadata"]["labels"].get(key) == value) != negate for key, value, negate in selectors)
+
+    try:
+        return observed_vms(cfg, params.get("namespace"), params.get("owner"), where=wanted)
+    except StoreError as exc:
+        raise CloudVMError(str(exc)) from exc

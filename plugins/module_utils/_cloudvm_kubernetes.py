@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional, Protocol
 
 from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import (
     CloudVMError,
+    authorize,
     params_to_spec,
     plan_power,
 )
@@ -343,6 +344,7 @@ class Backend:
         ns, name = params["namespace"], params["name"]
         for _unused in range(CONFLICT_RETRIES):
             existing = self.api.get(ns, name)
+            authorize(existing, params)
             if existing is None and not params.get("owner"):
                 raise CloudVMError(f"CloudVM {ns}/{name} does not exist; owner is required to create it")
             desired = desired_object(params, existing, power_state)
@@ -423,6 +425,7 @@ class Backend:
         existing = self.api.get(ns, name)
         if existing is None:
             return _result(None, False, None, diff, warnings)
+        authorize(existing, params)
         try:
             self.api.delete(ns, name, dry_run=check_mode)
         except CloudVMError as exc:

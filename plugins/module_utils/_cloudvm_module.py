@@ -42,6 +42,7 @@ def cloudvm_argument_spec() -> dict:
         name={"type": "str", "required": True},
         namespace={"type": "str", "default": "default"},
         owner={"type": "str"},
+        operator={"type": "bool", "default": False},
         root_volume_claim={"type": "str"},
         vcpus={"type": "int"},
         memory_mib={"type": "int"},

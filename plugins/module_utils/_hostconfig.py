@@ -10,6 +10,7 @@ file (or none, for tests) works. Paths are absolute; units are stated per key.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import socket
@@ -17,6 +18,11 @@ from dataclasses import dataclass, field, fields
 from typing import Optional
 
 DEFAULT_PATH = "/etc/zjusct-cloud/host.json"
+# 0x60000000: far above the login.defs user/system ranges (<= 60000), the subordinate ids useradd hands out
+# (100000 + 65536 per user) and systemd's dynamic users (61184-65519), below 2^31 (signedness trouble above).
+VMM_UID_BASE = 1610612736
+VMM_UID_MIN_BASE = 65536
+VMM_UID_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,13 @@ class HostConfig:
         rbd: Ceph settings of the ``rbd`` driver: ``pool`` (required for the driver), ``conf``
             (ceph.conf path), ``user`` (cephx id without ``client.``), ``keyring_path``, optional
             ``cluster``. Used by the host backend, the launcher (QEMU/librbd) and the backup playbooks.
+        vmm_uid_base: first uid/gid of the per-VM VMM identities (docs/security.md): the VMM of the VM leased
+            address N of ``subnet`` runs as uid = gid = ``vmm_uid_base`` + N (no passwd entry is needed).
+            0 turns the privilege drop off (the VMM then runs as the launcher's user, root).
+        vmm_seccomp: QEMU ``-sandbox`` (seccomp) for every VMM; Firecracker's own filter otherwise.
+        jailer_binary: Firecracker's jailer ("" = ``jailer`` from PATH), used when ``vmm_uid_base`` is set.
+        jailer_chroot_base_dir: where the jailer builds its chroots; must be on the volumes' filesystem
+            (the root disk is hard-linked into the chroot).
     """
 
     node: str = field(default_factory=socket.gethostname)
@@ -92,6 +105,29 @@ class HostConfig:
     bandwidth_pools: dict = field(default_factory=dict)
     volume_driver: str = "file"
     rbd: dict = field(default_factory=dict)
+    vmm_uid_base: int = VMM_UID_BASE
+    vmm_seccomp: bool = True
+    jailer_binary: str = ""
+    jailer_chroot_base_dir: str = "/var/lib/zjusct-cloud/jail"
+
+    def vmm_run_as(self, ipv4: str) -> Optional[dict]:
+        """The launcher's ``hypervisor.runAs`` for the VM leased ``ipv4`` (an address inside ``subnet``).
+
+        Returns ``{"uid": vmm_uid_base + N, "gid": the same}`` with N the address's offset in ``subnet``
+        (unique among the leases of this host, stable for the VM's life), or None when ``vmm_uid_base`` is 0.
+        """
+        if not self.vmm_uid_base:
+            return None
+        net = ipaddress.IPv4Network(self.subnet, strict=False)
+        ident = self.vmm_uid_base + int(ipaddress.IPv4Address(ipv4)) - int(net.network_address)
+        return {"uid": ident, "gid": ident}
+
+    def hypervisor_sandbox(self, ipv4: str) -> dict:
+        """The sandbox fields of the launcher's ``hypervisor`` object for the VM leased ``ipv4``."""
+        out: dict = {"runAs": self.vmm_run_as(ipv4), "seccomp": self.vmm_seccomp}
+        if self.hypervisor == "firecracker" and out["runAs"] is not None:
+            out["jailer"] = {"binary": self.jailer_binary or None, "chrootBaseDir": self.jailer_chroot_base_dir}
+        return out
 
     def vm_state_dir(self, namespace: str, name: str) -> str:
         """Persistent per-VM directory (launcher configs, results)."""
@@ -137,4 +173,13 @@ def load(path: Optional[str] = None) -> HostConfig:
         raise ValueError(f"host_config: volume_driver: {driver!r} is not one of file, rbd")
     if driver == "rbd" and not (data.get("rbd") or {}).get("pool"):
         raise ValueError("host_config: rbd.pool: required when volume_driver is rbd")
+    base = data.get("vmm_uid_base", VMM_UID_BASE)
+    if isinstance(base, bool) or not isinstance(base, int) or (base != 0 and base < VMM_UID_MIN_BASE):
+        raise ValueError(f"host_config: vmm_uid_base: {base!r} is not 0 (no privilege drop) or an integer"
+                         f" >= {VMM_UID_MIN_BASE} (above the 16-bit user and system ids)")
+    if base:
+        size = ipaddress.IPv4Network(data.get("subnet", HostConfig.subnet), strict=False).num_addresses
+        if base + size - 1 > VMM_UID_MAX:
+            raise ValueError(f"host_config: vmm_uid_base: {base} + the {size} addresses of the subnet exceed"
+                             f" {VMM_UID_MAX} (uids above 2^31-1 are avoided)")
     return HostConfig(**data)

@@ -316,12 +316,29 @@ def ensure_bridge(netns: str, bridge: str, subnet: str) -> bool:
     return changed
 
 
-def ensure_tap(netns: str, bridge: str, tap: str) -> bool:
-    """Create TAP ``tap`` (if missing), enslave it to ``bridge`` and bring it up."""
+def tap_owner(netns: str, tap: str) -> Optional[tuple]:
+    """``(user, group)`` recorded on TAP ``tap`` (``ip -d -j link show``: linkinfo.info_data), None if unset."""
+    info = json.loads(_ip(netns, "-d", "-j", "link", "show", "dev", tap).stdout or "[]")
+    data = ((info[0] if info else {}).get("linkinfo") or {}).get("info_data") or {}
+    if "user" not in data and "group" not in data:
+        return None
+    return (data.get("user"), data.get("group"))
+
+
+def ensure_tap(netns: str, bridge: str, tap: str, owner: Optional[dict] = None) -> bool:
+    """Create TAP ``tap`` (if missing), enslave it to ``bridge`` and bring it up.
+
+    ``owner``: ``{"uid": U, "gid": G}`` that may attach to the TAP without CAP_NET_ADMIN (the VMM's runAs);
+    an existing TAP recorded for another owner is created anew. Returns whether the TAP was created.
+    """
+    want = (owner["uid"], owner["gid"]) if owner else None
     if link_exists(netns, tap):
-        _ip(netns, "link", "set", tap, "master", bridge, "up")
-        return False
-    _ip(netns, "tuntap", "add", "dev", tap, "mode", "tap")
+        if tap_owner(netns, tap) == want:
+            _ip(netns, "link", "set", tap, "master", bridge, "up")
+            return False
+        _ip(netns, "link", "del", tap)
+    owner_args = ["user", str(want[0]), "group", str(want[1])] if want else []
+    _ip(netns, "tuntap", "add", "dev", tap, "mode", "tap", *owner_args)
     try:
         _ip(netns, "link", "set", tap, "master", bridge, "up")
     except NetworkError:

@@ -27,6 +27,35 @@ class CloudVMError(Exception):
         self.details = details
 
 
+def authorize(vm: Optional[dict], params: dict) -> None:
+    """Refuse acting on an existing CloudVM that is not owned by the module's ``owner``.
+
+    The rule (docs/security.md, "Owner authorization"): a task that names an ``owner`` acts only on
+    that owner's VMs. ``operator: true`` is the operator's explicit switch that skips the comparison
+    (``owner`` then only names the owner of a VM being created, :func:`params_to_spec`); a task
+    without ``owner`` is an operator's own task (the playbooks always pass one). A VM that does not
+    exist yet is not checked here: creating it makes ``owner`` its owner.
+
+    Args:
+        vm: the existing CloudVM (``spec.owner`` is read), or None.
+        params: the module's parameters (``owner``, ``operator``, ``namespace``, ``name``).
+
+    Raises:
+        CloudVMError: the VM belongs to another owner (``reason: Forbidden``, both owners named).
+    """
+    acting = params.get("owner")
+    if vm is None or not acting or params.get("operator"):
+        return
+    owner = (vm.get("spec") or {}).get("owner")
+    if owner != acting:
+        meta = vm.get("metadata") or {}
+        raise CloudVMError(
+            f"owner: {acting!r} may not act on CloudVM {meta.get('namespace', params.get('namespace'))}/"
+            f"{meta.get('name', params.get('name'))}, which belongs to owner {owner!r} (spec.owner); only its "
+            "owner may start, stop, restart, change or delete it, or an operator with operator=true",
+            reason="Forbidden", vm_owner=owner)
+
+
 def current_boot_live(spec: dict, status: Optional[dict]) -> bool:
     """True when the spec's current boot is requested and not known to have ended.
 
@@ -75,7 +104,8 @@ def params_to_spec(params: dict, existing: Optional[dict]) -> dict:
         existing: the current spec, or None on create.
     """
     spec = dict(existing) if existing else {}
-    if params.get("owner") is not None:
+    if params.get("owner") is not None and not (existing and params.get("operator")):
+        # with the operator switch, owner names the owner of a VM being created only (see authorize)
         spec["owner"] = params["owner"]
     claim = params.get("root_volume_claim")
     if claim is None and not existing:

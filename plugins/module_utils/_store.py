@@ -19,6 +19,7 @@ import json
 import os
 import sqlite3
 import time
+import urllib.parse
 import uuid
 from typing import Any, ContextManager, Optional
 
@@ -83,6 +84,28 @@ class StoreError(Exception):
     """The host store cannot be used (unreadable, newer schema, constraint violated)."""
 
 
+def _connect_read_only(path: str, busy_timeout: float) -> sqlite3.Connection:
+    """A ``mode=ro`` connection to an existing store whose schema is exactly :data:`SCHEMA_VERSION`."""
+    if not os.path.exists(path):
+        raise StoreError(f"host store {path} does not exist")
+    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, timeout=busy_timeout, isolation_level=None)
+        conn.row_factory = sqlite3.Row
+        conn.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot open host store {path} for reading: {exc}") from exc
+    if version != SCHEMA_VERSION:
+        conn.close()
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"host store {path} has schema version {version}, newer than this collection's "
+                             f"{SCHEMA_VERSION}: upgrade the collection")
+        raise StoreError(f"host store {path} has schema version {version}, older than this collection's "
+                         f"{SCHEMA_VERSION}: run site.yml to migrate it (listing never writes the store)")
+    return conn
+
+
 def now() -> str:
     """The current time as RFC 3339 UTC with seconds precision (``2026-11-30T07:00:00Z``)."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -94,13 +117,23 @@ class HostStore:
     Args:
         path: database file path.
         busy_timeout: seconds to wait for another writer's lock before failing.
+        read_only: open for reading only (``cloudvm_info``, the inventory): SQLite URI ``mode=ro``,
+            no directory or file is created, no migration runs and no write lock is ever taken, so a
+            listing succeeds while another process holds a write transaction (WAL readers never wait
+            for the writer, https://www.sqlite.org/wal.html). Every write method then fails.
 
     Raises:
-        StoreError: the database cannot be opened or has a newer schema than this code.
+        StoreError: the database cannot be opened or has a newer schema than this code; read-only:
+            also when the file does not exist or its schema is older than this code (running
+            ``site.yml`` migrates it).
     """
 
-    def __init__(self, path: str = DEFAULT_PATH, busy_timeout: float = 30.0) -> None:
+    def __init__(self, path: str = DEFAULT_PATH, busy_timeout: float = 30.0, read_only: bool = False) -> None:
         self.path = path
+        self.read_only = read_only
+        if read_only:
+            self.conn = _connect_read_only(path, busy_timeout)
+            return
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, mode=0o700, exist_ok=True)
         try:

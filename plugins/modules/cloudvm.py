@@ -42,7 +42,18 @@ options:
   owner:
     description:
       - Stable user id that owns the VM and its root volume (a DNS label). Required to create; immutable.
+      - On an existing VM it is also the acting user's id: the task refuses (C(reason=Forbidden), both owners
+        named) unless the VM's C(spec.owner) equals it, or O(operator=true). The playbooks always pass it; a
+        task that omits it is an operator's own task. See docs/security.md.
     type: str
+  operator:
+    description:
+      - Act as the cloud's operator on an existing VM of any owner: O(owner) is neither compared with the VM's
+        C(spec.owner) nor written to it (it names the owner of a VM being created only).
+      - The explicit operator switch of the playbooks (C(-e operator=true)); never give it to a tenant's job
+        template.
+    type: bool
+    default: false
   root_volume_claim:
     description:
       - Root volume of the VM; immutable. On Kubernetes a raw-block PVC in the same namespace, on the host
@@ -227,6 +238,16 @@ boot_id:
   returned: success
   type: int
   sample: 1
+reason:
+  description: Why the task was refused; C(Forbidden) when the VM belongs to another owner than O(owner).
+  returned: failure, when the owner check refused
+  type: str
+  sample: Forbidden
+vm_owner:
+  description: The owner (C(spec.owner)) of the VM the task was refused on.
+  returned: failure, when the owner check refused
+  type: str
+  sample: bob
 api_status:
   description: HTTP status of the Kubernetes API's refusal (422 invalid, 403 forbidden, 404 not found).
   returned: failure on the kubernetes backend, when the API server refused the request

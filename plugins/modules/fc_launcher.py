@@ -40,6 +40,8 @@ options:
       - The LauncherConfig v1 document (C(apiVersion=launcher.cloud.zjusct.io/v1)). The module fills in the
         per-boot paths (C(runtimeDir), C(result.path), C(readyMarkerPath), C(serialLogPath)) and
         C(vm.namespace/name/bootID) from its own options. Required for O(state=started).
+      - The module passes C(hypervisor) as given; set C(hypervisor.runAs) (and for Firecracker C(hypervisor.jailer))
+        there to run the VMM as an unprivileged uid (docs/security.md). Only the host backend fills it in itself.
     type: dict
   state:
     description: Desired state of the instance.

@@ -26,6 +26,7 @@ namespace, or one cluster-wide when no namespace is given; never one request per
 from __future__ import annotations
 
 import base64
+import hashlib
 import http.client
 import json
 import os
@@ -76,6 +77,9 @@ class Connection:
     impersonate_groups: tuple[str, ...] = ()
     needs_full_client: bool = False
     why_full_client: str = ""
+    # the kubeconfig context and user entry this came from (canonical JSON; may hold a secret, only
+    # ever hashed by identity_fingerprint)
+    kubeconfig_user: str = field(default="", repr=False)
 
 
 # --------------------------------------------------------------------------- kubeconfig
@@ -202,7 +206,8 @@ def _from_kubeconfig(auth: dict, env: dict) -> Connection:
         client_key_data=_b64(user.get("client-key-data"), "client-key-data"),
         token=token, basic=basic,
         impersonate_user=user.get("as"), impersonate_groups=tuple(user.get("as-groups") or ()),
-        needs_full_client=bool(why), why_full_client=why)
+        needs_full_client=bool(why), why_full_client=why,
+        kubeconfig_user=json.dumps({"context": name, "user": user}, sort_keys=True, default=str))
 
 
 def _b64(value: Optional[str], what: str) -> Optional[str]:
@@ -281,6 +286,28 @@ def resolve(auth: dict, env: Optional[dict] = None) -> Connection:
     from dataclasses import replace
 
     return replace(conn, **over)
+
+
+def identity_fingerprint(conn: Connection) -> str:
+    """A one-way fingerprint of who ``conn`` authenticates as (for cache keys; never the secret).
+
+    The SHA-256 (first 16 hex digits) over the bearer token, the basic-auth pair, the client
+    certificate (PEM text, read from its file when given as a path), the impersonated user and
+    groups and, for kubeconfig credentials, the context name and the whole user entry (which names
+    an exec plugin's command, arguments and environment). Two identities that differ in any of
+    these get different fingerprints; the digest cannot be turned back into the token.
+
+    Raises:
+        KubeListError: the client certificate file cannot be read.
+    """
+    cert = conn.client_cert_data
+    if cert is None and conn.client_cert_file:
+        cert = _read(conn.client_cert_file, "client_cert")
+    material = json.dumps({"token": conn.token, "basic": conn.basic, "client_cert": cert,
+                           "impersonate_user": conn.impersonate_user,
+                           "impersonate_groups": list(conn.impersonate_groups),
+                           "kubeconfig_user": conn.kubeconfig_user}, sort_keys=True)
+    return hashlib.sha256(material.encode("utf-8")).hexdigest()[:16]
 
 
 # --------------------------------------------------------------------------- transports

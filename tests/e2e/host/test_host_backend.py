@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import HostConfig
 
 from tests.integration.inventory_host.inventory_host_helpers import ping_via_inventory
 
@@ -39,6 +40,15 @@ def task_result(doc: dict, task_name: str) -> dict:
 START = "Start the VM and wait until its SSH answers"
 
 
+def assert_sandboxed(cloud: Cloud, owner: str, ip: str) -> None:
+    """The VMM serving the guest runs as its own uid (vmm_uid_base + the address's offset), under seccomp."""
+    pid = int((Path(cloud.config["runtime_dir"]) / "vms" / f"default_{owner}" / "vmm.pid").read_text())
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    expected = str(HostConfig().vmm_uid_base + int(ip.rsplit(".", 1)[1]))
+    assert status["Uid"].split() == [expected] * 4 and status["Gid"].split() == [expected] * 4, status["Uid"]
+    assert (status["Seccomp"].strip(), status["NoNewPrivs"].strip()) == ("2", "1")
+
+
 def test_bad_input_fails_before_anything_is_created(cloud: Cloud):
     for extra, field in ((("owner=carol", "memory_mib=8192"), "spec.memoryMiB: 8192 is above the maximum 4096"),
                          (("owner=Alice!",), "'Alice!' is not a DNS label"),
@@ -58,6 +68,7 @@ def test_start_stop_start_keeps_data_and_second_runs_change_nothing(cloud: Cloud
     ip = vm["cloudvm"]["status"]["sshEndpoint"]["host"]
     out = cloud.ssh(ip, "hostname && echo persisted > /root/marker && sync")
     assert out.returncode == 0 and out.stdout.split()[0] == "alice", out.stderr
+    assert_sandboxed(cloud, "alice", ip)
 
     again = cloud.playbook("vm_start", "owner=alice")
     assert recap(again)["changed"] == 0

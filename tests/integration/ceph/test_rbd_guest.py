@@ -22,6 +22,7 @@ from tests.integration.launcher import busybox_guest as bg
 from tests.integration.launcher.harness import Launched, base_config, free_port
 
 pytestmark = [pytest.mark.ceph, pytest.mark.guest, pytest.mark.slow]
+RBD_VMM_ID = 1610612821
 
 
 def volume_params(name: str, **kw):
@@ -50,9 +51,14 @@ class Guest:
                           cmdline="console=ttyS0 panic=-1 quiet zjtest.acpi=1", port=port, boot_id=boot_id)
         cfg["rootDisk"] = {"rbd": {"pool": "rbd", "image": image, "conf": str(self.ceph.conf), "user": "admin",
                                    "keyringPath": str(self.ceph.keyring)}, "cache": "Writeback"}
+        # sandboxed as the host backend runs it: librbd connects while QEMU is root, then QEMU drops to this
+        # uid (which cannot read the keyring) and keeps doing I/O through librbd (docs/security.md)
+        cfg["hypervisor"]["runAs"] = {"uid": RBD_VMM_ID, "gid": RBD_VMM_ID}
         vm = Launched(cfg, work)
         self.running.append(vm)
         vm.wait_ready(timeout=600)
+        status = dict(line.split(":", 1) for line in Path(f"/proc/{vm.vmm_pid()}/status").read_text().splitlines())
+        assert status["Uid"].split() == [str(RBD_VMM_ID)] * 4 and status["Seccomp"].strip() == "2", status["Uid"]
         return vm, port
 
     def stop(self, vm: Launched) -> dict:

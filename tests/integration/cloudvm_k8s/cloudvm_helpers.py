@@ -20,13 +20,17 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
+from tests.cluster import TENANT_NAMESPACE
 
 REPO = Path(__file__).resolve().parents[3]
 VENV_BIN = Path(os.environ.get("ZJUSCT_VENV", "/var/cache/zjusct-cloud/venv")) / "bin"
 GROUP, VERSION, PLURAL = "cloud.zjusct.io", "v1alpha1", "cloudvms"
 CRD_FILE = REPO / "config" / "crd" / "cloudvms.cloud.zjusct.io.yaml"
 AGGREGATE_ROLES = REPO / "config" / "rbac" / "aggregate-roles.yaml"
+OWNER_POLICY = REPO / "config" / "policy" / "owner-admission.yaml"
 PLAY_TIMEOUT = 300  # seconds for one ansible-playbook run
 
 
@@ -230,3 +234,19 @@ def cloudvm_task(**args: Any) -> dict[str, Any]:
     return {"zjusct.cloud.cloudvm": args}
 
 
+
+
+def owner_policy_enforced(tenant_api: Any) -> bool:
+    """True once the API server refuses the tenant a CloudVM for another owner (server-side dry run).
+
+    A new ValidatingAdmissionPolicy takes effect after the API server's policy informer has seen it
+    and its binding (seconds), so fixtures wait on this rather than on the objects' existence.
+    """
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CloudVM", "metadata": {"name": "policy-probe"},
+            "spec": {"owner": "policy-probe-owner", "rootVolumeClaim": "policy-probe-root"}}
+    try:
+        client.CustomObjectsApi(tenant_api).create_namespaced_custom_object(
+            GROUP, VERSION, TENANT_NAMESPACE, PLURAL, body, dry_run="All")
+    except ApiException as exc:
+        return exc.status == 403 and "cloudvm-owner.cloud.zjusct.io" in (exc.body or "")
+    return False

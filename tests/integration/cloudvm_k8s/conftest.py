@@ -2,9 +2,10 @@
 
 * The control plane and the per-test namespace come from tests/integration/k8s/conftest.py
   (``k8s_cluster``, ``k8s_api``, ``tenant_api``, ``k8s_namespace``; imported, not copied).
-* ``cloudvm_crd`` (session) creates config/crd/ and config/rbac/aggregate-roles.yaml as
-  ``kubectl apply`` would, and waits until the CRD is served and the tenant's ``edit`` role has
-  picked up the CloudVM rules through aggregation.
+* ``cloudvm_crd`` (session) creates config/crd/, config/rbac/aggregate-roles.yaml and the owner
+  admission policy (config/policy/) as ``kubectl apply`` would, and waits until the CRD is served,
+  the tenant's ``edit`` role has picked up the CloudVM rules through aggregation and the policy is
+  enforced.
 * ``play`` runs tasks through ``ansible-playbook`` with the collection from this checkout.
 * ``fake_controller`` starts stand-in controller threads (see cloudvm_helpers.FakeController).
 """
@@ -26,12 +27,14 @@ from tests.integration.cloudvm_k8s.cloudvm_helpers import (
     AGGREGATE_ROLES,
     CRD_FILE,
     GROUP,
+    OWNER_POLICY,
     PLURAL,
     VERSION,
     CloudVMs,
     FakeController,
     PlayRun,
     load_docs,
+    owner_policy_enforced,
     run_play,
 )
 from tests.integration.k8s.conftest import (  # noqa: F401  (fixtures re-exported for this directory)
@@ -43,16 +46,25 @@ from tests.integration.k8s.conftest import (  # noqa: F401  (fixtures re-exporte
 )
 
 
+def _create_or_keep(create: Callable[[Any], Any], body: dict[str, Any]) -> None:
+    """Create an object; one that exists already is kept (site.yml's test applies the same files)."""
+    try:
+        create(body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
 @pytest.fixture(scope="session")
 def cloudvm_crd(k8s_api: Any, tenant_api: Any) -> Iterator[dict[str, Any]]:
     """The CloudVM CRD from config/crd/ and the aggregated roles, installed on the test cluster."""
     ext = client.ApiextensionsV1Api(k8s_api)
     rbac = client.RbacAuthorizationV1Api(k8s_api)
     (crd,) = load_docs(CRD_FILE)
-    ext.create_custom_resource_definition(crd)
+    _create_or_keep(ext.create_custom_resource_definition, crd)
     roles = load_docs(AGGREGATE_ROLES)
     for role in roles:
-        rbac.create_cluster_role(role)
+        _create_or_keep(rbac.create_cluster_role, role)
 
     def established() -> bool:
         got = ext.read_custom_resource_definition(crd["metadata"]["name"])
@@ -69,7 +81,16 @@ def cloudvm_crd(k8s_api: Any, tenant_api: Any) -> Iterator[dict[str, Any]]:
         return bool(review.status.allowed)
 
     wait_for(tenant_may_create, 60, "edit role aggregated with CloudVM rules")
+    policy, binding = load_docs(OWNER_POLICY)
+    admission = client.AdmissionregistrationV1Api(k8s_api)
+    _create_or_keep(admission.create_validating_admission_policy, policy)
+    _create_or_keep(admission.create_validating_admission_policy_binding, binding)
+    wait_for(lambda: owner_policy_enforced(tenant_api), 60, "owner admission policy enforced")
     yield crd
+    with contextlib.suppress(ApiException):
+        admission.delete_validating_admission_policy_binding(binding["metadata"]["name"])
+    with contextlib.suppress(ApiException):
+        admission.delete_validating_admission_policy(policy["metadata"]["name"])
     with contextlib.suppress(ApiException):
         ext.delete_custom_resource_definition(crd["metadata"]["name"])
     for role in roles:

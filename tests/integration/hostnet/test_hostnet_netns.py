@@ -231,3 +231,19 @@ def test_tap_lifecycle_and_orphan_listing(topology):
     assert net.remove_tap(cloud, "zjt0123456789") is True
     assert net.remove_tap(cloud, "zjt0123456789") is False
     assert net.list_taps(cloud) == []
+
+
+def test_tap_is_created_for_the_vmm_uid_and_recreated_when_recorded_for_another(topology):
+    cloud = topology.cloud
+    net.ensure_bridge(cloud, "zjbr0", SUBNET)
+    vmm = {"uid": 1610612741, "gid": 1610612741}
+    assert net.ensure_tap(cloud, "zjbr0", "zjt0123456789", vmm) is True
+    assert net.tap_owner(cloud, "zjt0123456789") == (1610612741, 1610612741)
+    assert net.ensure_tap(cloud, "zjbr0", "zjt0123456789", vmm) is False, "same owner: left alone"
+    # a TAP left by an earlier boot without a privilege drop (or for another uid) is made anew for this one
+    assert net.ensure_tap(cloud, "zjbr0", "zjt0123456789") is True
+    assert net.tap_owner(cloud, "zjt0123456789") is None
+    assert net.ensure_tap(cloud, "zjbr0", "zjt0123456789", vmm) is True
+    assert net.tap_owner(cloud, "zjt0123456789") == (1610612741, 1610612741)
+    assert "master zjbr0" in sh("ip", "-n", cloud, "link", "show", "dev", "zjt0123456789").stdout
+    net.remove_tap(cloud, "zjt0123456789")

@@ -22,6 +22,7 @@ from tests.cluster import TENANT_NAMESPACE
 from tests.integration.inventory_k8s.inventory_k8s_helpers import (
     GROUP,
     PLURAL,
+    REPO,
     UNSAFE,
     VERSION,
     ansible_env,
@@ -146,6 +147,65 @@ def test_cache_is_used_and_flush_cache_lists_again(k8s_cluster, vms, k8s_namespa
     assert run_inventory(src).hosts() == names(["first"], k8s_namespace), "second run must come from the cache"
     assert run_inventory(src, "--flush-cache").hosts() == names(["first", "second"], k8s_namespace)
     assert run_inventory(src).hosts() == names(["first", "second"], k8s_namespace), "the flush rewrote the cache"
+
+
+def test_shipped_inventory_cache_never_answers_for_another_identity(k8s_cluster, vms, k8s_namespace, tmp_path):
+    """Issue case: inventory/kubernetes.cloudvm.yml (cache on, credentials from K8S_AUTH_*) run by the admin,
+    then by the tenant: the tenant must get what --flush-cache gives her (a refusal), not the admin's VMs."""
+    shipped = REPO / "inventory" / "kubernetes.cloudvm.yml"
+    vms.start(k8s_namespace, "admins-vm", owner="bob")
+    home = tmp_path / "home"  # the file's cache_connection is ~/.cache/zjusct-cloud/inventory
+    home.mkdir()
+    admin = ansible_env(K8S_AUTH_KUBECONFIG=str(k8s_cluster.kubeconfig), HOME=str(home), KUBECONFIG="/nonexistent")
+    tenant = ansible_env(K8S_AUTH_KUBECONFIG=str(k8s_cluster.tenant_kubeconfig), HOME=str(home),
+                         KUBECONFIG="/nonexistent")
+    assert f"admins-vm.{k8s_namespace}" in run_inventory(shipped, env=admin).hosts()
+    assert (home / ".cache" / "zjusct-cloud" / "inventory").is_dir(), "the admin's listing was cached"
+    cached = run_inventory(shipped, env=tenant, check=False)
+    flushed = run_inventory(shipped, "--flush-cache", env=tenant, check=False)
+    for run in (cached, flushed):
+        assert run.rc != 0 and "HTTP 403" in run.stderr, run.stdout[-2000:]
+        assert f"admins-vm.{k8s_namespace}" not in run.stdout
+
+
+def test_two_service_account_tokens_never_share_a_cache_entry(k8s_cluster, vms, k8s_api, k8s_namespace, tmp_path):
+    """Two identities with different RBAC through K8S_AUTH_HOST/API_KEY, one cache directory."""
+    core = client.CoreV1Api(k8s_api)
+    rbac = client.RbacAuthorizationV1Api(k8s_api)
+    for sa in ("viewer", "outsider"):
+        core.create_namespaced_service_account(k8s_namespace, {"metadata": {"name": sa}})
+    rbac.create_namespaced_role_binding(k8s_namespace, {
+        "metadata": {"name": "viewer-view"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+        "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": k8s_namespace}]})
+    tokens = {sa: core.create_namespaced_service_account_token(
+        sa, k8s_namespace, {"spec": {"expirationSeconds": 3600}}).status.token for sa in ("viewer", "outsider")}
+    vms.start(k8s_namespace, "seen")
+    cache = tmp_path / "cache"
+    src = write_inventory(tmp_path / "sa.cloudvm.yml", namespaces=[k8s_namespace], cache=True,
+                          cache_plugin="ansible.builtin.jsonfile", cache_connection=str(cache), cache_timeout=3600)
+    ca = k8s_cluster.state_dir / "pki" / "ca.crt"
+    env = {sa: ansible_env(K8S_AUTH_HOST=k8s_cluster.server, K8S_AUTH_API_KEY=token, K8S_AUTH_SSL_CA_CERT=str(ca),
+                           K8S_AUTH_VERIFY_SSL="true", KUBECONFIG="/nonexistent") for sa, token in tokens.items()}
+
+    from tests.cluster import wait_for
+
+    def viewer_lists() -> set[str]:
+        run = run_inventory(src, "--flush-cache", env=env["viewer"], check=False)
+        return run.hosts() if run.rc == 0 else set()
+
+    assert wait_for(viewer_lists, 60, "view role aggregated for the service account") == names(["seen"], k8s_namespace)
+    outsider = run_inventory(src, env=env["outsider"], check=False)
+    assert outsider.rc != 0 and "HTTP 403" in outsider.stderr, outsider.stdout[-2000:]
+    assert 'serviceaccount:' in outsider.stderr and ":outsider" in outsider.stderr
+    vms.start(k8s_namespace, "later")
+    assert run_inventory(src, env=env["viewer"]).hosts() == names(["seen"], k8s_namespace), \
+        "the viewer's own entry still answers for her"
+    files = list(cache.iterdir())
+    assert files
+    for path in files:
+        for token in tokens.values():
+            assert token not in path.name and token not in path.read_text(), "a token must never reach the cache"
 
 
 def test_case_A4_refresh_inventory_sees_a_vm_started_earlier_in_the_same_play(k8s_cluster, vms, k8s_namespace,

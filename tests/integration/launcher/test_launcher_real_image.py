@@ -23,6 +23,8 @@ from tests.integration.launcher.harness import Launched, base_config, free_port,
 
 pytestmark = [pytest.mark.guest, pytest.mark.slow, pytest.mark.timeout(2400)]
 SSH_TIMEOUT = 120
+REAL_VMM_ID_BASE = 1610612900
+NAMES = ("ssh", "data", "reboot", "panic")
 
 
 class RealFleet:
@@ -55,6 +57,9 @@ class RealFleet:
                           memory_mib=512)
         cfg["identity"]["sshAuthorizedKeys"] = [self.pubkey]
         cfg["hypervisor"]["tcgTranslationCacheMiB"] = 128
+        # sandboxed like the host backend's guests: own uid/gid (0x60000000 + n, no passwd entry) and seccomp
+        vmm_id = REAL_VMM_ID_BASE + sorted(NAMES).index(name)
+        cfg["hypervisor"]["runAs"] = {"uid": vmm_id, "gid": vmm_id}
         cfg["readiness"] = {"timeoutSeconds": 1500}
         cfg["stopTimeoutSeconds"] = 120
         vm = Launched(cfg, work)
@@ -113,6 +118,10 @@ def test_real_guest_ssh_login_with_config_disk_identity_then_sigterm_is_stop_req
     assert lines[0] == "real-ssh" and lines[1] == vm.cfg["identity"]["instanceID"]
     assert "10.0.2.15/24" in lines[2]
     pid = vm.vmm_pid()
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    vmm_id = str(vm.cfg["hypervisor"]["runAs"]["uid"])
+    assert status["Uid"].split() == [vmm_id] * 4, "the VMM serving this SSH session is not root"
+    assert (status["Seccomp"].strip(), status["NoNewPrivs"].strip()) == ("2", "1")
     vm.signal(signal.SIGTERM)
     rc, result = finish(vm)
     assert (rc, result["reason"]) == (0, "StopRequested"), result

@@ -1,4 +1,5 @@
-"""site.yml's Kubernetes path installs the CloudVM API (CRD + RBAC) on a real API server, idempotently."""
+"""site.yml's Kubernetes path installs the CloudVM API (CRD, RBAC, owner admission policy) on a real API server,
+idempotently."""
 
 from __future__ import annotations
 
@@ -37,5 +38,10 @@ def test_site_installs_the_cloudvm_api_and_second_run_changes_nothing(k8s_cluste
     roles = {r.metadata.name for r in client.RbacAuthorizationV1Api(k8s_api).list_cluster_role(
         label_selector="app.kubernetes.io/name=zjusct-cloud").items}
     assert {"zjusct-cloud-cloudvm-edit", "zjusct-cloud-cloudvm-controller"} <= roles
+    admission = client.AdmissionregistrationV1Api(k8s_api)
+    policy = admission.read_validating_admission_policy("cloudvm-owner.cloud.zjusct.io")
+    assert [v.expression for v in policy.spec.validations]
+    binding = admission.read_validating_admission_policy_binding("cloudvm-owner.cloud.zjusct.io")
+    assert binding.spec.validation_actions == ["Deny"]
     second = run_site(k8s_cluster.kubeconfig)
     assert second["stats"]["localhost"]["changed"] == 0

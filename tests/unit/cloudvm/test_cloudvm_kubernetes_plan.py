@@ -355,3 +355,24 @@ def test_missing_crd_is_reported_as_such_not_as_an_absent_vm() -> None:
             "message": "the server could not find the requested resource"}
     err = k8s.api_error(_FakeApiException(404, body), "get CloudVM")  # type: ignore[arg-type]
     assert "is the CloudVM CRD installed?" in str(err)
+
+
+@pytest.mark.parametrize("change", [{"power_state": "running"}, {"power_state": "stopped"}, {"restart": True},
+                                    {"ssh_authorized_keys": ["ssh-ed25519 AAAAC3Nz eve"]}, {"state": "absent"}],
+                         ids=["start", "stop", "restart", "rekey", "delete"])
+def test_another_owner_is_refused_before_any_write(change: dict) -> None:
+    api = FakeApi()
+    backend(api).ensure(params(), check_mode=False, diff=False)
+    writes = api.writes
+    with pytest.raises(CloudVMError, match="owner: 'bob' may not act on CloudVM ns/vm1, which belongs to owner"
+                                           " 'alice'") as err:
+        backend(api).ensure(params(owner="bob", **change), check_mode=False, diff=False)
+    assert err.value.details == {"reason": "Forbidden", "vm_owner": "alice"}
+    assert api.writes == writes and ("ns", "vm1") in api.objects
+
+
+def test_operator_switch_acts_on_a_vm_of_another_owner() -> None:
+    api = FakeApi()
+    backend(api).ensure(params(), check_mode=False, diff=False)
+    gone = backend(api).ensure(params(owner="ops", operator=True, state="absent"), check_mode=False, diff=False)
+    assert gone["changed"] is True and ("ns", "vm1") not in api.objects

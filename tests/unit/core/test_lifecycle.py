@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import params_to_spec, plan_power
+import pytest
+from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import (
+    CloudVMError,
+    authorize,
+    params_to_spec,
+    plan_power,
+)
 
 BASE = {"owner": "alice", "rootVolumeClaim": "alice-root", "vcpus": 1, "memoryMiB": 512}
 
@@ -59,3 +65,24 @@ def test_bandwidth_ceiling_defaults_to_the_guarantee_and_is_left_out_without_one
     assert shaped["network"]["bandwidth"] == {"guaranteedMbps": 20, "ceilMbps": 20, "priority": 0}
     unshaped = params_to_spec({"name": "a", "owner": "a", "bandwidth": {"guaranteed_mbps": 0}}, None)
     assert "ceilMbps" not in unshaped["network"]["bandwidth"]
+
+
+def test_authorize_refuses_another_owner_and_names_both():
+    vm = {"metadata": {"namespace": "default", "name": "bob"}, "spec": dict(BASE, owner="bob")}
+    with pytest.raises(CloudVMError, match="owner: 'alice' may not act on CloudVM default/bob, which belongs to"
+                                           " owner 'bob'"):
+        authorize(vm, {"owner": "alice", "name": "bob", "namespace": "default"})
+
+
+def test_authorize_lets_the_owner_the_operator_and_creation_through():
+    vm = {"metadata": {"namespace": "default", "name": "bob"}, "spec": dict(BASE, owner="bob")}
+    authorize(vm, {"owner": "bob"})
+    authorize(vm, {"owner": "alice", "operator": True})
+    authorize(vm, {"owner": None})  # an operator's own task names no owner
+    authorize(None, {"owner": "alice"})  # creating: the owner becomes spec.owner
+
+
+def test_operator_owner_names_the_owner_of_a_new_vm_only():
+    existing = dict(BASE, owner="bob", powerState="Stopped", bootID=0)
+    assert params_to_spec({"owner": "ops", "operator": True, "name": "bob"}, existing)["owner"] == "bob"
+    assert params_to_spec({"owner": "carol", "operator": True, "name": "c"}, None)["owner"] == "carol"

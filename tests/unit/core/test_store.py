@@ -57,3 +57,33 @@ def test_lease_conflict_is_refused(tmp_path):
         store.put_lease({"ipv4": "10.200.0.2", "vm_uid": "a", "mac": "02:00:00:00:00:01", "tap": "zjta"})
         with pytest.raises(StoreError):
             store.put_lease({"ipv4": "10.200.0.2", "vm_uid": "b", "mac": "02:00:00:00:00:02", "tap": "zjtb"})
+
+
+def test_read_only_open_takes_no_lock_never_migrates_and_never_writes(tmp_path):
+    path = str(tmp_path / "cloud.db")
+    with pytest.raises(StoreError, match="does not exist"):
+        HostStore(path, read_only=True)
+    assert not (tmp_path / "cloud.db").exists(), "a read-only open creates nothing"
+    with HostStore(path) as store:
+        store.create_vm("default", "alice", {"owner": "alice", "bootID": 0})
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")
+    try:
+        with HostStore(path, busy_timeout=0.5, read_only=True) as store:  # would time out on a write lock
+            assert [vm["metadata"]["name"] for vm in store.list_vms()] == ["alice"]
+            with pytest.raises(sqlite3.OperationalError):
+                store.conn.execute("DELETE FROM cloudvms")
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION - 1}")
+    conn.close()
+    with pytest.raises(StoreError, match=r"older than this collection's .*: run site.yml to migrate it"):
+        HostStore(path, read_only=True)
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION - 1
+    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(StoreError, match="newer than this collection"):
+        HostStore(path, read_only=True)

@@ -10,6 +10,7 @@ import yaml
 from ansible_collections.zjusct.cloud.plugins.plugin_utils._kube_list import (
     Expired,
     KubeListError,
+    identity_fingerprint,
     list_objects,
     list_path,
     resolve,
@@ -125,3 +126,24 @@ def test_expired_continue_token_restarts_the_list_once():
     server = FakeServer([{"n": i} for i in range(7)], expire_once=True)
     items, _ = list_objects(server, [], page_size=3)
     assert [i["n"] for i in items] == list(range(7))
+
+
+def test_identity_fingerprint_separates_identities_and_hides_the_secret(tmp_path: Path):
+    def fp(**auth: object) -> str:
+        return identity_fingerprint(resolve({"host": "https://10.0.0.1:6443", **auth}, env={}))
+
+    a, b = fp(api_key="token-of-alice"), fp(api_key="token-of-bob")
+    assert a != b and a == fp(api_key="token-of-alice")
+    assert len(a) == 16 and "token-of-alice" not in a
+    assert fp(api_key="token-of-alice", impersonate_user="carol") != a
+    assert fp(username="u", password="p1") != fp(username="u", password="p2")
+    cert1, cert2 = tmp_path / "1.crt", tmp_path / "2.crt"
+    cert1.write_text("cert one")
+    cert2.write_text("cert two")
+    assert fp(client_cert=str(cert1), client_key="k") != fp(client_cert=str(cert2), client_key="k")
+    exec1 = write_kubeconfig(tmp_path / "e1", {"exec": {"command": "get-token", "args": ["--profile", "a"]}})
+    exec2 = write_kubeconfig(tmp_path / "e2", {"exec": {"command": "get-token", "args": ["--profile", "b"]}})
+    one, two = (identity_fingerprint(resolve({"kubeconfig": str(p)}, env={})) for p in (exec1, exec2))
+    assert one != two
+    other_context = identity_fingerprint(resolve({"kubeconfig": str(exec1), "context": "other"}, env={}))
+    assert other_context != one

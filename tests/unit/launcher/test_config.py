@@ -136,6 +136,15 @@ INVALID: list[tuple[str, Any, str]] = [
     ("hypervisor.kvmProbeTimeoutSeconds", 61, "hypervisor.kvmProbeTimeoutSeconds: 61 is above the maximum 60"),
     ("hypervisor.tcgTranslationCacheMiB", 8, "hypervisor.tcgTranslationCacheMiB: 8 is below the minimum 16"),
     ("hypervisor.tcgTranslationCacheMiB", 4096, "hypervisor.tcgTranslationCacheMiB: 4096 is above the maximum 2048"),
+    ("hypervisor.runAs", {"uid": 0, "gid": 5}, "hypervisor.runAs.uid: 0 is below the minimum 1"),
+    ("hypervisor.runAs", {"uid": 70000, "gid": 2**32 - 1},
+     "hypervisor.runAs.gid: 4294967295 is above the maximum 4294967294"),
+    ("hypervisor.runAs", {"uid": 70000}, "hypervisor.runAs.gid: required field is missing"),
+    ("hypervisor.runAs", {"uid": "nobody", "gid": 1}, 'hypervisor.runAs.uid: expected an integer, got string'),
+    ("hypervisor.runAs", {"uid": 7, "gid": 7, "groups": [1]}, "hypervisor.runAs.groups: unknown field"),
+    ("hypervisor.seccomp", "on", 'hypervisor.seccomp: expected a boolean, got string "on"'),
+    ("hypervisor.jailer", {"chrootBaseDir": "/srv/jailer"},
+     "hypervisor.jailer: is only used with hypervisor.type firecracker"),
     ("readiness.port", 0, "readiness.port: 0 is below the minimum 1"),
     ("readiness.port", 70000, "readiness.port: 70000 is above the maximum 65535"),
     ("readiness.host", "guest.local", 'readiness.host: "guest.local" is not an IPv4 address'),
@@ -205,6 +214,31 @@ def test_firecracker_specific_limits(mutate: Any, message: str) -> None:
     mutate(doc)
     assert any(message in p for p in problems(doc)), problems(doc)
     assert not schema_ok(doc)
+
+
+def test_sandbox_fields_default_to_seccomp_without_a_privilege_drop() -> None:
+    c = config.parse(example())
+    assert (c.hypervisor.run_as, c.hypervisor.seccomp, c.hypervisor.jailer) == (None, True, None)
+    doc = example()
+    doc["hypervisor"].update(runAs={"uid": 1610612741, "gid": 1610612741}, seccomp=False)
+    c = config.parse(doc)
+    assert c.hypervisor.run_as == config.RunAs(1610612741, 1610612741) and c.hypervisor.seccomp is False
+    assert schema_ok(doc)
+
+
+@pytest.mark.parametrize(("hyp", "message"), [
+    ({"runAs": {"uid": 70000, "gid": 70000}}, "hypervisor.jailer: is required with hypervisor.runAs"),
+    ({"jailer": {"chrootBaseDir": "/srv/jailer"}}, "hypervisor.runAs: is required with hypervisor.jailer"),
+    ({"runAs": {"uid": 70000, "gid": 70000}, "jailer": {"chrootBaseDir": "jail"}},
+     'hypervisor.jailer.chrootBaseDir: "jail" is not an absolute path'),
+])
+def test_firecracker_drops_privileges_only_through_its_jailer(hyp: dict[str, Any], message: str) -> None:
+    doc = example("config-firecracker-tap.json")
+    doc["hypervisor"].update(hyp)
+    assert any(message in p for p in problems(doc)), problems(doc)
+    assert not schema_ok(doc)
+    doc["hypervisor"].update(runAs={"uid": 70000, "gid": 70001}, jailer={"chrootBaseDir": "/srv/jailer"})
+    assert problems(doc) == [] and schema_ok(doc)
 
 
 def test_tcg_with_allow_tcg_false_is_contradictory() -> None:

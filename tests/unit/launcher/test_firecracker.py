@@ -7,6 +7,7 @@ import json
 import socket
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from zjusct_launcher import config, firecracker
@@ -97,3 +98,34 @@ def test_send_ctrl_alt_del_puts_the_action(tmp_path: Path) -> None:
 def test_api_error_when_nothing_listens(tmp_path: Path) -> None:
     with pytest.raises(firecracker.ApiError, match="PUT /actions"):
         firecracker.send_ctrl_alt_del(str(tmp_path / "missing.sock"), timeout_seconds=1)
+
+
+def jailed_cfg(**hyp: Any) -> config.LauncherConfig:
+    doc = json.loads((EXAMPLES / "config-firecracker-tap.json").read_text())
+    doc["hypervisor"].update({"runAs": {"uid": 1610612741, "gid": 1610612742},
+                              "jailer": {"chrootBaseDir": "/var/lib/zjusct-cloud/jail"}, **hyp})
+    doc["machine"]["vcpus"] = 2
+    return config.parse(doc)
+
+
+def test_jailer_argv_takes_uid_gid_chroot_and_cgroup_from_the_config() -> None:
+    c = jailed_cfg()
+    a = firecracker.build_jailer_argv(c, "/usr/bin/jailer", "/usr/bin/firecracker")
+    sep = a.index("--")
+    jail, fc = a[:sep], a[sep + 1:]
+    assert jail == ["/usr/bin/jailer", "--id", "default-alice", "--exec-file", "/usr/bin/firecracker",
+                    "--uid", "1610612741", "--gid", "1610612742", "--chroot-base-dir", "/var/lib/zjusct-cloud/jail",
+                    "--cgroup-version", "2", "--cgroup", "cpu.max=200000 100000"]
+    assert fc == ["--api-sock", "/run/firecracker.socket", "--config-file", "/firecracker.json"]
+    assert firecracker.jail_root(c, "/usr/bin/firecracker") == \
+        "/var/lib/zjusct-cloud/jail/firecracker/default-alice/root"
+    no_seccomp = firecracker.build_jailer_argv(jailed_cfg(seccomp=False), "/usr/bin/jailer", "/usr/bin/firecracker")
+    assert no_seccomp[-1] == "--no-seccomp"
+
+
+def test_jailed_config_names_paths_inside_the_chroot() -> None:
+    c = jailed_cfg()
+    doc = firecracker.build_config(c, RuntimePaths(c.runtime_dir), jailed=True)
+    assert doc["boot-source"]["kernel_image_path"] == "/vmlinux"
+    assert doc["boot-source"]["initrd_path"] == "/initrd.img"
+    assert [d["path_on_host"] for d in doc["drives"]] == ["/rootfs.raw", "/identity.tar"]

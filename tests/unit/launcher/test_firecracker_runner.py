@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -24,10 +26,20 @@ REPO = Path(__file__).resolve().parents[3]
 FAKE = r'''
 import json, os, socket, sys, time
 args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
-cfg = json.load(open(args["--config-file"]))
+def host(path):  # under the stand-in jailer, paths are relative to the jail (cwd) instead of a chroot
+    return "." + path if os.environ.get("FAKE_FC_JAILED") else path
+cfg = json.load(open(host(args["--config-file"])))
 for key in ("boot-source", "drives", "machine-config", "network-interfaces"):
     if key not in cfg:
         sys.exit(3)
+try:  # what Firecracker opens after the jailer's drop: kernel, initrd, drives (root disk read-write)
+    open(host(cfg["boot-source"]["kernel_image_path"]), "rb").close()
+    for drive in cfg["drives"]:
+        open(host(drive["path_on_host"]), "rb" if drive["is_read_only"] else "r+b").close()
+except OSError as exc:
+    print("fake firecracker:", exc, file=sys.stderr, flush=True)
+    sys.exit(3)
+args["--api-sock"] = host(args["--api-sock"])
 print("fake console:", cfg["boot-source"]["boot_args"], flush=True)
 mode = os.environ.get("FAKE_FC_MODE", "obey")
 if mode in ("reboot", "crash"):
@@ -53,13 +65,41 @@ while True:
         sys.exit(0)
 '''
 
+# A stand-in for the jailer: checks its documented arguments and the prepared chroot, then does what it does
+# minus the chroot itself (the stand-in firecracker is a Python script that needs the host's /usr): copy the
+# exec file into <chroot base>/<exec name>/<id>/root, cd there, setgroups/setgid/setuid to --gid/--uid, exec the
+# copy with "--id <id>" added.
+FAKE_JAILER = r'''
+import os, shutil, sys
+argv = sys.argv[1:]
+sep = argv.index("--")
+opts, rest = argv[:sep], argv[sep + 1:]
+pairs = list(zip(opts[0::2], opts[1::2]))
+args = dict(pairs)
+assert [v for k, v in pairs if k == "--cgroup"] == ["cpu.max=100000 100000"], pairs
+assert args["--cgroup-version"] == "2", pairs
+root = os.path.join(args["--chroot-base-dir"], os.path.basename(args["--exec-file"]), args["--id"], "root")
+os.chdir(root)
+exe = os.path.join(root, os.path.basename(args["--exec-file"]))
+shutil.copy(args["--exec-file"], exe)
+uid, gid = int(args["--uid"]), int(args["--gid"])
+os.chown(exe, uid, gid)
+os.setgroups([gid])
+os.setgid(gid)
+os.setuid(uid)
+env = dict(os.environ, FAKE_FC_JAILED="1")
+exe = "./" + os.path.basename(exe)  # relative to the jail, as after a chroot
+os.execve(exe, [exe, *rest, "--id", args["--id"]], env)
+'''
+
 LAUNCH = ("import sys; from zjusct_launcher import runner; runner.Runner._decide_accel = lambda self, b: 'kvm'; "
           "from zjusct_launcher.cli import main; sys.exit(main(sys.argv[1:]))")
 
 
-def setup(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+def setup(tmp_path: Path, mode: str, jailed: bool = False) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
     fake = tmp_path / "firecracker"
-    fake.write_text(f"#!{sys.executable}\n{FAKE}")
+    # jailed, it runs as an unprivileged uid that may not reach the venv's interpreter (under /root here)
+    fake.write_text(f"#!{'/usr/bin/python3' if jailed else sys.executable}\n{FAKE}")
     fake.chmod(0o755)
     kernel = tmp_path / "vmlinux"
     kernel.write_bytes(b"\x7fELF" + b"\0" * 60)
@@ -71,6 +111,17 @@ def setup(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[bytes], dict[str,
     cfg["network"] = {"mode": "none"}
     cfg.pop("readiness")
     cfg["hypervisor"] = {"type": "firecracker", "binary": str(fake)}
+    if jailed:
+        jailer = tmp_path / "jailer"
+        jailer.write_text(f"#!{sys.executable}\n{FAKE_JAILER}")
+        jailer.chmod(0o755)
+        # The unprivileged stand-in opens its own script by absolute path: the jail must be reachable for it,
+        # which pytest's 0700 basetemp is not (the real one, chrooted, never walks the host's tree).
+        base = Path(tempfile.mkdtemp(prefix="zjjail", dir=tmp_path.anchor + "tmp"))
+        base.chmod(0o755)
+        cfg["hypervisor"].update(runAs={"uid": RUN_AS, "gid": RUN_AS},
+                                 jailer={"binary": str(jailer), "chrootBaseDir": str(base)})
+        disk.chmod(0o600)
     cfg["stopTimeoutSeconds"] = 3
     cfg["runtimeDir"] = str(tmp_path / "run")
     cfg["serialLogPath"] = str(tmp_path / "serial.log")
@@ -126,3 +177,63 @@ def test_unasked_exit_status_maps_to_a_reason(tmp_path: Path, mode: str, reason:
     assert (got_rc, result["reason"]) == (rc, reason), result
     if mode == "crash":
         assert "bad syscall" in result["message"] and result["hypervisorExitStatus"] == 148
+
+
+RUN_AS = 1610612999
+
+
+def status_field(pid: int, name: str) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(name + ":"):
+            return line.split(":", 1)[1].split()[0]
+    raise AssertionError(f"{name} not in /proc/{pid}/status")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the jailer's privilege drop needs root")
+def test_jailer_runs_the_vmm_as_run_as_in_a_prepared_jail_and_everything_is_undone(tmp_path: Path) -> None:
+    proc, cfg = setup(tmp_path, "obey", jailed=True)
+    base = Path(cfg["hypervisor"]["jailer"]["chrootBaseDir"])
+    try:
+        jailed_run_and_cleanup(tmp_path, proc, cfg, base / "firecracker" / "default-alice")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def jailed_run_and_cleanup(tmp_path: Path, proc: subprocess.Popen[bytes], cfg: dict[str, Any], jail: Path) -> None:
+    wait_for(jail / "root" / "run" / "firecracker.socket", proc)
+    disk = Path(cfg["rootDisk"]["path"])
+    assert (disk.stat().st_uid, disk.stat().st_gid) == (RUN_AS, RUN_AS), "root disk chowned for the run"
+    written = json.loads((jail / "root" / "firecracker.json").read_text())
+    assert written["drives"][0]["path_on_host"] == "/rootfs.raw"
+    assert (jail / "root" / "rootfs.raw").stat().st_ino == disk.stat().st_ino, "hard link, not a copy"
+    vmm = int((tmp_path / "run" / "vmm.pid").read_text())
+    assert status_field(vmm, "Uid") == str(RUN_AS) and status_field(vmm, "Gid") == str(RUN_AS)
+    proc.send_signal(signal.SIGTERM)  # SendCtrlAltDel through the jail's API socket
+    rc, result = outcome(proc, cfg)
+    assert (rc, result["reason"]) == (0, "StopRequested"), result
+    assert not jail.exists(), "jail removed"
+    assert (disk.stat().st_uid, disk.stat().st_gid) == (0, 0), "root disk owner restored"
+    assert "fake console: reset" in (tmp_path / "serial.log").read_text()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the jailer's privilege drop needs root")
+def test_killed_launcher_takes_its_jailed_vmm_along(tmp_path: Path) -> None:
+    """A VMM that changed uid lost PR_SET_PDEATHSIG; the launcher's watchdog kills it instead."""
+    proc, cfg = setup(tmp_path, "ignore", jailed=True)
+    base = Path(cfg["hypervisor"]["jailer"]["chrootBaseDir"])
+    try:
+        kill_launcher_and_wait_for_the_vmm(tmp_path, proc, base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def kill_launcher_and_wait_for_the_vmm(tmp_path: Path, proc: subprocess.Popen[bytes], base: Path) -> None:
+    wait_for(base / "firecracker" / "default-alice" / "root" / "run" / "firecracker.socket", proc)
+    vmm = int((tmp_path / "run" / "vmm.pid").read_text())
+    assert status_field(vmm, "Uid") == str(RUN_AS)
+    proc.kill()
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{vmm}").exists() and status_field(vmm, "State") != "Z" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{vmm}").exists() or status_field(vmm, "State") == "Z", "the jailed VMM outlived it"

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from zjusct_launcher import kvm, lock, readiness
@@ -148,3 +149,30 @@ def test_kvm_probe_is_bounded_and_returns_a_verdict() -> None:
 def test_kvm_device_missing_is_unusable(tmp_path: Path) -> None:
     ok, detail = kvm.kvm_device_usable(str(tmp_path / "kvm"))
     assert not ok and "No such file" in detail
+
+
+@pytest.mark.guest
+def test_kvm_probe_with_kernel_boots_the_guest_kernel_to_its_first_message(guest_image: Any) -> None:
+    """The kernel stage (see kvm.py: real mode alone runs on hosts where long mode never does) under TCG."""
+    qemu = shutil.which("qemu-system-x86_64")
+    assert qemu is not None
+    verdict = kvm.probe(qemu, 120, accel="tcg", kernel=str(guest_image.vmlinuz))
+    assert verdict.usable, verdict.detail
+    assert "kernel vmlinuz runs under tcg" in verdict.detail
+
+
+@pytest.mark.guest
+def test_kvm_probe_with_a_kernel_that_never_prints_is_unusable_and_bounded(tmp_path: Path) -> None:
+    """What a host with broken long mode looks like: the kernel stage runs and prints nothing."""
+    qemu = shutil.which("qemu-system-x86_64")
+    assert qemu is not None
+    silent = tmp_path / "vmlinuz"
+    silent.write_bytes(b"\0" * 4096)  # QEMU loads it and the "kernel" runs nothing that prints
+    verdict = kvm.probe(qemu, 3, accel="tcg", kernel=str(silent))
+    assert not verdict.usable and "printed no 'Linux version' within 3 s under tcg" in verdict.detail, \
+        verdict.detail
+    not_a_kernel = tmp_path / "text"
+    not_a_kernel.write_text("not a kernel\n")
+    refused = kvm.probe(qemu, 60, accel="tcg", kernel=str(not_a_kernel))
+    assert not refused.usable and "did not start under tcg: qemu: invalid kernel header" in refused.detail, \
+        refused.detail

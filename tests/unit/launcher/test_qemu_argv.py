@@ -132,3 +132,25 @@ def test_commas_in_paths_are_escaped_for_qemu_opts() -> None:
     doc["serialLogPath"] = "/var/log/a,b.log"
     a = argv(config.parse(doc))
     assert after(a, "-chardev") == ["file,id=serial0,path=/var/log/a,,b.log,append=on"]
+
+
+def test_seccomp_by_default_denies_privilege_changes_too() -> None:
+    a = argv(cfg())
+    assert after(a, "-sandbox") == ["on,obsolete=deny,spawn=deny,resourcecontrol=deny,elevateprivileges=deny"]
+    assert "-runas" not in a
+
+
+def test_run_as_drops_to_the_numeric_pair_and_keeps_setuid_allowed_for_the_drop() -> None:
+    doc = json.loads((EXAMPLES / "config-qemu-tap.json").read_text())
+    doc["hypervisor"]["runAs"] = {"uid": 1610612741, "gid": 1610612742}
+    a = argv(config.parse(doc))
+    assert after(a, "-runas") == ["1610612741:1610612742"]
+    # elevateprivileges=deny would kill QEMU 7.2 with SIGSYS at the drop
+    assert after(a, "-sandbox") == ["on,obsolete=deny,spawn=deny,resourcecontrol=deny"]
+    assert "script=no" in after(a, "-netdev")[0], "spawn=deny: no ifup scripts"
+
+
+def test_seccomp_off_leaves_no_sandbox_flag() -> None:
+    doc = json.loads((EXAMPLES / "config-qemu-tap.json").read_text())
+    doc["hypervisor"]["seccomp"] = False
+    assert "-sandbox" not in argv(config.parse(doc))
