@@ -136,7 +136,7 @@ def _owner_groups(store: HostStore) -> dict:
     groups: dict = {}
     owners = {vm["metadata"]["uid"]: vm["spec"]["owner"] for vm in store.list_vms()}
     for lease in store.leases():
-        groups.setdefault(owners.get(lease["vm_uid"], "?"), []).append(lease["tap"])
+        groups.setdefault(owners.get(lease["vm_uid"], "?"), []).append(lease)
     return groups
 
 
@@ -181,7 +181,7 @@ def _start_boot(cfg: HostConfig, store: HostStore, vm: dict) -> None:
     boot = int(spec["bootID"])
     net.ensure_bridge(cfg.netns, cfg.bridge, cfg.subnet)
     if cfg.nat:
-        net.ensure_uplink(cfg.netns, cfg.subnet, cfg.uplink_cidr, cfg.uplink_netns)
+        net.ensure_uplink(cfg.netns, cfg.subnet, cfg.uplink_cidr, cfg.uplink_netns, cfg.uplink_ip_forward)
     net.ensure_tap(cfg.netns, cfg.bridge, lease["tap"], cfg.vmm_run_as(lease["ipv4"]))
     net.apply_isolation(cfg.netns, _owner_groups(store))
     try:

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The ``zjusct.cloud.host_network`` module's logic: namespace, bridge, orphan TAP sweep."""
+"""The ``zjusct.cloud.host_network`` module's logic: namespace, bridge, uplink, isolation, orphan TAP sweep."""
 
 from __future__ import annotations
 
@@ -29,8 +29,33 @@ def live_taps(cfg: HostConfig) -> set[str]:
     return keep
 
 
+def owner_groups(cfg: HostConfig) -> dict:
+    """owner -> leases (``tap``, ``mac``, ``ipv4``) of that owner's VMs, for :func:`_hostnet.apply_isolation`."""
+    if not os.path.exists(cfg.store_path):
+        return {}
+    groups: dict = {}
+    with HostStore(cfg.store_path) as store:
+        owners = {vm["metadata"]["uid"]: vm["spec"]["owner"] for vm in store.list_vms()}
+        for lease in store.leases():
+            groups.setdefault(owners.get(lease["vm_uid"], "?"), []).append(lease)
+    return groups
+
+
+def forwarding_warning(cfg: HostConfig) -> list[str]:
+    """A warning when guests' NAT cannot leave the host: the uplink's outer side does not forward."""
+    if not cfg.nat or not cfg.netns or net.uplink_forwarding(cfg.uplink_netns):
+        return []
+    where = f"namespace {cfg.uplink_netns}" if cfg.uplink_netns else "the host's namespace"
+    return [f"net.ipv4.ip_forward is 0 in {where}: guests reach the uplink ({cfg.uplink_cidr}) but are not routed"
+            " beyond it. The cloud does not change it on its own; set hypervisor_uplink_ip_forward: true"
+            " (host config uplink_ip_forward) or enable forwarding yourself (docs/network.md)."]
+
+
 def run_module(params: dict, check_mode: bool) -> dict:
-    """Ensure the bridge; sweep orphaned TAPs. Returns ``changed`` and ``removed_taps``."""
+    """Ensure the bridge, uplink and isolation tables; sweep orphaned TAPs.
+
+    Returns ``changed``, ``removed_taps`` and ``warnings`` (see :func:`forwarding_warning`).
+    """
     cfg = load(params.get("host_config"))
     changed = False
     if check_mode:
@@ -38,7 +63,8 @@ def run_module(params: dict, check_mode: bool) -> dict:
     else:
         changed = net.ensure_bridge(cfg.netns, cfg.bridge, cfg.subnet)
         if cfg.nat:
-            changed |= net.ensure_uplink(cfg.netns, cfg.subnet, cfg.uplink_cidr, cfg.uplink_netns)
+            changed |= net.ensure_uplink(cfg.netns, cfg.subnet, cfg.uplink_cidr, cfg.uplink_netns,
+                                         cfg.uplink_ip_forward)
     removed: list[str] = []
     if params.get("sweep") and net.netns_exists(cfg.netns):
         keep = live_taps(cfg)
@@ -46,4 +72,6 @@ def run_module(params: dict, check_mode: bool) -> dict:
         if not check_mode:
             for tap in removed:
                 net.remove_tap(cfg.netns, tap)
-    return {"changed": changed or bool(removed), "removed_taps": removed}
+            changed |= net.apply_isolation(cfg.netns, owner_groups(cfg))
+    warnings = forwarding_warning(cfg) if net.netns_exists(cfg.netns) else []
+    return {"changed": changed or bool(removed), "removed_taps": removed, "warnings": warnings}

@@ -45,6 +45,9 @@ class HostConfig:
         nat: give guests a way out: a veth uplink from ``netns`` with masquerading (_hostnet.ensure_uplink).
         uplink_cidr: the uplink veth pair's /30 (RFC 6598 shared address space by default).
         uplink_netns: where the uplink's outer end lives ("" = the host's namespace; tests use their own).
+        uplink_ip_forward: the operator's opt-in to set ``net.ipv4.ip_forward=1`` in ``uplink_netns``
+            (the host's namespace by default), which routing guests' traffic beyond the host needs;
+            false: never written (docs/network.md).
         launcher_command: argv prefix that runs the launcher (``... run --config F`` is appended).
         hypervisor: ``qemu`` or ``firecracker``.
         accel: ``auto``, ``kvm`` or ``tcg``.
@@ -87,6 +90,7 @@ class HostConfig:
     nat: bool = True
     uplink_cidr: str = "100.64.255.0/30"
     uplink_netns: str = ""
+    uplink_ip_forward: bool = False
     launcher_command: tuple = ("python3", "-m", "zjusct_launcher")
     launcher_pythonpath: str = "/usr/local/lib/zjusct-cloud/launcher"
     hypervisor: str = "qemu"

@@ -11,17 +11,22 @@ short_description: Prepare the single-host guest network and sweep leftover TAP 
 version_added: 0.1.0
 author: ZJUSCT cloud team (@zjusct)
 description:
-  - Creates the cloud's network namespace, its bridge with the guests' gateway address and IPv4 forwarding, as
-    configured in the host configuration (C(netns), C(bridge), C(subnet); see docs/network.md).
+  - Creates the cloud's network namespace, its bridge with the guests' gateway address, IPv4 forwarding inside
+    that namespace, the NAT uplink and the nftables isolation tables, as configured in the host configuration
+    (C(netns), C(bridge), C(subnet), C(nat); see docs/network.md and docs/security.md).
+  - Changes no sysctl outside the cloud's namespace, except C(net.ipv4.ip_forward) on the uplink's outer side
+    (the host) when the host configuration opts in with C(uplink_ip_forward); without it, warns when that
+    forwarding is off (guests' NAT then ends at the host).
   - With O(sweep=true) removes the collection's TAP devices (C(zjt*)) that belong to no live launcher, left by
-    a crash or an interrupted start (case L6), and re-applies the owner isolation rules.
-  - Idempotent; reports C(changed) only when it created or removed something.
+    a crash or an interrupted start (case L6), and re-applies the isolation set elements of the VMs in the
+    host store.
+  - Idempotent; reports C(changed) only when it created, loaded or removed something.
 options:
   host_config:
     description: Host backend configuration file written by the C(zjusct.cloud.hypervisor) role.
     type: path
   sweep:
-    description: Remove orphaned TAP devices and re-apply the isolation table.
+    description: Remove orphaned TAP devices and re-apply the isolation set elements.
     type: bool
     default: true
 attributes:
@@ -62,6 +67,8 @@ def main() -> None:
         result = run_module(module.params, module.check_mode)
     except Exception as exc:  # every failure is reported with its message
         module.fail_json(msg=str(exc))
+    for warning in result.pop("warnings", []):
+        module.warn(warning)
     module.exit_json(**result)
 
 

@@ -32,6 +32,7 @@ class Cloud:
     config: dict
     root: Path
     key: Path
+    world_netns: str = ""  # beyond the uplink's outer side: holds 198.51.100.1
 
     def env(self) -> dict:
         env = dict(os.environ)
@@ -67,12 +68,12 @@ class Cloud:
         items = doc["plays"][0]["tasks"][0]["hosts"]["localhost"]["cloudvms"]
         return items[0] if items else {}
 
-    def ssh(self, ip: str, command: str, timeout: int = 60) -> subprocess.CompletedProcess:
-        """Run ``command`` in a guest over SSH from inside the cloud's network namespace."""
+    def ssh(self, ip: str, command: str, timeout: int = 60, stdin: str = "") -> subprocess.CompletedProcess:
+        """Run ``command`` in a guest over SSH from inside the cloud's network namespace (``stdin`` fed to it)."""
         return subprocess.run(
             ["ip", "netns", "exec", self.config["netns"], "ssh", "-i", str(self.key), "-o", "BatchMode=yes",
              "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=10",
-             f"root@{ip}", command], capture_output=True, text=True, timeout=timeout, check=False)
+             f"root@{ip}", command], input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def launcher_pids(cloud: Cloud, vm: str, namespace: str = "default") -> list[int]:
@@ -98,12 +99,21 @@ def cloud(guest_image, tmp_path_factory) -> Cloud:
     root = tmp_path_factory.mktemp("cloud")
     tag = uuid.uuid4().hex[:6]
     netns = f"zjc-e2e-{tag}"
-    # The uplink's outer end goes into a namespace of the test's own (a stand-in for "the outside"
-    # with one address, 198.51.100.1), so NAT is tested without touching the host's namespace.
-    outside = f"zjc-out-{tag}"
-    subprocess.run(["ip", "netns", "add", outside], check=True)
-    subprocess.run(["ip", "-n", outside, "link", "set", "lo", "up"], check=True)
-    subprocess.run(["ip", "-n", outside, "addr", "add", "198.51.100.1/32", "dev", "lo"], check=True)
+    # The uplink's outer end goes into a namespace of the test's own standing in for the host
+    # (``outside``, forwarding by the operator's opt-in uplink_ip_forward), which routes to "the world"
+    # (``world``, one address: 198.51.100.1) over 192.0.2.0/24; so NAT is tested without touching the
+    # host's namespace.
+    outside, world = f"zjc-out-{tag}", f"zjc-wld-{tag}"
+    for ns in (outside, world):
+        subprocess.run(["ip", "netns", "add", ns], check=True)
+        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
+    subprocess.run(["ip", "-n", world, "addr", "add", "198.51.100.1/32", "dev", "lo"], check=True)
+    subprocess.run(["ip", "-n", outside, "link", "add", "zjw0", "type", "veth", "peer", "name", "eth0", "netns",
+                    world], check=True)
+    for ns, dev, address in ((outside, "zjw0", "192.0.2.1/24"), (world, "eth0", "192.0.2.2/24")):
+        subprocess.run(["ip", "-n", ns, "addr", "add", address, "dev", dev], check=True)
+        subprocess.run(["ip", "-n", ns, "link", "set", dev, "up"], check=True)
+    subprocess.run(["ip", "-n", outside, "route", "add", "198.51.100.1/32", "via", "192.0.2.2"], check=True)
     config = {
         "node": "e2e-host",
         "store_path": str(root / "cloud.db"),
@@ -119,18 +129,21 @@ def cloud(guest_image, tmp_path_factory) -> Cloud:
         "nat": True,
         "uplink_cidr": "100.64.213.0/30",
         "uplink_netns": outside,
+        "uplink_ip_forward": True,
         "dns": ["198.51.100.1"],
         "launcher_command": [sys.executable, "-m", "zjusct_launcher"],
         "launcher_pythonpath": str(REPO / "launcher"),
         "stop_timeout_seconds": 90,
         "readiness_timeout_seconds": 600,
         "tcg_translation_cache_mib": 128,
+        # ZJUSCT_E2E_ACCEL=tcg where /dev/kvm passes the launcher's probe but real guests hang under KVM
+        "accel": os.environ.get("ZJUSCT_E2E_ACCEL", "auto"),
     }
     config_path = root / "host.json"
     config_path.write_text(json.dumps(config))
     key = root / "id_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    cloud = Cloud(config_path, config, root, key)
+    cloud = Cloud(config_path, config, root, key, world)
     try:
         yield cloud
     finally:
@@ -140,7 +153,7 @@ def cloud(guest_image, tmp_path_factory) -> Cloud:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-        for ns in (netns, outside):
+        for ns in (netns, outside, world):
             subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
         shutil.rmtree(config["runtime_dir"], ignore_errors=True)
         logs = root / "log"
