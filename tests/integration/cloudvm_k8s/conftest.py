@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
 
 from tests.cluster import TENANT_NAMESPACE, wait_for
 from tests.integration.cloudvm_k8s.cloudvm_helpers import (
@@ -83,8 +84,9 @@ def cloudvm_crd(k8s_api: Any, tenant_api: Any) -> Iterator[dict[str, Any]]:
     wait_for(tenant_may_create, 60, "edit role aggregated with CloudVM rules")
     policy, binding = load_docs(OWNER_POLICY)
     admission = client.AdmissionregistrationV1Api(k8s_api)
-    _create_or_keep(admission.create_validating_admission_policy, policy)
-    _create_or_keep(admission.create_validating_admission_policy_binding, binding)
+    for obj in (policy, binding):  # as the cluster role applies them, so site.yml's test re-applies cleanly
+        DynamicClient(k8s_api).resources.get(api_version=obj["apiVersion"], kind=obj["kind"]).server_side_apply(
+            body=obj, name=obj["metadata"]["name"], field_manager="zjusct.cloud")
     wait_for(lambda: owner_policy_enforced(tenant_api), 60, "owner admission policy enforced")
     yield crd
     with contextlib.suppress(ApiException):
