@@ -106,6 +106,27 @@ def _connect_read_only(path: str, busy_timeout: float) -> sqlite3.Connection:
     return conn
 
 
+def schema_version(path: str) -> Optional[int]:
+    """The schema version (``PRAGMA user_version``) of the store at ``path``, or None when it does not exist.
+
+    Reads without migrating or taking a write lock (a ``mode=ro`` connection).
+
+    Raises:
+        StoreError: the file exists but is not a readable SQLite database.
+    """
+    if not os.path.exists(path):
+        return None
+    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+        try:
+            return int(conn.execute("PRAGMA user_version").fetchone()[0])
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot read host store {path}: {exc}") from exc
+
+
 def now() -> str:
     """The current time as RFC 3339 UTC with seconds precision (``2026-11-30T07:00:00Z``)."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
