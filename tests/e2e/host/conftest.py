@@ -40,9 +40,13 @@ class Cloud:
                    ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", ANSIBLE_LOAD_CALLBACK_PLUGINS="1")
         return env
 
-    def playbook(self, name: str, *extra: str, check: bool = True, timeout: int = 1200) -> dict:
-        """Run ``playbooks/<name>.yml`` with ``-e`` pairs; returns the json callback's document."""
-        argv = [str(VENV_BIN / "ansible-playbook"), f"playbooks/{name}.yml",
+    def playbook(self, name: str, *extra: str, check: bool = True, timeout: int = 1200,
+                 options: tuple = ()) -> dict:
+        """Run ``playbooks/<name>.yml`` with ``-e`` pairs (and ``options`` such as ``--check``).
+
+        Returns the json callback's document plus ``rc`` and ``stderr``.
+        """
+        argv = [str(VENV_BIN / "ansible-playbook"), f"playbooks/{name}.yml", *options,
                 "-e", f"ssh_public_key_file={self.key}.pub"]
         for pair in extra:
             argv += ["-e", pair]
