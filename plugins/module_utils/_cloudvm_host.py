@@ -353,6 +353,8 @@ def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, 
     power = "running" if restart else params.get("power_state")
     with _vm_lock(cfg, ns, name):
         existing = store.get_vm(ns, name)
+        if existing is None and not params.get("owner"):
+            raise CloudVMError(f"name: there is no CloudVM {ns}/{name}; owner is required to create one")
         before = existing["spec"] if existing else None
         desired = params_to_spec(params, before)
         errors = validate_spec(desired) + (validate_update(before, desired) if before else [])

@@ -209,3 +209,9 @@ def test_runbook_cleanup_of_a_kept_volume_whose_vm_is_gone(cfg_path):
     assert records(cfg_path) == [] and not location.exists()
     with HostStore(json.loads(Path(cfg_path).read_text())["store_path"]) as s:
         assert s.get_volume("bob-root") is None
+
+
+def test_stopping_a_vm_that_does_not_exist_says_so(cfg_path):
+    with pytest.raises(CloudVMError, match="there is no CloudVM default/nobody; owner is required to create one"):
+        host.ensure(params(cfg_path, name="nobody", power_state="stopped"))
+    assert records(cfg_path) == []
