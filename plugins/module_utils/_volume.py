@@ -113,4 +113,3 @@ def _run(argv: list[str], ok: tuple = (0,)) -> None:
         raise VolumeError(f"{' '.join(argv)}: {exc}") from exc
     if proc.returncode not in ok:
         raise VolumeError(f"{' '.join(argv)}: {proc.stderr.strip() or proc.stdout.strip()}")
-

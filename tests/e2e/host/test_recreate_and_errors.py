@@ -16,9 +16,10 @@ import pytest
 
 from .conftest import REPO, Cloud, launcher_pids
 
-pytestmark = [pytest.mark.guest, pytest.mark.netns, pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.guest, pytest.mark.netns, pytest.mark.slow, pytest.mark.timeout(7200)]
 
 START = "Start the VM and wait until its SSH answers"
+WAIT = "wait_timeout=2400"  # a loaded host's TCG boot can take long; the launcher's readiness timeout is 1800 s
 SHOW = "Show the VM"
 
 
@@ -73,7 +74,7 @@ def module(cloud: Cloud, name: str, args: dict) -> subprocess.CompletedProcess:
 
 def test_start_delete_start_again_keeps_the_file_he_wrote(cloud: Cloud):
     """Issue item 1: vm_start, vm_delete (volume kept), vm_start of the same owner works on the same volume."""
-    first = task_result(cloud.playbook("vm_start", "owner=bob"), START)
+    first = task_result(cloud.playbook("vm_start", "owner=bob", WAIT, timeout=2700), START)
     assert first["phase"] == "Running", first
     old_uid = first["cloudvm"]["metadata"]["uid"]
     out = cloud.ssh(first["cloudvm"]["status"]["sshEndpoint"]["host"], "echo bobs-file > /root/mine && sync")
@@ -83,7 +84,7 @@ def test_start_delete_start_again_keeps_the_file_he_wrote(cloud: Cloud):
     assert volume(cloud, "bob-root")["claimed_by"] == old_uid  # the claim outlives the CloudVM
     assert launcher_pids(cloud, "bob") == []
 
-    again = cloud.playbook("vm_start", "owner=bob")
+    again = cloud.playbook("vm_start", "owner=bob", WAIT, timeout=2700)
     second = task_result(again, START)
     assert second["phase"] == "Running" and second["changed"] is True, second
     new_uid = second["cloudvm"]["metadata"]["uid"]
