@@ -44,10 +44,10 @@ from ansible_collections.zjusct.cloud.plugins.module_utils._spec import (
 from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore, StoreError, now
 from ansible_collections.zjusct.cloud.plugins.module_utils._volume import (
     VolumeError,
-    check_claim,
     create_from_image,
     resolve_image,
 )
+from ansible_collections.zjusct.cloud.plugins.module_utils._volume_claim import settle as settle_claim
 
 LAUNCHER_API = "launcher.cloud.zjusct.io/v1"
 POLL_SECONDS = 1.0
@@ -147,9 +147,7 @@ def _start_boot(cfg: HostConfig, store: HostStore, vm: dict) -> None:
     volume = store.get_volume(spec["rootVolumeClaim"])
     if volume is None:
         raise CloudVMError(f"spec.rootVolumeClaim: volume {spec['rootVolumeClaim']!r} does not exist")
-    refusal = check_claim(volume, spec["owner"], uid)
-    if refusal:
-        raise CloudVMError(refusal)
+    volume = settle_claim(store, volume, spec["owner"], uid, creating=False, rbd=cfg.rbd, subject=subject)
     bandwidth = ((spec.get("network") or {}).get("bandwidth") or {}).get("guaranteedMbps", 0)
     request = {"cpu": spec["vcpus"], "memory": spec["memoryMiB"], "disk": volume["size_mib"],
                "bandwidth": bandwidth}
@@ -362,6 +360,8 @@ def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, 
     power = "running" if restart else params.get("power_state")
     with _vm_lock(cfg, ns, name):
         existing = store.get_vm(ns, name)
+        if existing is None and not params.get("owner"):
+            raise CloudVMError(f"name: there is no CloudVM {ns}/{name}; owner is required to create one")
         before = existing["spec"] if existing else None
         desired = params_to_spec(params, before)
         errors = validate_spec(desired) + (validate_update(before, desired) if before else [])
@@ -375,9 +375,12 @@ def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, 
             except VolumeError as exc:
                 raise CloudVMError(str(exc)) from exc
         else:
-            refusal = check_claim(volume, desired["owner"], existing["metadata"]["uid"] if existing else None)
-            if refusal:
-                raise CloudVMError(refusal)
+            # checked at create too, so that a refused create writes no record (docs/runbooks.md, Volume claims)
+            live = sup.running_boot(_paths(cfg, ns, name)) if existing is None else None
+            volume = settle_claim(store, volume, desired["owner"], existing["metadata"]["uid"] if existing else None,
+                                  creating=existing is None, rbd=cfg.rbd, subject=f"{ns}/{name}",
+                                  launcher_alive=f"a launcher of {ns}/{name} (pid {live[1]})" if live else None,
+                                  check_mode=check_mode)
         status = (existing or {}).get("status") or {}
         if restart and existing is not None and status.get("phase") not in ("Stopped", "Failed", None):
             planned = dict(desired, powerState="Stopped")

@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import CloudVMError
+from ansible_collections.zjusct.cloud.plugins.module_utils._spec import in_user_terms, is_dns_label
 
 try:
     from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
@@ -94,13 +95,30 @@ def _impl(backend: str) -> Any:
     return impl
 
 
+def check_identity(params: dict) -> None:
+    """Check ``name`` and ``namespace`` before any backend is asked (RFC 1123 DNS labels).
+
+    Raises:
+        CloudVMError: every problem in one message, naming the option, the API field, the value and the rule.
+    """
+    errors = [f"metadata.{field}: {params.get(field)!r} is not a DNS label"
+              for field in ("name", "namespace") if not is_dns_label(params.get(field))]
+    if errors:
+        raise CloudVMError("; ".join(errors), errors=errors)
+
+
 def run_cloudvm(module: Any) -> None:
-    """Body of ``zjusct.cloud.cloudvm``: dispatch, then exit_json / fail_json."""
+    """Body of ``zjusct.cloud.cloudvm``: dispatch, then exit_json / fail_json.
+
+    Every refusal's message goes through :func:`._spec.in_user_terms`, so it names the option / playbook
+    variable typed, the API field, the value and the rule, on every backend.
+    """
     try:
+        check_identity(module.params)
         impl = _impl(resolve_backend(module.params))
         result = impl.ensure(module.params, check_mode=module.check_mode, diff=module._diff)
     except CloudVMError as exc:
-        module.fail_json(msg=str(exc), **exc.details)
+        module.fail_json(msg=in_user_terms(str(exc)), **exc.details)
     module.exit_json(**result)
 
 

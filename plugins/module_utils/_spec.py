@@ -6,7 +6,9 @@
 The same rules are enforced by the CRD's OpenAPI schema and CEL rules on Kubernetes
 (config/crd/); this module is their twin for the host backend and for early, precise errors in the
 modules. Messages name the field path, the value and the allowed range, e.g.
-``spec.memoryMiB: 8192 is above the maximum 4096``.
+``spec.memoryMiB: 8192 is above the maximum 4096``; :func:`in_user_terms` puts in front of each API
+field path the option / playbook variable a user typed and the field's rule, e.g.
+``memory_mib (spec.memoryMiB; allowed 128 to 4096 MiB): 8192 is above the maximum 4096``.
 
 Sources: DNS label / subdomain syntax from the Kubernetes object-names doc
 (https://kubernetes.io/docs/concepts/overview/working-with-objects/names/), OpenSSH public key
@@ -31,6 +33,33 @@ PHASES = ("Pending", "Running", "Stopping", "Stopped", "Failed", "Blocked", "Unk
 
 DEFAULTS = {"vcpus": 1, "memoryMiB": 512, "powerState": "Stopped", "bootID": 0}
 
+DNS_LABEL_RULE = ("RFC 1123 DNS label: lower-case letters, digits and '-', at most 63 characters,"
+                  " start and end with a letter or digit")
+DNS_SUBDOMAIN_RULE = ("RFC 1123 DNS subdomain: DNS labels joined by '.', at most 253 characters")
+
+# API field path -> (what the user typed: playbook variable, then the module option where it differs; the rule).
+# The playbook variables are those of playbooks/vm_*.yml (docs/playbooks.md); the module options those of
+# zjusct.cloud.cloudvm. Used by in_user_terms().
+FIELDS = {
+    "metadata.name": ("name", DNS_LABEL_RULE),
+    "metadata.namespace": ("vm_namespace / namespace", DNS_LABEL_RULE),
+    "spec.owner": ("owner", DNS_LABEL_RULE),
+    "spec.rootVolumeClaim": ("root_volume_claim", f"default <name>-root; {DNS_SUBDOMAIN_RULE}"),
+    "spec.vcpus": ("vcpus", f"allowed {VCPUS_MIN} to {VCPUS_MAX}"),
+    "spec.memoryMiB": ("memory_mib", f"allowed {MEMORY_MIB_MIN} to {MEMORY_MIB_MAX} MiB"),
+    "spec.powerState": ("power_state", "running or stopped"),
+    "spec.sshAuthorizedKeys": ("ssh_public_key / ssh_authorized_keys",
+                               f"OpenSSH public key lines, at most {SSH_KEYS_MAX}"),
+    "spec.network.bandwidth.guaranteedMbps": ("guaranteed_mbps / bandwidth.guaranteed_mbps",
+                                              f"allowed 0 to {BANDWIDTH_MBPS_MAX} Mbit/s"),
+    "spec.network.bandwidth.ceilMbps": ("ceil_mbps / bandwidth.ceil_mbps",
+                                        f"allowed guaranteed_mbps to {BANDWIDTH_MBPS_MAX} Mbit/s"),
+    "spec.network.bandwidth.pool": ("bandwidth_pool / bandwidth.pool", DNS_LABEL_RULE),
+    "spec.network.bandwidth.priority": ("bandwidth_priority / bandwidth.priority",
+                                        f"allowed {PRIORITY_MIN} to {PRIORITY_MAX}"),
+}
+_FIELD_REF = re.compile(r"(?<![\w.\[(])((?:spec|metadata)\.[A-Za-z.]*[A-Za-z])(\[\d+\])?:")
+
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SSH_KEY = re.compile(
@@ -52,6 +81,24 @@ def is_dns_subdomain(value: object) -> bool:
 def is_ssh_public_key(value: object) -> bool:
     """True when ``value`` is one OpenSSH public key line (type, base64 blob, optional comment)."""
     return isinstance(value, str) and len(value) <= SSH_KEY_LEN_MAX and bool(_SSH_KEY.match(value.strip()))
+
+
+def in_user_terms(message: str) -> str:
+    """Rewrite each ``<API field path>:`` in ``message`` to name what the user typed and the rule.
+
+    ``spec.memoryMiB: 4097 is above the maximum 4096`` becomes
+    ``memory_mib (spec.memoryMiB; allowed 128 to 4096 MiB): 4097 is above the maximum 4096``. Works on
+    this module's messages and on the Kubernetes API's (``spec.vcpus: Invalid value: 0: ...``); paths not
+    in :data:`FIELDS` and text already rewritten are left as they are.
+    """
+    def label(match: "re.Match[str]") -> str:
+        path, index = match.group(1), match.group(2) or ""
+        if path not in FIELDS:
+            return match.group(0)
+        typed, rule = FIELDS[path]
+        return f"{typed}{index} ({path}{index}; {rule}):"
+
+    return _FIELD_REF.sub(label, message)
 
 
 def _int_in_range(errors: list[str], path: str, value: object, low: int, high: int | None) -> None:
@@ -84,7 +131,7 @@ def validate_spec(spec: dict) -> list[str]:
     if owner is None:
         errors.append("spec.owner: required (a DNS label such as 'alice')")
     elif not is_dns_label(owner):
-        errors.append(f"spec.owner: {owner!r} is not a DNS label (lower-case letters, digits and '-', at most 63)")
+        errors.append(f"spec.owner: {owner!r} is not a DNS label")
     claim = spec.get("rootVolumeClaim")
     if claim is None:
         errors.append("spec.rootVolumeClaim: required (a DNS subdomain such as 'alice-root')")

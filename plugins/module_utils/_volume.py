@@ -7,7 +7,8 @@ A volume is a sparse raw file ``<volumes_dir>/<name>.raw``: a copy (reflink wher
 can, else ``cp --sparse=always``) of an image set's ``rootfs.raw``, never the image itself. Its
 ownership marks (owner, claimed-by = CloudVM uid) live in the host store (ARCHITECTURE §5): a
 volume belongs to one owner and is claimed by at most one CloudVM; deleting a CloudVM keeps the
-volume and its claim.
+volume and its claim. The claim rules (who may use a volume, when a stale claim is released) are in
+:mod:`._volume_claim`.
 """
 
 from __future__ import annotations
@@ -112,17 +113,3 @@ def _run(argv: list[str], ok: tuple = (0,)) -> None:
         raise VolumeError(f"{' '.join(argv)}: {exc}") from exc
     if proc.returncode not in ok:
         raise VolumeError(f"{' '.join(argv)}: {proc.stderr.strip() or proc.stdout.strip()}")
-
-
-def check_claim(volume: dict, owner: str, vm_uid: Optional[str]) -> Optional[str]:
-    """Why ``vm_uid`` (owned by ``owner``) may not use ``volume``, or None when it may.
-
-    Rules: the volume's owner must be the VM's owner; a claim by another CloudVM uid refuses.
-    """
-    if volume["owner"] != owner:
-        return (f"rootVolumeClaim: volume {volume['name']!r} belongs to owner {volume['owner']!r},"
-                f" not {owner!r}")
-    if volume.get("claimed_by") and vm_uid is not None and volume["claimed_by"] != vm_uid:
-        return (f"rootVolumeClaim: volume {volume['name']!r} is claimed by CloudVM uid {volume['claimed_by']};"
-                " release that claim first (docs/runbooks.md)")
-    return None

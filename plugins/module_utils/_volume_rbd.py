@@ -257,6 +257,39 @@ def claim(rbd: dict, volume: dict, vm_uid: str) -> None:
         raise VolumeError(f"rootVolumeClaim: cannot claim {ref.spec}: {exc}") from exc
 
 
+def claim_mark(rbd: dict, volume: dict) -> Optional[str]:
+    """The ``cloud.zjusct.io/claimed-by`` mark of the volume's image, or None.
+
+    Raises:
+        VolumeError: the rbd call failed.
+    """
+    ref = volume_ref(volume)
+    try:
+        return _client(rbd).meta(ref).get(META_CLAIMED_BY) or None
+    except RbdError as exc:
+        raise VolumeError(f"rootVolumeClaim: cannot read the marks of {ref.spec}: {exc}") from exc
+
+
+def release(rbd: dict, volume: dict, vm_uid: str) -> None:
+    """Remove the image's ``claimed-by`` mark if it is ``vm_uid`` (no-op when there is none).
+
+    Raises:
+        VolumeError: another uid holds the mark (refused, named), or an rbd call failed.
+    """
+    client = _client(rbd)
+    ref = volume_ref(volume)
+    try:
+        current = client.meta(ref).get(META_CLAIMED_BY)
+        if not current:
+            return
+        if current != vm_uid:
+            raise VolumeError(f"rootVolumeClaim: RBD image {ref.spec} is claimed by CloudVM uid {current}, not"
+                              f" {vm_uid}")
+        client.meta_remove(ref, META_CLAIMED_BY)
+    except RbdError as exc:
+        raise VolumeError(f"rootVolumeClaim: cannot release {ref.spec}: {exc}") from exc
+
+
 def delete(rbd: dict, volume: dict) -> None:
     """Remove the volume's image (refused by Ceph while it has watchers: the error names them).
 

@@ -21,7 +21,13 @@ description:
     banner answered, Stopped means no launcher remains.
   - O(state=absent) deletes the CloudVM (stopping it first) and waits until it is gone. The root volume and
     its ownership mark are kept.
-  - Invalid values fail before anything is created, naming the field, the value and the allowed range.
+  - On the host backend, creating a CloudVM on an existing volume checks its claim before anything is written;
+    another owner's volume, or one held by a CloudVM that exists, is refused naming the holder; a claim left by a
+    deleted CloudVM is released when nothing writes the volume any more, so the owner can re-create the VM on
+    its kept volume (docs/runbooks.md).
+  - Invalid values fail before anything is created; the message names the option (and the playbook variable
+    where it differs), the API field, the value and the allowed range or rule; for O(memory_mib=4097) it begins
+    with C(memory_mib (spec.memoryMiB; allowed 128 to 4096 MiB\)).
 extends_documentation_fragment:
   - zjusct.cloud.cloudvm_backend
   - kubernetes.core.k8s_auth_options

@@ -76,7 +76,8 @@ def assert_sandboxed(cloud: Cloud, owner: str, ip: str) -> None:
 
 
 def test_bad_input_fails_before_anything_is_created(cloud: Cloud):
-    for extra, field in ((("owner=carol", "memory_mib=8192"), "spec.memoryMiB: 8192 is above the maximum 4096"),
+    for extra, field in ((("owner=carol", "memory_mib=8192"),
+                          "memory_mib (spec.memoryMiB; allowed 128 to 4096 MiB): 8192 is above the maximum 4096"),
                          (("owner=Alice!",), "'Alice!' is not a DNS label"),
                          (("owner=carol", "image=no-such-image"), "image: 'no-such-image' is not a built image set")):
         doc = cloud.playbook("vm_start", *extra, check=False)

@@ -1,5 +1,6 @@
 """The host backend's rbd volume driver (_volume_rbd) against the real test cluster: template import once per image
-set under concurrent runs, clone with ownership marks, V2 watcher detection, adoption rules, delete."""
+set under concurrent runs, clone with ownership marks, V2 watcher detection, adoption rules, delete, and the release
+of a stale claim when a VM is re-created on its kept volume."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import threading
 
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils import _volume_rbd as rv
+from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import CloudVMError
 from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import ImageRef
+from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore
 from ansible_collections.zjusct.cloud.plugins.module_utils._volume import VolumeError
+from ansible_collections.zjusct.cloud.plugins.module_utils._volume_claim import settle
 
 pytestmark = [pytest.mark.ceph]
 
@@ -86,3 +90,38 @@ def test_adopt_checks_owner_and_claim(rbd, settings, image_name):
         rv.adopt(settings, ref.spec, "bob")
     with pytest.raises(VolumeError, match="does not exist"):
         rv.adopt(settings, "rbd/no-such-image", "bob")
+
+
+def test_a_stale_claim_stays_while_another_mark_or_a_watcher_remains(
+        rbd, settings, image_name, watcher, tmp_path):
+    """Re-create on a kept rbd volume (_volume_claim.settle): refused while another mark or a watcher remains."""
+    ref = ImageRef("rbd", image_name)
+    rbd.create(ref, size_mib=8)
+    with HostStore(str(tmp_path / "cloud.db")) as store:
+        store.put_volume({"name": image_name, "driver": "rbd", "location": ref.spec, "size_mib": 8,
+                          "owner": "bob", "claimed_by": "uid-gone"})
+        volume = store.get_volume(image_name)
+        rbd.meta_set(ref, "cloud.zjusct.io/claimed-by", "uid-elsewhere")
+        with pytest.raises(CloudVMError, match="marked claimed by CloudVM uid uid-elsewhere"):
+            settle(store, volume, "bob", None, creating=True, rbd=settings, subject="default/bob")
+        rbd.meta_set(ref, "cloud.zjusct.io/claimed-by", "uid-gone")
+        watcher(ref)
+        with pytest.raises(CloudVMError, match=r"still in use by RBD image .* has watchers"):
+            settle(store, volume, "bob", None, creating=True, rbd=settings, subject="default/bob")
+        assert rbd.meta(ref)["cloud.zjusct.io/claimed-by"] == "uid-gone"
+        assert store.get_volume(image_name)["claimed_by"] == "uid-gone"
+
+
+def test_a_stale_claim_without_writer_is_released_on_the_image(rbd, settings, image_name, tmp_path):
+    ref = ImageRef("rbd", image_name)
+    rbd.create(ref, size_mib=8)
+    rbd.meta_set(ref, "cloud.zjusct.io/claimed-by", "uid-gone")
+    with HostStore(str(tmp_path / "cloud.db")) as store:
+        store.put_volume({"name": image_name, "driver": "rbd", "location": ref.spec, "size_mib": 8,
+                          "owner": "bob", "claimed_by": "uid-gone"})
+        after = settle(store, store.get_volume(image_name), "bob", None, creating=True, rbd=settings,
+                       subject="default/bob")
+        assert after["claimed_by"] is None and store.get_volume(image_name)["claimed_by"] is None
+    assert "cloud.zjusct.io/claimed-by" not in rbd.meta(ref)
+    rv.claim(settings, {"name": image_name, "driver": "rbd", "location": ref.spec}, "uid-new")
+    assert rbd.meta(ref)["cloud.zjusct.io/claimed-by"] == "uid-new"
