@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import HostConfig
 
+from tests.e2e.playbook_results import task_result
 from tests.integration.inventory_host.inventory_host_helpers import ping_via_inventory
 
 from .conftest import Cloud, launcher_pids
@@ -32,13 +33,6 @@ pytestmark = [pytest.mark.guest, pytest.mark.netns, pytest.mark.slow, pytest.mar
 def recap(doc: dict) -> dict:
     return doc["stats"]["localhost"]
 
-
-def task_result(doc: dict, task_name: str) -> dict:
-    for play in doc["plays"]:
-        for task in play["tasks"]:
-            if task["task"]["name"] == task_name:
-                return task["hosts"]["localhost"]
-    raise KeyError(task_name)
 
 
 START = "Start the VM and wait until its SSH answers"

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils._volume import volume_path
 
+from tests.e2e.playbook_results import failure
+
 from .conftest import REPO, VENV_BIN, Cloud
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(1200)]
@@ -32,16 +34,6 @@ def _create_stopped(cloud: Cloud, name: str, owner: str, keys: list[str]) -> dic
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     return cloud.vm(name)
 
-
-def _failure(doc: dict) -> str:
-    """The message of the task that failed in a json-callback document."""
-    assert doc["rc"] != 0, "the playbook was expected to fail"
-    for play in doc.get("plays", []):
-        for task in play["tasks"]:
-            result = task["hosts"].get("localhost", {})
-            if result.get("failed"):
-                return str(result.get("msg", result))
-    raise AssertionError(f"no failed task: {doc.get('raw', '')[-2000:]}{doc.get('stderr', '')[-1000:]}")
 
 
 @pytest.fixture
@@ -65,13 +57,13 @@ def _volume_file(cloud: Cloud, vm: dict) -> Path:
 
 def test_another_owner_cannot_delete_stop_restart_rekey_or_back_up(cloud: Cloud, bob: dict) -> None:
     refused = {
-        "vm_delete": _failure(cloud.playbook("vm_delete", "owner=alice", "name=bob", "delete_volume=true",
+        "vm_delete": failure(cloud.playbook("vm_delete", "owner=alice", "name=bob", "delete_volume=true",
                                              check=False)),
-        "vm_start": _failure(cloud.playbook("vm_start", "owner=alice", "name=bob", f"ssh_public_key={EVE_KEY}",
+        "vm_start": failure(cloud.playbook("vm_start", "owner=alice", "name=bob", f"ssh_public_key={EVE_KEY}",
                                             check=False)),
-        "vm_stop": _failure(cloud.playbook("vm_stop", "owner=alice", "name=bob", check=False)),
-        "vm_restart": _failure(cloud.playbook("vm_restart", "owner=alice", "name=bob", check=False)),
-        "vm_backup": _failure(cloud.playbook("vm_backup", "owner=alice", "name=bob", check=False)),
+        "vm_stop": failure(cloud.playbook("vm_stop", "owner=alice", "name=bob", check=False)),
+        "vm_restart": failure(cloud.playbook("vm_restart", "owner=alice", "name=bob", check=False)),
+        "vm_backup": failure(cloud.playbook("vm_backup", "owner=alice", "name=bob", check=False)),
     }
     for playbook in ("vm_delete", "vm_start"):  # refused by the cloudvm module itself
         assert "owner: 'alice' may not act on CloudVM default/bob, which belongs to owner 'bob'" in refused[playbook], \
@@ -84,9 +76,9 @@ def test_another_owner_cannot_delete_stop_restart_rekey_or_back_up(cloud: Cloud,
 
 
 def test_awx_user_acts_only_as_herself(cloud: Cloud, bob: dict) -> None:
-    named = _failure(cloud.playbook("vm_stop", "awx_user_name=alice", "owner=bob", "name=bob", check=False))
+    named = failure(cloud.playbook("vm_stop", "awx_user_name=alice", "owner=bob", "name=bob", check=False))
     assert "owner: bob is not the launching user alice" in named, named
-    implied = _failure(cloud.playbook("vm_delete", "awx_user_name=alice", "name=bob", check=False))
+    implied = failure(cloud.playbook("vm_delete", "awx_user_name=alice", "name=bob", check=False))
     assert "owner: 'alice' may not act on CloudVM default/bob" in implied, implied
     _unchanged(cloud, bob)
     own = cloud.playbook("vm_stop", "awx_user_name=bob", "name=bob")

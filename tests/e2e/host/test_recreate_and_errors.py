@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.playbook_results import failure, task_result
+
 from .conftest import REPO, Cloud, launcher_pids
 
 pytestmark = [pytest.mark.guest, pytest.mark.netns, pytest.mark.slow, pytest.mark.timeout(7200)]
@@ -23,22 +25,6 @@ WAIT = "wait_timeout=2400"  # a loaded host's TCG boot can take long; the launch
 SHOW = "Show the VM"
 
 
-def task_result(doc: dict, task_name: str) -> dict:
-    for play in doc["plays"]:
-        for task in play["tasks"]:
-            if task["task"]["name"] == task_name:
-                return task["hosts"]["localhost"]
-    raise KeyError(task_name)
-
-
-def failure(doc: dict) -> str:
-    """The message of the task that failed (the json callback's ``msg``)."""
-    for play in doc.get("plays", []):
-        for task in play["tasks"]:
-            host = task["hosts"].get("localhost", {})
-            if host.get("failed"):
-                return str(host.get("msg"))
-    raise AssertionError(f"no failed task: {doc.get('raw', '')[-2000:]} {doc.get('stderr', '')[-2000:]}")
 
 
 def records(cloud: Cloud) -> list[tuple]:
