@@ -1,4 +1,5 @@
-"""Real boots of the default image set under QEMU/TCG (3 guest boots in total, two of them in parallel).
+"""Real boots of the default image set under QEMU/TCG (two in parallel, plus a boot again for each VM a test
+left powered off).
 
 Proves the guest side of notes/CONTRACT-guest.md: SSH as root with a key injected through the config disk, the
 hostname from the config disk, per-VM SSH host keys, host keys kept across boots of the same VM, a guest reboot
@@ -33,7 +34,7 @@ class Pair:
 
 
 @pytest.fixture(scope="module")
-def pair(guest_image: GuestImage, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+def booted_pair(guest_image: GuestImage, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     """Two VMs from the same image, booted in parallel, each with its own rootfs copy and config disk."""
     work = tmp_path_factory.mktemp("guest-pair")
     key, pub = make_key(work)
@@ -49,6 +50,18 @@ def pair(guest_image: GuestImage, tmp_path_factory: pytest.TempPathFactory) -> I
     finally:
         a.close()
         b.close()
+
+
+@pytest.fixture
+def pair(booted_pair: Pair) -> Pair:
+    """The module's two VMs, both running: one that an earlier test powered off or rebooted (tests run in any
+    order) is booted again here, on the same disk, so it keeps its host key."""
+    down = [vm for vm in (booted_pair.a, booted_pair.b) if vm.proc is None or vm.proc.poll() is not None]
+    for vm in down:
+        vm.start()
+    for vm in down:
+        vm.wait_ssh_banner(BOOT_TIMEOUT_S)
+    return booted_pair
 
 
 def test_ssh_with_injected_key_reports_config_disk_hostname(pair: Pair) -> None:
