@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -156,3 +158,21 @@ def leftovers(runtime_dir: Path) -> list[str]:
     if not runtime_dir.exists():
         return []
     return sorted(p.name for p in runtime_dir.iterdir() if p.name != "launcher.lock")
+
+
+def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run ``ip ARGS`` (iproute2), capturing its output."""
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=check)
+
+
+@contextlib.contextmanager
+def bridged_netns(name: str, gateway_cidr: str) -> Iterator[str]:
+    """A network namespace ``name`` with lo up and a bridge ``zjbr0`` holding ``gateway_cidr``; deleted on exit."""
+    ip("netns", "add", name)
+    try:
+        for args in (["link", "set", "lo", "up"], ["link", "add", "zjbr0", "type", "bridge"],
+                     ["addr", "add", gateway_cidr, "dev", "zjbr0"], ["link", "set", "zjbr0", "up"]):
+            ip("-n", name, *args)
+        yield name
+    finally:
+        ip("netns", "del", name, check=False)

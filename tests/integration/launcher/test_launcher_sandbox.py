@@ -19,14 +19,19 @@ from pathlib import Path
 import pytest
 
 from tests.integration.launcher import busybox_guest as bg
-from tests.integration.launcher.harness import Launched, base_config, free_port, leftovers, wait_dead
+from tests.integration.launcher.harness import (
+    Launched,
+    base_config,
+    bridged_netns,
+    free_port,
+    ip,
+    leftovers,
+    wait_dead,
+)
 
 pytestmark = [pytest.mark.guest, pytest.mark.slow]
 VMM_ID = 1610612801  # inside the host backend's default range (vmm_uid_base 0x60000000), no passwd entry
 
-
-def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=check)
 
 
 def status(pid: int) -> dict[str, str]:
@@ -59,15 +64,8 @@ def volumes() -> Iterator[Path]:
 
 @pytest.fixture
 def netns() -> Iterator[str]:
-    name = f"zjsb{os.getpid()}"
-    ip("netns", "add", name)
-    try:
-        for args in (["link", "set", "lo", "up"], ["link", "add", "zjbr0", "type", "bridge"],
-                     ["addr", "add", "10.78.0.1/24", "dev", "zjbr0"], ["link", "set", "zjbr0", "up"]):
-            ip("-n", name, *args)
+    with bridged_netns(f"zjsb{os.getpid()}", "10.78.0.1/24") as name:
         yield name
-    finally:
-        ip("netns", "del", name, check=False)
 
 
 @pytest.mark.netns

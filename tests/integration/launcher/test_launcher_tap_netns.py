@@ -6,33 +6,22 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.integration.launcher import busybox_guest as bg
-from tests.integration.launcher.harness import Launched, base_config, leftovers, wait_dead
+from tests.integration.launcher.harness import Launched, base_config, bridged_netns, ip, leftovers, wait_dead
 
 pytestmark = [pytest.mark.netns, pytest.mark.guest, pytest.mark.slow]
 
 
-def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=check)
-
 
 @pytest.fixture
 def netns() -> Iterator[str]:
-    name = f"zjlt{os.getpid()}"
-    ip("netns", "add", name)
-    try:
-        for args in (["link", "set", "lo", "up"], ["link", "add", "zjbr0", "type", "bridge"],
-                     ["addr", "add", "10.77.0.1/24", "dev", "zjbr0"], ["link", "set", "zjbr0", "up"]):
-            ip("-n", name, *args)
+    with bridged_netns(f"zjlt{os.getpid()}", "10.77.0.1/24") as name:
         yield name
-    finally:
-        ip("netns", "del", name, check=False)
 
 
 def test_tap_created_on_the_bridge_guest_ready_over_it_and_removed_after_stop(netns: str, tmp_path: Path) -> None:
