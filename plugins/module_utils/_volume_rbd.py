@@ -22,10 +22,14 @@ shared/recipes/ceph.md. Runs on the managed node's Python (standard library + ``
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import os
+import tempfile
 import uuid
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils import _names
 from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import (
@@ -114,7 +118,35 @@ def _remove_template_copy(client: Rbd, ref: ImageRef) -> None:
         pass
 
 
+@contextlib.contextmanager
+def _host_lock(ref: ImageRef) -> Iterator[None]:
+    """Serialise the template imports of one RBD image among the runs on this host (a flock).
+
+    Concurrent runs on one host were seen to both report the import of the same template about one time in
+    two (tests/integration/ceph/test_volume_rbd.py, Ceph 16), so runs on one host wait for each other and the
+    later one finds the template ready; runs on different hosts still rely on ``rbd rename``'s EEXIST.
+    """
+    directory = "/run/lock" if os.path.isdir("/run/lock") else tempfile.gettempdir()
+    digest = hashlib.sha256(ref.spec.encode("utf-8")).hexdigest()[:16]
+    with open(os.path.join(directory, f"zjusct-cloud-rbd-template-{digest}.lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def ensure_template(client: Rbd, pool: str, image_set_dir: str) -> tuple[ImageRef, bool]:
+    """Import ``<image_set_dir>/rootfs.raw`` once into ``pool`` as the protected snapshot ``tmpl-<set>@base``.
+
+    Runs on one host are serialised (:func:`_host_lock`); see :func:`_ensure_template`.
+    """
+    final = template_ref(pool, image_set_dir)
+    with _host_lock(final):
+        return _ensure_template(client, pool, image_set_dir)
+
+
+def _ensure_template(client: Rbd, pool: str, image_set_dir: str) -> tuple[ImageRef, bool]:
     """Import ``<image_set_dir>/rootfs.raw`` once into ``pool`` as the protected snapshot ``tmpl-<set>@base``.
 
     Idempotent and safe under concurrent runs (import under a private name, protect, then ``rbd rename``,
