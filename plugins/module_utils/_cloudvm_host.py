@@ -15,7 +15,6 @@ holds the VM's lock (case L3).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -23,6 +22,7 @@ import time
 from typing import Callable, Iterator, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils import _bandwidth as bw
+from ansible_collections.zjusct.cloud.plugins.module_utils import _flock
 from ansible_collections.zjusct.cloud.plugins.module_utils import _hostnet as net
 from ansible_collections.zjusct.cloud.plugins.module_utils import _supervisor as sup
 from ansible_collections.zjusct.cloud.plugins.module_utils import _volume_rbd as rbdvol
@@ -70,12 +70,8 @@ def _vm_lock(cfg: HostConfig, namespace: str, name: str) -> Iterator[None]:
     """Serialise module runs acting on one VM (a flock next to the store)."""
     directory = os.path.join(cfg.state_dir, "locks")
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    with open(os.path.join(directory, f"{namespace}_{name}.lock"), "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with _flock.exclusive(os.path.join(directory, f"{namespace}_{name}.lock")):
+        yield
 
 
 def _host_node(cfg: HostConfig) -> Node:

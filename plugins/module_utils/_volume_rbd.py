@@ -23,7 +23,6 @@ shared/recipes/ceph.md. Runs on the managed node's Python (standard library + ``
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import tempfile
@@ -31,7 +30,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-from ansible_collections.zjusct.cloud.plugins.module_utils import _names
+from ansible_collections.zjusct.cloud.plugins.module_utils import _flock, _names
 from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import (
     META_CLAIMED_BY,
     META_OWNER,
@@ -128,12 +127,8 @@ def _host_lock(ref: ImageRef) -> Iterator[None]:
     """
     directory = "/run/lock" if os.path.isdir("/run/lock") else tempfile.gettempdir()
     digest = hashlib.sha256(ref.spec.encode("utf-8")).hexdigest()[:16]
-    with open(os.path.join(directory, f"zjusct-cloud-rbd-template-{digest}.lock"), "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with _flock.exclusive(os.path.join(directory, f"zjusct-cloud-rbd-template-{digest}.lock")):
+        yield
 
 
 def ensure_template(client: Rbd, pool: str, image_set_dir: str) -> tuple[ImageRef, bool]:
