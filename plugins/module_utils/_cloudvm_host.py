@@ -26,6 +26,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils import _flock
 from ansible_collections.zjusct.cloud.plugins.module_utils import _hostnet as net
 from ansible_collections.zjusct.cloud.plugins.module_utils import _supervisor as sup
 from ansible_collections.zjusct.cloud.plugins.module_utils import _volume_rbd as rbdvol
+from ansible_collections.zjusct.cloud.plugins.module_utils._host_network_module import sync_isolation
 from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import HostConfig, load
 from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import (
     CloudVMError,
@@ -128,14 +129,6 @@ def _launcher_config(cfg: HostConfig, vm: dict, volume: dict, lease: dict) -> di
     }
 
 
-def _owner_groups(store: HostStore) -> dict:
-    groups: dict = {}
-    owners = {vm["metadata"]["uid"]: vm["spec"]["owner"] for vm in store.list_vms()}
-    for lease in store.leases():
-        groups.setdefault(owners.get(lease["vm_uid"], "?"), []).append(lease)
-    return groups
-
-
 def _start_boot(cfg: HostConfig, store: HostStore, vm: dict) -> None:
     """Place, network, validate and spawn the launcher of ``spec.bootID`` (all or nothing)."""
     meta, spec = vm["metadata"], vm["spec"]
@@ -177,7 +170,7 @@ def _start_boot(cfg: HostConfig, store: HostStore, vm: dict) -> None:
     if cfg.nat:
         net.ensure_uplink(cfg.netns, cfg.subnet, cfg.uplink_cidr, cfg.uplink_netns, cfg.uplink_ip_forward)
     net.ensure_tap(cfg.netns, cfg.bridge, lease["tap"], cfg.vmm_run_as(lease["ipv4"]))
-    net.apply_isolation(cfg.netns, _owner_groups(store))
+    sync_isolation(cfg, store)
     try:
         _apply_bandwidth(cfg, store, vm, lease)
     except Exception:
@@ -452,7 +445,7 @@ def _absent(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, d
         _cleanup_ended(cfg, store, existing)
         store.delete_vm(ns, name)
         if net.netns_exists(cfg.netns):
-            net.apply_isolation(cfg.netns, _owner_groups(store))
+            sync_isolation(cfg, store)
         for directory in (paths.state_dir, paths.runtime_dir):
             shutil.rmtree(directory, ignore_errors=True)
         claim = existing["spec"]["rootVolumeClaim"]

@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import os
+from typing import Optional
 
+from ansible_collections.zjusct.cloud.plugins.module_utils import _flock
 from ansible_collections.zjusct.cloud.plugins.module_utils import _hostnet as net
 from ansible_collections.zjusct.cloud.plugins.module_utils import _supervisor as sup
 from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import HostConfig, load
@@ -29,16 +31,43 @@ def live_taps(cfg: HostConfig) -> set[str]:
     return keep
 
 
-def owner_groups(cfg: HostConfig) -> dict:
-    """owner -> leases (``tap``, ``mac``, ``ipv4``) of that owner's VMs, for :func:`_hostnet.apply_isolation`."""
-    if not os.path.exists(cfg.store_path):
-        return {}
+def owner_groups(store: HostStore) -> dict:
+    """owner -> leases (``tap``, ``mac``, ``ipv4``) of that owner's VMs in ``store`` (_hostnet.isolation_elements)."""
     groups: dict = {}
-    with HostStore(cfg.store_path) as store:
-        owners = {vm["metadata"]["uid"]: vm["spec"]["owner"] for vm in store.list_vms()}
-        for lease in store.leases():
-            groups.setdefault(owners.get(lease["vm_uid"], "?"), []).append(lease)
+    owners = {vm["metadata"]["uid"]: vm["spec"]["owner"] for vm in store.list_vms()}
+    for lease in store.leases():
+        groups.setdefault(owners.get(lease["vm_uid"], "?"), []).append(lease)
     return groups
+
+
+def sync_isolation(cfg: HostConfig, store: Optional[HostStore] = None) -> bool:
+    """Make the isolation table in ``cfg.netns`` match the leases committed in the host store.
+
+    The store is read and the table changed under one host-wide flock (``<state_dir>/locks/isolation.lock``):
+    :func:`_hostnet.apply_isolation` computes a diff against the table, so two runs reading the store
+    outside the lock could each apply an older view and delete an element the other just added (a
+    started guest left out of its owner's set is cut off from the gateway). Call it after committing
+    the lease change.
+
+    Args:
+        store: an open store (read without a transaction); ``None`` opens ``cfg.store_path`` (no store
+            file = no guests).
+
+    Returns:
+        Whether the table changed.
+
+    Raises:
+        NetworkError: nft failed.
+    """
+    directory = os.path.join(cfg.state_dir, "locks")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    with _flock.exclusive(os.path.join(directory, "isolation.lock")):
+        if store is not None:
+            return net.apply_isolation(cfg.netns, owner_groups(store))
+        if not os.path.exists(cfg.store_path):
+            return net.apply_isolation(cfg.netns, {})
+        with HostStore(cfg.store_path) as opened:
+            return net.apply_isolation(cfg.netns, owner_groups(opened))
 
 
 def forwarding_warning(cfg: HostConfig) -> list[str]:
@@ -72,6 +101,6 @@ def run_module(params: dict, check_mode: bool) -> dict:
         if not check_mode:
             for tap in removed:
                 net.remove_tap(cfg.netns, tap)
-            changed |= net.apply_isolation(cfg.netns, owner_groups(cfg))
+            changed |= sync_isolation(cfg)
     warnings = forwarding_warning(cfg) if net.netns_exists(cfg.netns) else []
     return {"changed": changed or bool(removed), "removed_taps": removed, "warnings": warnings}
