@@ -544,13 +544,6 @@ def _ensure_table(netns: str, family: str, name: str, body: list[str]) -> bool:
     return True
 
 
-def remove_uplink(netns: str, uplink_netns: str = "") -> None:
-    """Delete the uplink veth pair (and with it the outer route to the guests) and its table on the outer side."""
-    if link_exists(uplink_netns, UPLINK_OUTER):
-        _ip(uplink_netns, "link", "del", UPLINK_OUTER)
-    _run([*_exec(uplink_netns), "nft", "delete", "table", "ip", NAT_TABLE], check=False)
-
-
 def host_resolvers(path: str = "/etc/resolv.conf") -> list[str]:
     """The host's IPv4 name servers usable from guests (loopback ones such as 127.0.0.53 left out)."""
     try:
@@ -560,9 +553,3 @@ def host_resolvers(path: str = "/etc/resolv.conf") -> list[str]:
         return []
     servers = [line.split()[1] for line in lines if line.startswith("nameserver") and len(line.split()) > 1]
     return [s for s in servers if "." in s and not s.startswith("127.")]
-
-
-def remove_netns(netns: str) -> None:
-    """Delete the namespace (and with it the bridge, TAPs and tables). Used by teardown."""
-    if netns and netns_exists(netns):
-        _run(["ip", "netns", "del", netns])
