@@ -18,13 +18,17 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import time
 import urllib.parse
 import uuid
 from typing import Any, ContextManager, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils._qos_store import SCHEMA as QOS_SCHEMA
-from ansible_collections.zjusct.cloud.plugins.module_utils._sqlite import write_transaction
+from ansible_collections.zjusct.cloud.plugins.module_utils._sqlite import (
+    EVENTS_SCHEMA,
+    insert_event,
+    now,
+    write_transaction,
+)
 
 DEFAULT_PATH = "/var/lib/zjusct-cloud/cloud.db"
 
@@ -64,15 +68,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             vm_uid TEXT NOT NULL UNIQUE,
             mac TEXT NOT NULL,
             tap TEXT NOT NULL)""",
-        """CREATE TABLE events (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            ts TEXT NOT NULL,
-            kind TEXT NOT NULL,
-            subject TEXT NOT NULL,
-            reason TEXT NOT NULL,
-            message TEXT NOT NULL,
-            data TEXT NOT NULL DEFAULT '{}')""",
-        "CREATE INDEX events_subject ON events (subject, id)",
+        *EVENTS_SCHEMA,
     ),
     # 2: bandwidth QoS state (node, pools, grants, TAP attachments) of _qos_store.
     tuple(statement for statement in QOS_SCHEMA if "qos_" in statement),
@@ -125,11 +121,6 @@ def schema_version(path: str) -> Optional[int]:
             conn.close()
     except sqlite3.Error as exc:
         raise StoreError(f"cannot read host store {path}: {exc}") from exc
-
-
-def now() -> str:
-    """The current time as RFC 3339 UTC with seconds precision (``2026-11-30T07:00:00Z``)."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 class HostStore:
@@ -200,10 +191,7 @@ class HostStore:
     def record_event(self, kind: str, subject: str, reason: str, message: str,
                      data: Optional[dict] = None) -> None:
         """Append an event (``kind`` Normal|Warning, ``subject`` e.g. ``default/alice``)."""
-        with self.transaction() as conn:
-            conn.execute(
-                "INSERT INTO events (ts, kind, subject, reason, message, data) VALUES (?, ?, ?, ?, ?, ?)",
-                (now(), kind, subject, reason, message, json.dumps(data or {}, sort_keys=True)))
+        insert_event(self.conn, kind, subject, reason, message, data)
 
     def events(self, subject: Optional[str] = None, limit: int = 100) -> list[dict]:
         """The newest ``limit`` events (for ``subject`` if given), oldest first."""
