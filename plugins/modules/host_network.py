@@ -22,13 +22,12 @@ description:
     host store.
   - Idempotent; reports C(changed) only when it created, loaded or removed something.
 options:
-  host_config:
-    description: Host backend configuration file written by the C(zjusct.cloud.hypervisor) role.
-    type: path
   sweep:
     description: Remove orphaned TAP devices and re-apply the isolation set elements.
     type: bool
     default: true
+extends_documentation_fragment:
+  - zjusct.cloud.host_config
 attributes:
   check_mode:
     support: full
