@@ -383,7 +383,8 @@ def _audit(store: HostStore, params: dict, existing: Optional[dict], result: Opt
         data["boot_id"] = (result or {}).get("boot_id")
     else:
         details = getattr(error, "details", {}) or {}
-        reason = str(details.get("reason") or type(error).__name__)
+        reason = str(details.get("reason") or ("Unschedulable" if "dimension" in details else "")
+                     or (details.get("status") or {}).get("reason") or type(error).__name__)
         outcome = "refused" if reason in ("Forbidden", "QuotaExceeded") else "failed"
         message = str(error)
     store.record_audit(params.get("owner") or "operator", action, f"{ns}/{name}", outcome, message, owner=owner,

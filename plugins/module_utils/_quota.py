@@ -34,6 +34,11 @@ OPTIONS = {"vms": "name (a new CloudVM)", "vcpus": "vcpus", "memory_mib": "memor
            "disk_mib": "volume_size_mib (a new root volume)", "bandwidth_mbps": "bandwidth.guaranteed_mbps"}
 
 
+# how an owner frees each dimension (the refusal's advice)
+FREE = {"vms": "delete another VM", "vcpus": "stop another VM", "memory_mib": "stop another VM",
+        "disk_mib": "delete another VM with delete_volume=true", "bandwidth_mbps": "stop another VM"}
+
+
 def zero() -> dict:
     """A footprint of nothing: every dimension 0."""
     return dict.fromkeys(LIMITS, 0)
@@ -88,11 +93,11 @@ class Refusal:
 
     @property
     def message(self) -> str:
-        """``vcpus: owner 'alice' would use 5 of quota 4 vCPUs (in use 4, this request 1); ...``."""
+        """``vcpus: owner 'alice' would use 5 of quota 4 vCPUs (in use 4, this request 1, asked by vcpus); ...``."""
         dim = self.dimension
         return (f"{dim}: owner {self.owner!r} would use {self.in_use + self.requested} of quota {self.limit}"
                 f" {UNITS[dim]} (in use {self.in_use}, this request {self.requested}, asked by {OPTIONS[dim]});"
-                f" stop or delete another VM of {self.owner!r}, or ask the operator to raise owner_quota {dim}")
+                f" {FREE[dim]} of {self.owner!r}, or ask the operator to raise owner_quota {dim}")
 
     def details(self) -> dict:
         """The module result's failure fields (``reason: QuotaExceeded``)."""

@@ -9,6 +9,7 @@ import json
 import multiprocessing
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils import _quota as quota
@@ -58,8 +59,8 @@ def test_up_to_the_limit_is_allowed_one_over_is_refused_with_the_numbers() -> No
     refusal = quota.check("alice", limits, dict(in_use, vcpus=4), quota.zero(), start)
     assert refusal is not None
     assert refusal.message == (
-        "vcpus: owner 'alice' would use 5 of quota 4 vCPUs (in use 4, this request 1, asked by vcpus); stop or"
-        " delete another VM of 'alice', or ask the operator to raise owner_quota vcpus")
+        "vcpus: owner 'alice' would use 5 of quota 4 vCPUs (in use 4, this request 1, asked by vcpus); stop"
+        " another VM of 'alice', or ask the operator to raise owner_quota vcpus")
     assert refusal.details() == {"reason": "QuotaExceeded", "quota": "vcpus", "owner": "alice", "limit": 4,
                                  "in_use": 4, "requested": 1}
 
@@ -133,8 +134,8 @@ def test_a_version_2_store_is_migrated_with_its_data(tmp_path: Path) -> None:
         assert len(store.events()) == 1 and store.audit() == [] and store.list_quotas() == {}
 
 
-def _create_under_quota(path: str, name: str, barrier: "multiprocessing.synchronize.Barrier",
-                        results: "multiprocessing.queues.Queue") -> None:
+def _create_under_quota(path: str, name: str, barrier: Any,
+                        results: Any) -> None:
     store = HostStore(path)
     planned = spec("Running", owner="carol")
     barrier.wait()
