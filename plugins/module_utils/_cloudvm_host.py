@@ -18,12 +18,14 @@ import contextlib
 import json
 import os
 import shutil
+import sqlite3
 import time
 from typing import Callable, Iterator, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils import _bandwidth as bw
 from ansible_collections.zjusct.cloud.plugins.module_utils import _flock
 from ansible_collections.zjusct.cloud.plugins.module_utils import _hostnet as net
+from ansible_collections.zjusct.cloud.plugins.module_utils import _quota as quota
 from ansible_collections.zjusct.cloud.plugins.module_utils import _supervisor as sup
 from ansible_collections.zjusct.cloud.plugins.module_utils import _volume_rbd as rbdvol
 from ansible_collections.zjusct.cloud.plugins.module_utils._host_network_module import sync_isolation
@@ -335,12 +337,91 @@ def ensure(params: dict, check_mode: bool = False, diff: bool = False) -> dict:
             raise CloudVMError(f"metadata.{field}: {value!r} is not a DNS label")
     store = HostStore(cfg.store_path)
     try:
-        authorize(store.get_vm(ns, name), params)  # spec.owner is immutable: no lock needed
-        if params["state"] == "absent":
-            return _absent(cfg, store, params, check_mode, diff)
-        return _present(cfg, store, params, check_mode, diff)
+        existing = store.get_vm(ns, name)
+        try:
+            authorize(existing, params)  # spec.owner is immutable: no lock needed
+            if params["state"] == "absent":
+                result = _absent(cfg, store, params, check_mode, diff)
+            else:
+                result = _present(cfg, store, params, check_mode, diff)
+        except Exception as exc:
+            if not check_mode:
+                with contextlib.suppress(StoreError, sqlite3.Error):  # never hide the failure itself
+                    _audit(store, params, existing, error=exc)
+            raise
+        if result["changed"] and not check_mode:
+            _audit(store, params, existing, result=result)
+        return result
     finally:
         store.close()
+
+
+def _audit(store: HostStore, params: dict, existing: Optional[dict], result: Optional[dict] = None,
+           error: Optional[BaseException] = None) -> None:
+    """Record one cloudvm run that changed something, was refused or failed (docs/security.md, "Audit")."""
+    ns, name = params["namespace"], params["name"]
+    if params["state"] == "absent":
+        action = "delete"
+    elif existing is None:
+        action = "create"
+    elif params.get("restart"):
+        action = "restart"
+    else:
+        action = {"running": "start", "stopped": "stop"}.get(params.get("power_state") or "", "update")
+    owner = ((existing or {}).get("spec") or {}).get("owner") or params.get("owner") or ""
+    data = {k: params[k] for k in ("power_state", "vcpus", "memory_mib", "image", "volume_size_mib",
+                                   "root_volume_claim", "bandwidth") if params.get(k) is not None}
+    if params.get("ssh_authorized_keys") is not None:
+        data["ssh_authorized_keys"] = len(params["ssh_authorized_keys"])
+    if params["state"] == "absent":
+        data["delete_volume"] = bool(params.get("delete_volume"))
+    if error is None:
+        outcome, reason = "succeeded", ""
+        vm = (result or {}).get("cloudvm")
+        message = f"{action} {ns}/{name}" + (f": phase {vm['status'].get('phase')}, bootID {vm['spec'].get('bootID')}"
+                                             if vm else "")
+        data["boot_id"] = (result or {}).get("boot_id")
+    else:
+        details = getattr(error, "details", {}) or {}
+        reason = str(details.get("reason") or ("Unschedulable" if "dimension" in details else "")
+                     or (details.get("status") or {}).get("reason") or type(error).__name__)
+        outcome = "refused" if reason in ("Forbidden", "QuotaExceeded") else "failed"
+        message = str(error)
+    store.record_audit(params.get("owner") or "operator", action, f"{ns}/{name}", outcome, message, owner=owner,
+                       operator=bool(params.get("operator")), reason=reason, data=data)
+
+
+def _new_volume_mib(image: Optional[dict], size_mib: Optional[int]) -> int:
+    """The size (MiB) a new root volume will have: ``volume_size_mib``, else the image's root file system."""
+    if size_mib:
+        return int(size_mib)
+    source = os.path.join((image or {}).get("dir", ""), "rootfs.raw")
+    return os.path.getsize(source) // (1024 * 1024) if os.path.exists(source) else 0
+
+
+def _within_quota(store: HostStore, existing: Optional[dict], planned: dict, new_volume_mib: int = 0) -> None:
+    """Refuse a spec change that would take its owner over a quota (docs/security.md, "Quotas").
+
+    Called inside the store transaction that writes ``planned`` (and the new volume's record), so two
+    concurrent runs for two VMs of one owner cannot together exceed a quota: the second waits for the
+    first's write lock and then counts its VM.
+
+    Args:
+        store: the host store (its ``quotas``, ``cloudvms`` and ``volumes`` are read).
+        existing: the CloudVM as stored now, or None when ``planned`` creates it.
+        planned: the spec about to be written.
+        new_volume_mib: the size of the root volume this change creates (0 if none).
+
+    Raises:
+        CloudVMError: ``reason: QuotaExceeded`` naming the quota, the owner, in use + requested vs limit.
+    """
+    owner = planned["owner"]
+    before = quota.vm_footprint((existing or {}).get("spec"))
+    after = quota.vm_footprint(planned)
+    after["disk_mib"] += new_volume_mib
+    refusal = quota.check(owner, store.get_quota(owner), store.owner_usage(owner), before, after)
+    if refusal is not None:
+        raise CloudVMError(refusal.message, **refusal.details())
 
 
 def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, diff: bool) -> dict:
@@ -379,9 +460,12 @@ def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, 
         labels.update(params.get("labels") or {})
         changed = existing is None or planned != existing["spec"] or \
             labels != existing["metadata"].get("labels") or restart or volume is None
+        new_volume_mib = _new_volume_mib(image, params.get("volume_size_mib")) if volume is None else 0
+        _within_quota(store, existing, planned, new_volume_mib)  # before creating anything; again when writing
         if check_mode:
             preview = existing or {"metadata": {"namespace": ns, "name": name}, "status": {}}
             return _result(dict(preview, spec=planned), changed, before, diff)
+        new_volume: Optional[dict] = None
         if volume is None:
             if image is None:
                 raise AssertionError("image unexpectedly missing")
@@ -394,26 +478,38 @@ def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, 
                                                 params.get("volume_size_mib"))
             except VolumeError as exc:
                 raise CloudVMError(str(exc)) from exc
-            store.put_volume({"name": desired["rootVolumeClaim"], "driver": cfg.volume_driver,
-                              "owner": desired["owner"],
-                              "image": image["dir"], **created})
-            store.record_event("Normal", f"{ns}/{name}", "VolumeCreated",
-                               f"volume {desired['rootVolumeClaim']} from image {os.path.basename(image['dir'])}")
-        if existing is None:
-            vm = store.create_vm(ns, name, planned, labels)
-            store.record_event("Normal", f"{ns}/{name}", "Created", f"CloudVM created for owner {planned['owner']}")
-        elif changed:
-            store.update_vm(ns, name, spec=planned if planned != existing["spec"] else None, labels=labels)
+            new_volume = {"name": desired["rootVolumeClaim"], "driver": cfg.volume_driver, "owner": desired["owner"],
+                          "image": image["dir"], **created}
+        try:
+            with store.transaction():  # the quota check and the writes it admits: one transaction
+                _within_quota(store, existing, planned, int(new_volume["size_mib"]) if new_volume else 0)
+                if new_volume is not None:
+                    store.put_volume(new_volume)
+                    store.record_event("Normal", f"{ns}/{name}", "VolumeCreated", f"volume {new_volume['name']}"
+                                       f" from image {os.path.basename(new_volume['image'])}")
+                if existing is None:
+                    store.create_vm(ns, name, planned, labels)
+                    store.record_event("Normal", f"{ns}/{name}", "Created",
+                                       f"CloudVM created for owner {planned['owner']}")
+                elif changed:
+                    store.update_vm(ns, name, spec=planned if planned != existing["spec"] else None, labels=labels)
+        except (CloudVMError, StoreError):
+            if new_volume is not None:  # refused after the copy (a concurrent run took the quota): leave nothing
+                _remove_volume(cfg, new_volume)
+            raise
     wait, timeout = params.get("wait", True), int(params.get("wait_timeout") or 600)
     warnings: list[str] = []
     if restart:
         off = off_but_failed(ns, name, _wait(cfg, store, ns, name, "Stopped", timeout).get("status"))
         warnings += [off] if off else []
         with _vm_lock(cfg, ns, name):
-            vm = store.get_vm(ns, name)
-            if vm is None:
-                raise AssertionError("vm unexpectedly missing")
-            store.update_vm(ns, name, spec=plan_power(vm["spec"], vm["status"], "running"))
+            with store.transaction():  # the restarted VM counts again: another VM may have taken the quota meanwhile
+                vm = store.get_vm(ns, name)
+                if vm is None:
+                    raise AssertionError("vm unexpectedly missing")
+                again = plan_power(vm["spec"], vm["status"], "running")
+                _within_quota(store, vm, again)
+                store.update_vm(ns, name, spec=again)
     vm = store.get_vm(ns, name)
     if vm is None:
         raise AssertionError("vm unexpectedly missing")
@@ -427,6 +523,17 @@ def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, 
             reconcile(cfg, store, vm)
         vm = store.get_vm(ns, name)
     return _result(vm, changed, before, diff, warnings)
+
+
+def _remove_volume(cfg: HostConfig, volume: dict) -> None:
+    """Delete a root volume's data (file or RBD image); its record is the caller's."""
+    if volume["driver"] == "file" and os.path.exists(volume["location"]):
+        os.unlink(volume["location"])
+    if volume["driver"] == "rbd":
+        try:
+            rbdvol.delete(cfg.rbd, volume)
+        except VolumeError as exc:
+            raise CloudVMError(str(exc)) from exc
 
 
 def _absent(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, diff: bool) -> dict:
@@ -451,13 +558,7 @@ def _absent(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, d
         claim = existing["spec"]["rootVolumeClaim"]
         volume = store.get_volume(claim)
         if params.get("delete_volume") and volume is not None:
-            if volume["driver"] == "file" and os.path.exists(volume["location"]):
-                os.unlink(volume["location"])
-            if volume["driver"] == "rbd":
-                try:
-                    rbdvol.delete(cfg.rbd, volume)
-                except VolumeError as exc:
-                    raise CloudVMError(str(exc)) from exc
+            _remove_volume(cfg, volume)
             store.delete_volume(claim)
             kept = "deleted"
         else:

@@ -39,6 +39,12 @@ def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+def now_precise() -> str:
+    """The current time as RFC 3339 UTC with microseconds (``2026-11-30T07:00:00.123456Z``)."""
+    stamp = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(stamp)) + f".{int(stamp % 1 * 1e6):06d}Z"
+
+
 def insert_event(conn: sqlite3.Connection, kind: str, subject: str, reason: str, message: str,
                  data: Optional[dict] = None) -> None:
     """Append one row to the event log (:data:`EVENTS_SCHEMA`) in its own write transaction (or the caller's)."""
