@@ -180,22 +180,28 @@ def group_id() -> int:
 def ensure_account(name: str) -> bool:
     """Create the system account ``name`` (group :data:`GROUP`, nologin shell, no home, no password).
 
-    An existing account of that name is used only if its primary group is :data:`GROUP`; otherwise
+    The password field is ``*`` (no password matches it) rather than useradd's ``!``: sshd without PAM
+    refuses every login, public key included, to an account whose password is locked with ``!``. An
+    existing account of that name is used only if its primary group is :data:`GROUP`; otherwise
     :class:`GatewayError` (the name belongs to someone else).
 
     Returns:
-        whether the account was created.
+        whether the account was created or unlocked.
     """
     gid = group_id()
     try:
         entry = pwd.getpwnam(name)
     except KeyError:
         _run(["useradd", "--system", "--gid", GROUP, "--no-create-home", "--home-dir", "/nonexistent",
-              "--shell", NOLOGIN, "--comment", "zjusct.cloud SSH gateway", name])
+              "--shell", NOLOGIN, "--comment", "zjusct.cloud SSH gateway", "--password", "*", name])
         return True
     if entry.pw_gid != gid:
         raise GatewayError(f"account {name}: exists with primary group {entry.pw_gid}, not {GROUP} ({gid});"
                            " it is not a gateway account, so it is not taken over")
+    shadow = _run(["getent", "shadow", name]).stdout.split(":")
+    if len(shadow) > 1 and shadow[1].startswith("!"):
+        _run(["usermod", "--password", "*", name])
+        return True
     return False
 
 

@@ -320,8 +320,8 @@ def ensure_bridge(netns: str, bridge: str, subnet: str, gateway_source: Optional
     if netns:
         for key, value in NETNS_SYSCTLS:
             changed |= _ensure_sysctl(netns, key, value)
-    changed |= _ensure_table(netns, "inet", GUARD_TABLE, guard_ruleset(bridge, UPLINK_INNER, forward=bool(netns),
-                                                                    gateway_source=gateway_source))
+    guard = guard_ruleset(bridge, UPLINK_INNER, forward=bool(netns), gateway_source=gateway_source)
+    changed |= _ensure_table(netns, "inet", GUARD_TABLE, guard)
     return changed
 
 

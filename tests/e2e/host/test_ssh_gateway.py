@@ -139,7 +139,8 @@ def test_the_inventory_from_outside_connects_through_the_gateway(site: Site, tmp
     listed = subprocess.run([str(VENV_BIN / "ansible-inventory"), "-i", str(src), "--list"], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=300, check=True)
     hostvars = json.loads(listed.stdout)["_meta"]["hostvars"][f"{site.alice}.default"]
-    assert hostvars["ansible_ssh_common_args"] == \
+    args = hostvars["ansible_ssh_common_args"]
+    assert (args.get("__ansible_unsafe") if isinstance(args, dict) else args) == \
         f"-o ProxyJump={gw.account_name(site.alice)}@{GATEWAY}:{PORT}"
     ping = subprocess.run(["ip", "netns", "exec", site.cloud.world_netns, str(VENV_BIN / "ansible"), "-i", str(src),
                            "all", "-m", "ansible.builtin.raw", "-a", "hostname"], cwd=REPO, env=env,
@@ -230,3 +231,24 @@ def test_a_deleted_vms_port_is_closed(site: Site):
     # her running guest is still open to her
     assert site.open_port(site.keys["alice"], account, site.addresses[site.alice]).stdout.startswith("SSH-2.0")
 
+
+
+def test_keys_follow_the_vm_spec_at_once(site: Site, tmp_path: Path):
+    """A key added to bob's (stopped) VM spec authenticates as zc-bob right away; removed again, it is refused."""
+    extra = tmp_path / "extra_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(extra)], check=True)
+    bob_key = Path(f"{site.keys['bob']}.pub").read_text().strip()
+    account = f"{gw.account_name(site.bob)}@{GATEWAY}"
+    before = site.ssh(extra, "-p", str(PORT), account, "true")
+    assert "Permission denied" in before.stderr, before
+    try:
+        _module(site.cloud, "zjusct.cloud.cloudvm", {"name": site.bob, "owner": site.bob,
+                                                     "ssh_authorized_keys": [bob_key, extra.with_suffix(".pub")
+                                                                             .read_text().strip()]})
+        added = site.ssh(extra, "-p", str(PORT), account, "true")
+        assert "Permission denied" not in added.stderr and added.returncode != 0, added  # in, but no shell
+    finally:
+        _module(site.cloud, "zjusct.cloud.cloudvm", {"name": site.bob, "owner": site.bob,
+                                                     "ssh_authorized_keys": [bob_key]})
+    removed = site.ssh(extra, "-p", str(PORT), account, "true")
+    assert "Permission denied" in removed.stderr, removed
