@@ -294,7 +294,7 @@ def sync_keys(directory: str, lock_dir: str, vms: Iterable[dict], check_mode: bo
         whether a file changed (in check mode: would change; nothing is written or created).
 
     Raises:
-        GatewayError: an account could not be created; OSError: a file could not be written.
+        GatewayError: an account could not be created or a file not written (the path and error named).
     """
     wanted = {account: authorized_keys(keys) for account, keys in key_grants(vms).items()}
     wanted = {account: text for account, text in wanted.items() if text}
@@ -303,16 +303,19 @@ def sync_keys(directory: str, lock_dir: str, vms: Iterable[dict], check_mode: bo
         present = set(os.listdir(keys_dir)) if os.path.isdir(keys_dir) else set()
         stale = {e for e in present if e.startswith(ACCOUNT_PREFIX)} - set(wanted)
         return bool(stale) or any(_differs(os.path.join(keys_dir, a), text) for a, text in wanted.items())
-    os.makedirs(lock_dir, mode=0o700, exist_ok=True)
     changed = False
-    with _flock.exclusive(os.path.join(lock_dir, "gateway.lock")):
-        gid = group_id()
-        _ensure_dir(keys_dir, 0o750, gid)
-        for account in sorted(wanted):
-            ensure_account(account)
-            changed |= _write_atomic(os.path.join(keys_dir, account), wanted[account], 0o640, gid)
-        for entry in sorted(os.listdir(keys_dir)):
-            if entry.startswith(ACCOUNT_PREFIX) and entry not in wanted:
-                os.unlink(os.path.join(keys_dir, entry))
-                changed = True
+    try:
+        os.makedirs(lock_dir, mode=0o700, exist_ok=True)
+        with _flock.exclusive(os.path.join(lock_dir, "gateway.lock")):
+            gid = group_id()
+            _ensure_dir(keys_dir, 0o750, gid)
+            for account in sorted(wanted):
+                ensure_account(account)
+                changed |= _write_atomic(os.path.join(keys_dir, account), wanted[account], 0o640, gid)
+            for entry in sorted(os.listdir(keys_dir)):
+                if entry.startswith(ACCOUNT_PREFIX) and entry not in wanted:
+                    os.unlink(os.path.join(keys_dir, entry))
+                    changed = True
+    except OSError as exc:
+        raise GatewayError(f"gateway_dir: cannot update the keys in {keys_dir}: {exc}") from exc
     return changed

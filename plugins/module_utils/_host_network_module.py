@@ -102,7 +102,7 @@ def sync_gateway(cfg: HostConfig, store: Optional[HostStore] = None, check_mode:
     ``<state_dir>/locks/gateway.lock``). ``store``: an open store; None opens ``cfg.store_path``.
     ``check_mode``: only report whether a file would change.
 
-    Returns whether a keys file changed. Raises GatewayError, OSError.
+    Returns whether a keys file changed. Raises GatewayError.
     """
     if cfg.gateway_source() is None:
         return False

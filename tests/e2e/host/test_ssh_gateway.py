@@ -57,7 +57,7 @@ class Site:
         path = key.with_suffix(".ssh_config")
         path.write_text(f"Host *\n  IdentityFile {key}\n  IdentitiesOnly yes\n  BatchMode yes\n"
                         "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  ConnectTimeout 30\n"
-                        "  LogLevel ERROR\n")
+                        "  LogLevel INFO\n")  # INFO: the reason a channel was refused
         return path
 
     def ssh(self, key: Path, *args: str, timeout: int = 180) -> subprocess.CompletedProcess:
