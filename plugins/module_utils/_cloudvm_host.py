@@ -24,11 +24,16 @@ from typing import Callable, Iterator, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils import _bandwidth as bw
 from ansible_collections.zjusct.cloud.plugins.module_utils import _flock
+from ansible_collections.zjusct.cloud.plugins.module_utils import _gateway as gw
 from ansible_collections.zjusct.cloud.plugins.module_utils import _hostnet as net
 from ansible_collections.zjusct.cloud.plugins.module_utils import _quota as quota
 from ansible_collections.zjusct.cloud.plugins.module_utils import _supervisor as sup
 from ansible_collections.zjusct.cloud.plugins.module_utils import _volume_rbd as rbdvol
-from ansible_collections.zjusct.cloud.plugins.module_utils._host_network_module import sync_isolation
+from ansible_collections.zjusct.cloud.plugins.module_utils._host_network_module import (
+    ensure_network,
+    sync_gateway,
+    sync_isolation,
+)
 from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import HostConfig, load
 from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import (
     CloudVMError,
@@ -168,11 +173,10 @@ def _start_boot(cfg: HostConfig, store: HostStore, vm: dict) -> None:
     paths = _paths(cfg, meta["namespace"], meta["name"])
     config = _launcher_config(cfg, vm, volume, lease)
     boot = int(spec["bootID"])
-    net.ensure_bridge(cfg.netns, cfg.bridge, cfg.subnet)
-    if cfg.nat:
-        net.ensure_uplink(cfg.netns, cfg.subnet, cfg.uplink_cidr, cfg.uplink_netns, cfg.uplink_ip_forward)
+    ensure_network(cfg)
     net.ensure_tap(cfg.netns, cfg.bridge, lease["tap"], cfg.vmm_run_as(lease["ipv4"]))
     sync_isolation(cfg, store)
+    sync_gateway(cfg, store)
     try:
         _apply_bandwidth(cfg, store, vm, lease)
     except Exception:
@@ -254,7 +258,7 @@ def reconcile(cfg: HostConfig, store: HostStore, vm: dict) -> dict:
             if volume_writer is None:
                 _start_boot(cfg, store, vm)
                 latest = boot
-        except (CloudVMError, VolumeError, net.NetworkError, sup.LauncherError, StoreError) as exc:
+        except (CloudVMError, VolumeError, net.NetworkError, sup.LauncherError, StoreError, gw.GatewayError) as exc:
             start_error = exc if isinstance(exc, CloudVMError) else CloudVMError(str(exc))
     current = sup.observe(paths, latest, cfg.node) if latest is not None else None
     others: tuple[BootObservation, ...] = ()
@@ -272,6 +276,9 @@ def reconcile(cfg: HostConfig, store: HostStore, vm: dict) -> dict:
         status["sshEndpoint"] = {"host": lease["ipv4"], "port": 22}
         if cfg.netns:
             status["sshProxyCommand"] = f"ip netns exec {cfg.netns} nc %h %p"
+        jump = cfg.gateway_jump(gw.account_name(spec["owner"]))
+        if jump:
+            status["sshJumpHost"] = jump
     status["observedGeneration"] = meta["generation"]
     status["conditions"] = [{
         "type": "Ready", "status": "True" if status["phase"] == "Running" else "False",
@@ -497,6 +504,9 @@ def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, 
             if new_volume is not None:  # refused after the copy (a concurrent run took the quota): leave nothing
                 _remove_volume(cfg, new_volume)
             raise
+        if existing is not None and changed \
+                and planned.get("sshAuthorizedKeys") != existing["spec"].get("sshAuthorizedKeys"):
+            sync_gateway(cfg, store)  # the gateway's keys follow the spec at once, not at the next boot
     wait, timeout = params.get("wait", True), int(params.get("wait_timeout") or 600)
     warnings: list[str] = []
     if restart:
@@ -553,6 +563,7 @@ def _absent(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, d
         store.delete_vm(ns, name)
         if net.netns_exists(cfg.netns):
             sync_isolation(cfg, store)
+        sync_gateway(cfg, store)  # the address is released: no key may open it any more
         for directory in (paths.state_dir, paths.runtime_dir):
             shutil.rmtree(directory, ignore_errors=True)
         claim = existing["spec"]["rootVolumeClaim"]
@@ -586,7 +597,7 @@ def observed_status(cfg: HostConfig, vm: dict) -> dict:
     if latest is not None and spec["powerState"] == "Running" and latest.boot_id < int(spec["bootID"]) and \
             latest.state in ("alive", "starting"):
         others, current = (latest,), None
-    kept = ("sshEndpoint", "sshProxyCommand", "observedGeneration")
+    kept = ("sshEndpoint", "sshProxyCommand", "sshJumpHost", "observedGeneration")
     stored = vm.get("status") or {}
     status = {k: v for k, v in stored.items() if k in kept}
     status.update(derive_status(spec, current, others).as_dict())
