@@ -1,0 +1,201 @@
+"""The Kubernetes adapter: read what exists, call :func:`.decide.decide`, carry out the :class:`.decide.Plan`.
+
+Every reconcile reads fresh from the API server (no cache), so a decision is never made on an object older than
+the last write of this process; concurrent reconciles of one VM in this process are serialised by a per-VM lock.
+Launcher Pods have deterministic names (:func:`.decide.pod_name`), so a second controller process or a retry
+gets ``409 AlreadyExists`` and never makes a second Pod.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+from collections import defaultdict
+from typing import Any, Optional
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from .decide import (
+    CLAIMED_BY,
+    FINALIZER,
+    GROUP,
+    LABEL_VM,
+    PLURAL,
+    VERSION,
+    Config,
+    Plan,
+    decide,
+    status_patch,
+    transition_event,
+)
+
+log = logging.getLogger("zjusct_controller")
+REQUEST_TIMEOUT = 30  # seconds, every API call
+COMPONENT = "zjusct-controller"
+
+
+def now_rfc3339() -> str:
+    """The current UTC time, RFC 3339 with a ``Z`` and whole seconds (as the API server writes times)."""
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Reconciler:
+    """Reconciles CloudVMs against launcher Pods through one ``kubernetes.client.ApiClient``."""
+
+    def __init__(self, api_client: Any, cfg: Config) -> None:
+        self.api_client = api_client
+        # Any: the typed models are turned into plain dicts (sanitize_for_serialization) at once
+        self.core: Any = client.CoreV1Api(api_client)
+        self.custom: Any = client.CustomObjectsApi(api_client)
+        self.cfg = cfg
+        self._locks: dict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
+        self._locks_guard = threading.Lock()
+        self.counters: dict[str, int] = defaultdict(int)
+
+    def _plain(self, obj: Any) -> Any:
+        return self.api_client.sanitize_for_serialization(obj)
+
+    def _lock(self, ns: str, name: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks[(ns, name)]
+
+    # ------------------------------------------------------------------ reads
+
+    def _get_vm(self, ns: str, name: str) -> Optional[dict]:
+        try:
+            return dict(self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name,
+                                                                 _request_timeout=REQUEST_TIMEOUT))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _read(self, vm: dict) -> tuple[list, dict, Optional[dict], list]:
+        ns, name = vm["metadata"]["namespace"], vm["metadata"]["name"]
+        claim_name = (vm.get("spec") or {}).get("rootVolumeClaim")
+        all_pods = [self._plain(p) for p in self.core.list_namespaced_pod(
+            ns, _request_timeout=REQUEST_TIMEOUT).items]
+        pods = [p for p in all_pods if (p["metadata"].get("labels") or {}).get(LABEL_VM) == name]
+        writers = []
+        for p in all_pods:
+            if p in pods or (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            for vol in (p.get("spec") or {}).get("volumes") or []:
+                if (vol.get("persistentVolumeClaim") or {}).get("claimName") == claim_name:
+                    writers.append(p["metadata"]["name"])
+        nodes: dict[str, Optional[dict]] = {}
+        for p in pods:
+            node = (p.get("spec") or {}).get("nodeName")
+            if node and node not in nodes:
+                try:
+                    nodes[node] = self._plain(self.core.read_node(node, _request_timeout=REQUEST_TIMEOUT))
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+                    nodes[node] = None
+        claim = None
+        if claim_name:
+            try:
+                claim = self._plain(self.core.read_namespaced_persistent_volume_claim(
+                    claim_name, ns, _request_timeout=REQUEST_TIMEOUT))
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        return pods, nodes, claim, writers
+
+    # ------------------------------------------------------------------ one reconcile
+
+    def reconcile(self, ns: str, name: str) -> Optional[Plan]:
+        """Reconcile one CloudVM; returns the plan carried out (None when the CloudVM does not exist).
+
+        Raises:
+            ApiException: an API call failed (kopf logs it; the next event or resync retries).
+        """
+        with self._lock(ns, name):
+            self.counters["reconciles"] += 1
+            try:
+                return self._reconcile(ns, name)
+            except Exception:
+                self.counters["errors"] += 1
+                raise
+
+    def _reconcile(self, ns: str, name: str) -> Optional[Plan]:
+        vm = self._get_vm(ns, name)
+        if vm is None:
+            return None
+        pods, nodes, claim, writers = self._read(vm)
+        plan = decide(vm, pods, nodes, claim, writers, self.cfg, now_rfc3339())
+        rv = vm["metadata"]["resourceVersion"]
+        if plan.add_finalizer:
+            finalizers = [*(vm["metadata"].get("finalizers") or []), FINALIZER]
+            vm = self.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, ns, PLURAL, name, {"metadata": {"finalizers": finalizers, "resourceVersion": rv}},
+                _request_timeout=REQUEST_TIMEOUT)
+        for pod, grace in plan.delete_pods:
+            log.info("deleting launcher Pod %s/%s (grace %d s)", ns, pod, grace)
+            try:
+                self.core.delete_namespaced_pod(pod, ns, grace_period_seconds=grace,
+                                                _request_timeout=REQUEST_TIMEOUT)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        if plan.mark_claim and claim is not None:
+            self.core.patch_namespaced_persistent_volume_claim(
+                claim["metadata"]["name"], ns,
+                {"metadata": {"annotations": {CLAIMED_BY: vm["metadata"]["uid"]},
+                              "resourceVersion": claim["metadata"]["resourceVersion"]}},
+                _request_timeout=REQUEST_TIMEOUT)
+        if plan.create_pod is not None:
+            try:
+                self.core.create_namespaced_pod(ns, plan.create_pod, _request_timeout=REQUEST_TIMEOUT)
+                log.info("created launcher Pod %s/%s", ns, plan.create_pod["metadata"]["name"])
+                self.counters["pods_created"] += 1
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                log.info("launcher Pod %s/%s exists already", ns, plan.create_pod["metadata"]["name"])
+        if plan.status is not None:
+            prev = dict(vm.get("status") or {})
+            patch = status_patch(prev, plan.status)
+            if patch is not None:
+                self.custom.patch_namespaced_custom_object_status(
+                    GROUP, VERSION, ns, PLURAL, name, {"status": patch}, _request_timeout=REQUEST_TIMEOUT)
+                event = transition_event(prev, plan.status)
+                if event is not None:
+                    self._event(vm, *event)
+        if plan.remove_finalizer:
+            finalizers = [f for f in vm["metadata"].get("finalizers") or [] if f != FINALIZER]
+            self.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, ns, PLURAL, name,
+                {"metadata": {"finalizers": finalizers, "resourceVersion": vm["metadata"]["resourceVersion"]}},
+                _request_timeout=REQUEST_TIMEOUT)
+        return plan
+
+    def _event(self, vm: dict, kind: str, reason: str, message: str) -> None:
+        md = vm["metadata"]
+        now = datetime.datetime.now(datetime.UTC)
+        body = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{md['name']}.", namespace=md["namespace"]),
+            involved_object=client.V1ObjectReference(api_version=f"{GROUP}/{VERSION}", kind="CloudVM",
+                                                     name=md["name"], namespace=md["namespace"], uid=md["uid"]),
+            reason=reason, message=message, type=kind, first_timestamp=now, last_timestamp=now, count=1,
+            source=client.V1EventSource(component=COMPONENT), reporting_component=COMPONENT)
+        try:
+            self.core.create_namespaced_event(md["namespace"], body, _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as exc:  # an Event is best effort; the status is the record
+            log.warning("event for %s/%s not written: %s", md["namespace"], md["name"], exc.reason)
+
+    # ------------------------------------------------------------------ fan-out
+
+    def all_vms(self) -> list[tuple[str, str]]:
+        """``(namespace, name)`` of every CloudVM (for the periodic resync)."""
+        got = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, _request_timeout=REQUEST_TIMEOUT)
+        return [(o["metadata"]["namespace"], o["metadata"]["name"]) for o in got.get("items", [])]
+
+    def vms_on_node(self, node: str) -> list[tuple[str, str]]:
+        """``(namespace, VM name)`` of the launcher Pods bound to ``node``."""
+        pods = self.core.list_pod_for_all_namespaces(label_selector=LABEL_VM, field_selector=f"spec.nodeName={node}",
+                                                     _request_timeout=REQUEST_TIMEOUT).items
+        return sorted({(p.metadata.namespace, p.metadata.labels[LABEL_VM]) for p in pods})

@@ -1,0 +1,253 @@
+"""The controller (controller/zjusct_controller, run as a process) on the real node: a CloudVM becomes one launcher
+Pod, the status says Running only once the guest's SSH banner answers at status.sshEndpoint, a controller restart
+never makes a second Pod, powerState Stopped deletes the Pod and ends Stopped, and a launcher Pod deleted behind
+the controller's back ends Failed/LauncherLost, never Running.
+
+The root volume is a PVC bound to a hostPath PV holding a copy of the guest image's root filesystem (the step
+before RBD; docs/controller.md). One guest boot under TCG (minutes on a shared 2-core machine) in the first test;
+the second test never waits for a boot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+
+from tests.cluster import Cluster, RealNode, wait_for
+from tests.integration.k8s_node.test_launcher_pod import ssh_banner
+
+pytestmark = [pytest.mark.k8s, pytest.mark.kubelet, pytest.mark.guest, pytest.mark.slow, pytest.mark.timeout(2700)]
+REPO = Path(__file__).resolve().parents[3]
+CRD_FILE = REPO / "config" / "crd" / "cloudvms.cloud.zjusct.io.yaml"
+GROUP, VERSION, PLURAL = "cloud.zjusct.io", "v1alpha1", "cloudvms"
+BOOT_TIMEOUT = 1500
+LABEL_VM = "cloud.zjusct.io/vm"
+
+
+class Controller:
+    """``python -m zjusct_controller`` as a subprocess (log in ``log``); start/stop/restart."""
+
+    def __init__(self, kubeconfig: Path, cfg: Path, namespace: str, log: Path) -> None:
+        self.argv = [sys.executable, "-m", "zjusct_controller", "--config", str(cfg), "--kubeconfig",
+                     str(kubeconfig), "--namespace", namespace, "--resync", "10"]
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Controller:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "controller"), str(REPO / ".collections")]))
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(self.argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        self.proc = None
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-6000:] if self.log.exists() else ""
+
+
+@dataclass
+class Env:
+    core: Any
+    custom: Any
+    ns: str
+    controller: Controller
+    key: Path
+    vm_dir: Path
+    seen: list[tuple[Any, Any, Any]] = field(default_factory=list)  # (bootID, phase, reason) in watch order
+
+    def vm(self, name: str) -> dict[str, Any]:
+        return dict(self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name))
+
+    def pods(self, name: str) -> list[Any]:
+        return list(self.core.list_namespaced_pod(self.ns, label_selector=f"{LABEL_VM}={name}").items)
+
+    def status_when(self, name: str, pred: Callable[[dict[str, Any]], bool], timeout: float, what: str,
+                    ) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            obj = self.vm(name)
+            return obj if pred(obj.get("status") or {}) else None
+
+        try:
+            return dict(wait_for(check, timeout, what, interval=1))
+        except BaseException:
+            print(self.controller.tail())
+            with contextlib.suppress(Exception):
+                print(self.vm(name).get("status"))
+            raise
+
+
+def _create_or_keep(create: Callable[[], Any]) -> None:
+    try:
+        create()
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+@pytest.fixture
+def env(k8s_cluster: Cluster, real_node: RealNode, launcher_image: dict[str, Any], guest_image: Any,
+        k8s_api: Any, k8s_namespace: str, tmp_path: Path) -> Iterator[Env]:
+    """CRD, a bound root volume claim ``vm1-root`` (hostPath PV with the guest's root.raw), the controller."""
+    ext = client.ApiextensionsV1Api(k8s_api)
+    (crd,) = [d for d in yaml.safe_load_all(CRD_FILE.read_text()) if d]
+    _create_or_keep(lambda: ext.create_custom_resource_definition(crd))
+    wait_for(lambda: any(c.type == "Established" and c.status == "True" for c in
+                         ext.read_custom_resource_definition(crd["metadata"]["name"]).status.conditions or []),
+             60, "CloudVM CRD Established")
+    core: Any = client.CoreV1Api(k8s_api)
+    custom: Any = client.CustomObjectsApi(k8s_api)
+    ns = k8s_namespace
+    vm_dir = tmp_path / "volume"
+    vm_dir.mkdir()
+    subprocess.run(["cp", "--sparse=always", "--reflink=auto", str(guest_image.rootfs), str(vm_dir / "root.raw")],
+                   check=True, timeout=600)
+    pv_name = f"{ns}-vm1-root"
+    core.create_persistent_volume({
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv_name},
+        "spec": {"capacity": {"storage": "4Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(vm_dir), "type": "Directory"},
+                 "claimRef": {"namespace": ns, "name": "vm1-root"}}})
+    core.create_namespaced_persistent_volume_claim(ns, {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "vm1-root"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv_name,
+                 "resources": {"requests": {"storage": "4Gi"}}}})
+    wait_for(lambda: core.read_namespaced_persistent_volume_claim("vm1-root", ns).status.phase == "Bound", 120,
+             "root volume claim Bound")
+    placement = real_node.pod_placement()
+    cfg = tmp_path / "controller.json"
+    cfg.write_text(json.dumps({"launcherImage": launcher_image["tag"], "imageDir": str(guest_image.dir),
+                               "cmdline": guest_image.default_cmdline, "accel": "tcg",
+                               "nodeSelector": placement["nodeSelector"], "tolerations": placement["tolerations"]}))
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True, timeout=60)
+    ctl = Controller(k8s_cluster.kubeconfig, cfg, ns, tmp_path / "controller.log").start()
+    e = Env(core, custom, ns, ctl, key, vm_dir)
+    stop = threading.Event()
+    w = watch.Watch()
+
+    def record() -> None:  # every status the API server ever held for vm1, in order
+        while not stop.is_set():
+            with contextlib.suppress(Exception):
+                for ev in w.stream(custom.list_namespaced_custom_object, GROUP, VERSION, ns, PLURAL,
+                                   timeout_seconds=30):
+                    st = ev["object"].get("status") or {}
+                    seen = (st.get("bootID"), st.get("phase"), st.get("reason"))
+                    if st and (not e.seen or e.seen[-1] != seen):
+                        e.seen.append(seen)
+                    if stop.is_set():
+                        break
+
+    t = threading.Thread(target=record, daemon=True)
+    t.start()
+    try:
+        yield e
+    finally:
+        stop.set()
+        w.stop()
+        with contextlib.suppress(ApiException):
+            custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "vm1")
+        if ctl.proc is None:
+            ctl.start()
+        with contextlib.suppress(TimeoutError):  # the finalizer goes once the launcher Pod is gone
+            wait_for(lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"], 300,
+                     "CloudVM deleted")
+        ctl.stop()
+        with contextlib.suppress(ApiException):
+            core.delete_persistent_volume(pv_name)
+        print(ctl.tail()[-3000:])
+
+
+def _cloudvm(name: str, pubkey: str, power: str, boot: int) -> dict[str, Any]:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CloudVM", "metadata": {"name": name},
+            "spec": {"owner": "alice", "rootVolumeClaim": f"{name}-root", "vcpus": 1, "memoryMiB": 512,
+                     "powerState": power, "bootID": boot, "sshAuthorizedKeys": [pubkey]}}
+
+
+def test_cloudvm_runs_on_the_real_node_ssh_answers_restart_keeps_one_pod_and_stop_deletes_it(env: Env) -> None:
+    pubkey = env.key.with_suffix(".pub").read_text().strip()
+    env.custom.create_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL, _cloudvm("vm1", pubkey, "Running", 1))
+
+    # the controller creates the Pod and reports the boot as Pending until the guest answers
+    pending = env.status_when("vm1", lambda s: s.get("bootID") == 1 and s.get("pod"), 120, "status names the Pod")
+    assert pending["status"]["phase"] in ("Pending", "Running"), pending["status"]
+    assert pending["metadata"]["finalizers"] == ["cloud.zjusct.io/launcher"]
+    (pod,) = env.pods("vm1")
+    assert pod.metadata.name == "vm1-boot-1" == pending["status"]["pod"]
+    assert pod.metadata.owner_references[0].uid == pending["metadata"]["uid"]
+    assert pod.spec.restart_policy == "Never"
+    assert pod.spec.containers[0].resources.requests == {"cpu": "350m", "memory": "534Mi"}
+    config = json.loads(pod.metadata.annotations["cloud.zjusct.io/launcher-config"])
+    assert config["vm"] == {"namespace": env.ns, "name": "vm1", "uid": pending["metadata"]["uid"], "bootID": 1}
+
+    # restart the controller while the boot is in progress: still exactly one Pod, same uid
+    env.controller.stop()
+    env.controller.start()
+    running = env.status_when("vm1", lambda s: s.get("phase") in ("Running", "Failed", "Stopped"),
+                              BOOT_TIMEOUT, "vm1 Running")
+    st = running["status"]
+    assert (st["phase"], st["reason"], st["bootID"]) == ("Running", "SSHReady", 1), st
+    pods = env.pods("vm1")
+    assert [p.metadata.uid for p in pods] == [pod.metadata.uid]
+    endpoint = st["sshEndpoint"]
+    assert endpoint == {"host": pods[0].status.pod_ip, "port": 22}
+    assert ssh_banner(endpoint["host"], endpoint["port"]).startswith("SSH-2.0-OpenSSH")
+    assert st["observedGeneration"] == running["metadata"]["generation"] and st["sshReadyAt"]
+    ready = [c for c in st["conditions"] if c["type"] == "Ready"]
+    assert ready and ready[0]["status"] == "True"
+    # Running was never reported before the boot passed through Pending (no Running from a stale status)
+    boot1 = [s for s in env.seen if s[0] == 1]
+    assert boot1[0][1] == "Pending" and ("Running" in [s[1] for s in boot1]), env.seen
+    events = env.core.list_namespaced_event(env.ns, field_selector="involvedObject.name=vm1").items
+    assert {"Starting", "SSHReady"} <= {e.reason for e in events}, [e.reason for e in events]
+
+    # powerState Stopped: the Pod is deleted with a grace period, the guest stops, status Stopped
+    env.custom.patch_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL, "vm1",
+                                              {"spec": {"powerState": "Stopped"}})
+    stopped = env.status_when("vm1", lambda s: s.get("phase") in ("Stopped", "Failed"), 600, "vm1 Stopped")
+    assert (stopped["status"]["phase"], stopped["status"]["reason"]) == ("Stopped", "StopRequested"), stopped
+    assert "sshEndpoint" not in stopped["status"]
+    wait_for(lambda: not env.pods("vm1"), 300, "launcher Pod gone")
+    assert not ssh_banner(endpoint["host"], timeout=2)
+    assert "Stopping" in [s[1] for s in env.seen if s[0] == 1], env.seen
+
+
+def test_launcher_pod_deleted_behind_the_controller_is_failed_never_running(env: Env) -> None:
+    pubkey = env.key.with_suffix(".pub").read_text().strip()
+    env.custom.create_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL, _cloudvm("vm1", pubkey, "Running", 1))
+
+    def launcher_running() -> Any:
+        pods = env.pods("vm1")
+        return pods[0] if pods and pods[0].status.phase == "Running" else None
+
+    pod = wait_for(launcher_running, 300, "launcher Pod Running")
+    env.core.delete_namespaced_pod(pod.metadata.name, env.ns)
+    failed = env.status_when("vm1", lambda s: s.get("phase") in ("Failed", "Stopped", "Running"), 120,
+                             "vm1 Failed")
+    assert (failed["status"]["phase"], failed["status"]["reason"]) == ("Failed", "LauncherLost"), failed["status"]
+    wait_for(lambda: not env.pods("vm1"), 300, "launcher Pod gone")
+    # gone for good: the controller does not boot bootID 1 again (the Pod's DELETED event was reconciled)
+    assert env.pods("vm1") == []
+    assert env.vm("vm1")["status"]["phase"] == "Failed"
+    assert "Running" not in [s[1] for s in env.seen], env.seen
