@@ -12,6 +12,7 @@ import kopf
 from kubernetes import client, config
 
 from .decide import Config
+from .metrics import Metrics
 from .operator import install
 from .reconcile import Reconciler
 
@@ -24,6 +25,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--namespace", action="append", default=[],
                     help="watch only this namespace (repeatable); default: all namespaces")
     ap.add_argument("--resync", type=float, default=30.0, help="seconds between full resyncs (default 30)")
+    ap.add_argument("--metrics-port", type=int, default=0,
+                    help="serve Prometheus metrics on /metrics of this port (default 0: off)")
+    ap.add_argument("--metrics-address", default="127.0.0.1",
+                    help="address of the metrics port (default 127.0.0.1; a Pod uses its own address)")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
@@ -43,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         except config.ConfigException:
             config.load_kube_config()
         api = client.ApiClient()
-    install(Reconciler(api, cfg), args.resync)
+    metrics = Metrics()
+    if args.metrics_port:
+        metrics.serve(args.metrics_port, args.metrics_address)
+    install(Reconciler(api, cfg, metrics), args.resync)
 
     @kopf.on.login()
     def _login(**kwargs: object) -> kopf.ConnectionInfo | None:

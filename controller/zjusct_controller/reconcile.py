@@ -30,6 +30,7 @@ from .decide import (
     status_patch,
     transition_event,
 )
+from .metrics import Metrics
 
 log = logging.getLogger("zjusct_controller")
 REQUEST_TIMEOUT = 30  # seconds, every API call
@@ -44,7 +45,7 @@ def now_rfc3339() -> str:
 class Reconciler:
     """Reconciles CloudVMs against launcher Pods through one ``kubernetes.client.ApiClient``."""
 
-    def __init__(self, api_client: Any, cfg: Config) -> None:
+    def __init__(self, api_client: Any, cfg: Config, metrics: Optional[Metrics] = None) -> None:
         self.api_client = api_client
         # Any: the typed models are turned into plain dicts (sanitize_for_serialization) at once
         self.core: Any = client.CoreV1Api(api_client)
@@ -52,7 +53,7 @@ class Reconciler:
         self.cfg = cfg
         self._locks: dict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
         self._locks_guard = threading.Lock()
-        self.counters: dict[str, int] = defaultdict(int)
+        self.metrics = metrics or Metrics()
 
     def _plain(self, obj: Any) -> Any:
         return self.api_client.sanitize_for_serialization(obj)
@@ -114,16 +115,17 @@ class Reconciler:
             ApiException: an API call failed (kopf logs it; the next event or resync retries).
         """
         with self._lock(ns, name):
-            self.counters["reconciles"] += 1
+            self.metrics.reconciles.inc()
             try:
                 return self._reconcile(ns, name)
             except Exception:
-                self.counters["errors"] += 1
+                self.metrics.errors.inc()
                 raise
 
     def _reconcile(self, ns: str, name: str) -> Optional[Plan]:
         vm = self._get_vm(ns, name)
         if vm is None:
+            self.metrics.set_phase((ns, name), None)
             return None
         pods, nodes, claim, writers = self._read(vm)
         plan = decide(vm, pods, nodes, claim, writers, self.cfg, now_rfc3339())
@@ -151,7 +153,7 @@ class Reconciler:
             try:
                 self.core.create_namespaced_pod(ns, plan.create_pod, _request_timeout=REQUEST_TIMEOUT)
                 log.info("created launcher Pod %s/%s", ns, plan.create_pod["metadata"]["name"])
-                self.counters["pods_created"] += 1
+                self.metrics.pods_created.inc()
             except ApiException as exc:
                 if exc.status != 409:
                     raise
@@ -165,6 +167,12 @@ class Reconciler:
                 event = transition_event(prev, plan.status)
                 if event is not None:
                     self._event(vm, *event)
+                if plan.status.get("phase") == "Running" and (prev.get("phase"), prev.get("bootID")) != (
+                        "Running", plan.status.get("bootID")):
+                    created = next((p["metadata"].get("creationTimestamp") for p in pods
+                                    if p["metadata"]["name"] == plan.status.get("pod")), None)
+                    self.metrics.became_running(vm, int(plan.status.get("bootID") or 0), created)
+            self.metrics.set_phase((ns, name), plan.status.get("phase"))
         if plan.remove_finalizer:
             finalizers = [f for f in vm["metadata"].get("finalizers") or [] if f != FINALIZER]
             self.custom.patch_namespaced_custom_object(

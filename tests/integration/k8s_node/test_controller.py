@@ -14,9 +14,11 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,13 +28,17 @@ import pytest
 import yaml
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster import Cluster, RealNode, wait_for
+from tests.integration.cloudvm_k8s import cloudvm_helpers
+from tests.integration.cloudvm_k8s.cloudvm_helpers import PlayRun, cloudvm_task, finish_play, run_play
 from tests.integration.k8s_node.test_launcher_pod import ssh_banner
 
 pytestmark = [pytest.mark.k8s, pytest.mark.kubelet, pytest.mark.guest, pytest.mark.slow, pytest.mark.timeout(2700)]
 REPO = Path(__file__).resolve().parents[3]
 CRD_FILE = REPO / "config" / "crd" / "cloudvms.cloud.zjusct.io.yaml"
+CONTROLLER_ROLE = REPO / "config" / "rbac" / "controller-role.yaml"
 GROUP, VERSION, PLURAL = "cloud.zjusct.io", "v1alpha1", "cloudvms"
 BOOT_TIMEOUT = 1500
 LABEL_VM = "cloud.zjusct.io/vm"
@@ -42,8 +48,12 @@ class Controller:
     """``python -m zjusct_controller`` as a subprocess (log in ``log``); start/stop/restart."""
 
     def __init__(self, kubeconfig: Path, cfg: Path, namespace: str, log: Path) -> None:
+        with socket.socket() as s:  # a free port for /metrics
+            s.bind(("127.0.0.1", 0))
+            self.metrics_port = s.getsockname()[1]
         self.argv = [sys.executable, "-m", "zjusct_controller", "--config", str(cfg), "--kubeconfig",
-                     str(kubeconfig), "--namespace", namespace, "--resync", "10"]
+                     str(kubeconfig), "--namespace", namespace, "--resync", "10",
+                     "--metrics-port", str(self.metrics_port)]
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -62,6 +72,14 @@ class Controller:
                 self.proc.kill()
                 self.proc.wait(timeout=30)
         self.proc = None
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """Every sample of ``/metrics``: (name, sorted labels) -> value."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            text = resp.read().decode()
+        return {(smp.name, tuple(sorted(smp.labels.items()))): smp.value
+                for fam in text_string_to_metric_families(text) for smp in fam.samples}
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-6000:] if self.log.exists() else ""
@@ -106,6 +124,37 @@ def _create_or_keep(create: Callable[[], Any]) -> None:
             raise
 
 
+def controller_kubeconfig(k8s_api: Any, admin_kubeconfig: Path, path: Path) -> Path:
+    """A kubeconfig for the controller's own ServiceAccount (config/rbac/controller-role.yaml), so the tests run
+    the controller with exactly the rights the role grants (a TokenRequest token, one hour)."""
+    core: Any = client.CoreV1Api(k8s_api)
+    rbac: Any = client.RbacAuthorizationV1Api(k8s_api)
+    create = {"Namespace": lambda d: core.create_namespace(d),
+              "ServiceAccount": lambda d: core.create_namespaced_service_account(d["metadata"]["namespace"], d),
+              "ClusterRole": lambda d: rbac.create_cluster_role(d),
+              "ClusterRoleBinding": lambda d: rbac.create_cluster_role_binding(d)}
+    replace = {"ClusterRole": lambda d: rbac.replace_cluster_role(d["metadata"]["name"], d)}
+    for doc in (d for d in yaml.safe_load_all(CONTROLLER_ROLE.read_text()) if d):
+        try:
+            create[doc["kind"]](doc)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            if doc["kind"] in replace:  # the role of this checkout, also when an earlier test created one
+                replace[doc["kind"]](doc)
+    sa = next(d for d in yaml.safe_load_all(CONTROLLER_ROLE.read_text()) if d and d["kind"] == "ServiceAccount")
+    token = wait_for(lambda: core.create_namespaced_service_account_token(
+        sa["metadata"]["name"], sa["metadata"]["namespace"], {"spec": {"expirationSeconds": 3600}}).status.token,
+        60, "ServiceAccount token")
+    doc = yaml.safe_load(admin_kubeconfig.read_text())
+    doc["users"] = [{"name": "controller", "user": {"token": token}}]
+    doc["contexts"] = [{"name": "controller", "context": {"cluster": doc["clusters"][0]["name"], "user": "controller"}}]
+    doc["current-context"] = "controller"
+    path.write_text(json.dumps(doc))
+    path.chmod(0o600)
+    return path
+
+
 @pytest.fixture
 def env(k8s_cluster: Cluster, real_node: RealNode, launcher_image: dict[str, Any], guest_image: Any,
         k8s_api: Any, k8s_namespace: str, tmp_path: Path) -> Iterator[Env]:
@@ -142,7 +191,8 @@ def env(k8s_cluster: Cluster, real_node: RealNode, launcher_image: dict[str, Any
                                "nodeSelector": placement["nodeSelector"], "tolerations": placement["tolerations"]}))
     key = tmp_path / "id_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True, timeout=60)
-    ctl = Controller(k8s_cluster.kubeconfig, cfg, ns, tmp_path / "controller.log").start()
+    kubeconfig = controller_kubeconfig(k8s_api, k8s_cluster.kubeconfig, tmp_path / "controller.kubeconfig")
+    ctl = Controller(kubeconfig, cfg, ns, tmp_path / "controller.log").start()
     e = Env(core, custom, ns, ctl, key, vm_dir)
     stop = threading.Event()
     w = watch.Watch()
@@ -185,9 +235,18 @@ def _cloudvm(name: str, pubkey: str, power: str, boot: int) -> dict[str, Any]:
                      "powerState": power, "bootID": boot, "sshAuthorizedKeys": [pubkey]}}
 
 
-def test_cloudvm_runs_on_the_real_node_ssh_answers_restart_keeps_one_pod_and_stop_deletes_it(env: Env) -> None:
+def test_cloudvm_module_start_runs_on_the_real_node_ssh_answers_restart_keeps_one_pod_and_stop_deletes_it(
+    env: Env, k8s_cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The cloudvm module (backend kubernetes) against the real controller: its waits end on the status the
+    controller writes, with no stand-in."""
+    monkeypatch.setattr(cloudvm_helpers, "PLAY_TIMEOUT", BOOT_TIMEOUT + 300)  # one TCG boot inside the play
     pubkey = env.key.with_suffix(".pub").read_text().strip()
-    env.custom.create_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL, _cloudvm("vm1", pubkey, "Running", 1))
+    vm_args = {"name": "vm1", "namespace": env.ns, "owner": "alice", "root_volume_claim": "vm1-root",
+               "vcpus": 1, "memory_mib": 512, "ssh_authorized_keys": [pubkey], "wait_timeout": BOOT_TIMEOUT}
+    start = run_play([cloudvm_task(**vm_args, power_state="running")], kubeconfig=k8s_cluster.kubeconfig,
+                     tmp_path=tmp_path, background=True)
+    assert isinstance(start, subprocess.Popen)
 
     # the controller creates the Pod and reports the boot as Pending until the guest answers
     pending = env.status_when("vm1", lambda s: s.get("bootID") == 1 and s.get("pod"), 120, "status names the Pod")
@@ -204,8 +263,11 @@ def test_cloudvm_runs_on_the_real_node_ssh_answers_restart_keeps_one_pod_and_sto
     # restart the controller while the boot is in progress: still exactly one Pod, same uid
     env.controller.stop()
     env.controller.start()
-    running = env.status_when("vm1", lambda s: s.get("phase") in ("Running", "Failed", "Stopped"),
-                              BOOT_TIMEOUT, "vm1 Running")
+    started = finish_play(start)
+    assert started.rc == 0 and started.results[0].get("phase") == "Running", (
+        started.stdout[-3000:], env.controller.tail())
+    assert started.results[0]["changed"] is True and started.results[0]["boot_id"] == 1
+    running = env.vm("vm1")
     st = running["status"]
     assert (st["phase"], st["reason"], st["bootID"]) == ("Running", "SSHReady", 1), st
     pods = env.pods("vm1")
@@ -219,13 +281,22 @@ def test_cloudvm_runs_on_the_real_node_ssh_answers_restart_keeps_one_pod_and_sto
     # Running was never reported before the boot passed through Pending (no Running from a stale status)
     boot1 = [s for s in env.seen if s[0] == 1]
     assert boot1[0][1] == "Pending" and ("Running" in [s[1] for s in boot1]), env.seen
+    # the restarted controller's metrics: it saw the transition to Running of the Pod created before its restart
+    samples = wait_for(lambda: (m := env.controller.metrics()).get(
+        ("zjusct_cloudvm_start_to_running_seconds_count", ())) and m, 60, "start -> Running observed")
+    assert samples[("zjusct_cloudvm_phase", (("phase", "Running"),))] == 1
+    assert samples[("zjusct_controller_reconciles_total", ())] > 0
+    assert 0 < samples[("zjusct_cloudvm_start_to_running_seconds_sum", ())] < BOOT_TIMEOUT
     events = env.core.list_namespaced_event(env.ns, field_selector="involvedObject.name=vm1").items
     assert {"Starting", "SSHReady"} <= {e.reason for e in events}, [e.reason for e in events]
 
-    # powerState Stopped: the Pod is deleted with a grace period, the guest stops, status Stopped
-    env.custom.patch_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL, "vm1",
-                                              {"spec": {"powerState": "Stopped"}})
-    stopped = env.status_when("vm1", lambda s: s.get("phase") in ("Stopped", "Failed"), 600, "vm1 Stopped")
+    # power_state stopped: the Pod is deleted with a grace period, the guest stops, the module's wait ends Stopped
+    stop = run_play([cloudvm_task(**vm_args, power_state="stopped")], kubeconfig=k8s_cluster.kubeconfig,
+                    tmp_path=tmp_path)
+    assert isinstance(stop, PlayRun)
+    assert stop.rc == 0 and stop.results[0].get("phase") == "Stopped", (stop.stdout[-3000:], env.controller.tail())
+    assert not stop.results[0].get("warnings"), stop.results[0]  # Stopped, not Failed
+    stopped = env.vm("vm1")
     assert (stopped["status"]["phase"], stopped["status"]["reason"]) == ("Stopped", "StopRequested"), stopped
     assert "sshEndpoint" not in stopped["status"]
     wait_for(lambda: not env.pods("vm1"), 300, "launcher Pod gone")
