@@ -1,11 +1,13 @@
 """The controller (controller/zjusct_controller, run as a process) on the real node: a CloudVM becomes one launcher
 Pod, the status says Running only once the guest's SSH banner answers at status.sshEndpoint, a controller restart
-never makes a second Pod, powerState Stopped deletes the Pod and ends Stopped, and a launcher Pod deleted behind
-the controller's back ends Failed/LauncherLost, never Running.
+never makes a second Pod, powerState Stopped deletes the Pod and ends Stopped (the cloudvm module's waits end on
+these statuses), a launcher Pod deleted behind the controller's back ends Failed/LauncherLost, never Running, and a
+frozen kubelet makes the VM Unknown/NodeLost without a second Pod. The controller runs with the ServiceAccount
+token of config/rbac/controller-role.yaml, so the role's rights are what is tested.
 
 The root volume is a PVC bound to a hostPath PV holding a copy of the guest image's root filesystem (the step
 before RBD; docs/controller.md). One guest boot under TCG (minutes on a shared 2-core machine) in the first test;
-the second test never waits for a boot.
+the others never wait for a boot.
 """
 
 from __future__ import annotations
@@ -322,3 +324,37 @@ def test_launcher_pod_deleted_behind_the_controller_is_failed_never_running(env:
     assert env.pods("vm1") == []
     assert env.vm("vm1")["status"]["phase"] == "Failed"
     assert "Running" not in [s[1] for s in env.seen], env.seen
+
+
+def test_node_not_ready_makes_the_vm_unknown_with_no_second_pod_and_it_recovers(env: Env, real_node: RealNode,
+                                                                                 k8s_api: Any) -> None:
+    """The kubelet is frozen (SIGSTOP: it stops reporting, the launcher keeps running): the node goes NotReady,
+    the VM Unknown/NodeLost, and no second launcher Pod appears; thawed, the same Pod is observed again."""
+    pubkey = env.key.with_suffix(".pub").read_text().strip()
+    env.custom.create_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL, _cloudvm("vm1", pubkey, "Running", 1))
+
+    def launcher_running() -> Any:
+        pods = env.pods("vm1")
+        return pods[0] if pods and pods[0].status.phase == "Running" else None
+
+    pod = wait_for(launcher_running, 300, "launcher Pod Running")
+    kubelet = real_node.popens["kubelet"]
+    core: Any = client.CoreV1Api(k8s_api)
+
+    def node_ready() -> bool:
+        conds = core.read_node(pod.spec.node_name).status.conditions or []
+        return any(c.type == "Ready" and c.status == "True" for c in conds)
+
+    kubelet.send_signal(signal.SIGSTOP)
+    try:
+        unknown = env.status_when("vm1", lambda s: s.get("phase") == "Unknown", 180, "vm1 Unknown")
+        assert unknown["status"]["reason"] == "NodeLost", unknown["status"]
+        assert pod.spec.node_name in unknown["status"]["message"]
+        assert [p.metadata.uid for p in env.pods("vm1")] == [pod.metadata.uid]
+    finally:
+        kubelet.send_signal(signal.SIGCONT)
+    wait_for(node_ready, 180, "node Ready again")
+    back = env.status_when("vm1", lambda s: s.get("phase") in ("Pending", "Running"), 180, "vm1 observed again")
+    assert back["status"]["bootID"] == 1 and back["status"]["pod"] == pod.metadata.name
+    assert [p.metadata.uid for p in env.pods("vm1")] == [pod.metadata.uid]
+    assert [s for s in env.seen if s[1] == "Unknown"] == [(1, "Unknown", "NodeLost")], env.seen
