@@ -1,7 +1,9 @@
 """The Kubernetes adapter: read what exists, call :func:`.decide.decide`, carry out the :class:`.decide.Plan`.
 
 Every reconcile reads fresh from the API server (no cache), so a decision is never made on an object older than
-the last write of this process; concurrent reconciles of one VM in this process are serialised by a per-VM lock.
+the last write of this process: the CloudVM, its launcher Pods (label selector), their Nodes, its root volume
+claim, and - only when a Pod is about to be created - the namespace's Pods that mount that claim. Concurrent
+reconciles of one VM in this process are serialised by a per-VM lock.
 Launcher Pods have deterministic names (:func:`.decide.pod_name`), so a second controller process or a retry
 gets ``409 AlreadyExists`` and never makes a second Pod.
 """
@@ -73,19 +75,12 @@ class Reconciler:
                 return None
             raise
 
-    def _read(self, vm: dict) -> tuple[list, dict, Optional[dict], list]:
+    def _read(self, vm: dict) -> tuple[list, dict, Optional[dict]]:
+        """The VM's launcher Pods (label selector), their Nodes and its root volume claim."""
         ns, name = vm["metadata"]["namespace"], vm["metadata"]["name"]
         claim_name = (vm.get("spec") or {}).get("rootVolumeClaim")
-        all_pods = [self._plain(p) for p in self.core.list_namespaced_pod(
-            ns, _request_timeout=REQUEST_TIMEOUT).items]
-        pods = [p for p in all_pods if (p["metadata"].get("labels") or {}).get(LABEL_VM) == name]
-        writers = []
-        for p in all_pods:
-            if p in pods or (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-                continue
-            for vol in (p.get("spec") or {}).get("volumes") or []:
-                if (vol.get("persistentVolumeClaim") or {}).get("claimName") == claim_name:
-                    writers.append(p["metadata"]["name"])
+        pods = [self._plain(p) for p in self.core.list_namespaced_pod(
+            ns, label_selector=f"{LABEL_VM}={name}", _request_timeout=REQUEST_TIMEOUT).items]
         nodes: dict[str, Optional[dict]] = {}
         for p in pods:
             node = (p.get("spec") or {}).get("nodeName")
@@ -104,7 +99,21 @@ class Reconciler:
             except ApiException as exc:
                 if exc.status != 404:
                     raise
-        return pods, nodes, claim, writers
+        return pods, nodes, claim
+
+    def _claim_writers(self, vm: dict) -> list[str]:
+        """Names of Pods in the VM's namespace, not its own launchers, that mount its root volume claim and have
+        not ended. One namespace-wide list, made only when a launcher Pod is about to be created."""
+        ns, name = vm["metadata"]["namespace"], vm["metadata"]["name"]
+        claim_name = (vm.get("spec") or {}).get("rootVolumeClaim")
+        writers = []
+        for p in self.core.list_namespaced_pod(ns, _request_timeout=REQUEST_TIMEOUT).items:
+            if (p.metadata.labels or {}).get(LABEL_VM) == name or p.status.phase in ("Succeeded", "Failed"):
+                continue
+            for vol in p.spec.volumes or []:
+                if vol.persistent_volume_claim is not None and vol.persistent_volume_claim.claim_name == claim_name:
+                    writers.append(p.metadata.name)
+        return writers
 
     # ------------------------------------------------------------------ one reconcile
 
@@ -127,8 +136,12 @@ class Reconciler:
         if vm is None:
             self.metrics.set_phase((ns, name), None)
             return None
-        pods, nodes, claim, writers = self._read(vm)
-        plan = decide(vm, pods, nodes, claim, writers, self.cfg, now_rfc3339())
+        pods, nodes, claim = self._read(vm)
+        plan = decide(vm, pods, nodes, claim, [], self.cfg, now_rfc3339())
+        if plan.create_pod is not None:  # only now: is the claim mounted by any other Pod?
+            writers = self._claim_writers(vm)
+            if writers:
+                plan = decide(vm, pods, nodes, claim, writers, self.cfg, now_rfc3339())
         rv = vm["metadata"]["resourceVersion"]
         if plan.add_finalizer:
             finalizers = [*(vm["metadata"].get("finalizers") or []), FINALIZER]

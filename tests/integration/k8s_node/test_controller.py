@@ -36,6 +36,7 @@ from tests.cluster import Cluster, RealNode, wait_for
 from tests.integration.cloudvm_k8s import cloudvm_helpers
 from tests.integration.cloudvm_k8s.cloudvm_helpers import PlayRun, cloudvm_task, finish_play, run_play
 from tests.integration.k8s_node.test_launcher_pod import ssh_banner
+from tests.integration.k8s_node.test_real_node import busybox_pod
 
 pytestmark = [pytest.mark.k8s, pytest.mark.kubelet, pytest.mark.guest, pytest.mark.slow, pytest.mark.timeout(2700)]
 REPO = Path(__file__).resolve().parents[3]
@@ -218,6 +219,8 @@ def env(k8s_cluster: Cluster, real_node: RealNode, launcher_image: dict[str, Any
     finally:
         stop.set()
         w.stop()
+        with contextlib.suppress(ApiException):  # no graceful guest stop at teardown (it takes up to 150 s)
+            core.delete_collection_namespaced_pod(ns, label_selector=LABEL_VM, grace_period_seconds=0)
         with contextlib.suppress(ApiException):
             custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "vm1")
         if ctl.proc is None:
@@ -358,3 +361,25 @@ def test_node_not_ready_makes_the_vm_unknown_with_no_second_pod_and_it_recovers(
     assert back["status"]["bootID"] == 1 and back["status"]["pod"] == pod.metadata.name
     assert [p.metadata.uid for p in env.pods("vm1")] == [pod.metadata.uid]
     assert [s for s in env.seen if s[1] == "Unknown"] == [(1, "Unknown", "NodeLost")], env.seen
+
+
+def test_root_volume_claim_used_by_another_pod_blocks_the_start_until_it_is_gone(env: Env, real_node: RealNode) -> None:
+    """Never two writers: a Pod that mounts the VM's root volume claim blocks the launcher (Blocked/VolumeInUse,
+    naming it); once it is gone the launcher Pod is created and the claim marked with the VM's uid."""
+    other = busybox_pod(real_node, "squatter", "exec sleep 3600",
+                        volumes=[{"name": "root", "persistentVolumeClaim": {"claimName": "vm1-root"}}])
+    other["spec"]["containers"][0]["volumeMounts"] = [{"name": "root", "mountPath": "/data"}]
+    env.core.create_namespaced_pod(env.ns, other)
+    wait_for(lambda: env.core.read_namespaced_pod("squatter", env.ns).status.phase == "Running", 120,
+             "squatter Running")
+    pubkey = env.key.with_suffix(".pub").read_text().strip()
+    env.custom.create_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL, _cloudvm("vm1", pubkey, "Running", 1))
+    blocked = env.status_when("vm1", lambda s: s.get("phase") == "Blocked", 60, "vm1 Blocked")
+    assert blocked["status"]["reason"] == "VolumeInUse" and "squatter" in blocked["status"]["message"], blocked
+    assert env.pods("vm1") == []
+    env.core.delete_namespaced_pod("squatter", env.ns, grace_period_seconds=0)
+    pending = env.status_when("vm1", lambda s: s.get("pod") == "vm1-boot-1", 120, "launcher Pod created")
+    assert pending["status"]["phase"] in ("Pending", "Running"), pending["status"]
+    assert [p.metadata.name for p in env.pods("vm1")] == ["vm1-boot-1"]
+    claim = env.core.read_namespaced_persistent_volume_claim("vm1-root", env.ns)
+    assert claim.metadata.annotations["cloud.zjusct.io/claimed-by"] == pending["metadata"]["uid"]
