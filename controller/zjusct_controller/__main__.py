@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     metrics = Metrics()
     if args.metrics_port:
         metrics.serve(args.metrics_port, args.metrics_address)
-    install(Reconciler(api, cfg, metrics), args.resync)
+    install(Reconciler(api, cfg, metrics, tuple(args.namespace)), args.resync)
 
     @kopf.on.login()
     def _login(**kwargs: object) -> kopf.ConnectionInfo | None:

@@ -47,12 +47,15 @@ def now_rfc3339() -> str:
 class Reconciler:
     """Reconciles CloudVMs against launcher Pods through one ``kubernetes.client.ApiClient``."""
 
-    def __init__(self, api_client: Any, cfg: Config, metrics: Optional[Metrics] = None) -> None:
+    def __init__(self, api_client: Any, cfg: Config, metrics: Optional[Metrics] = None,
+                 namespaces: tuple[str, ...] = ()) -> None:
+        """``namespaces``: the only namespaces acted on (empty: all), as the ``--namespace`` options."""
         self.api_client = api_client
         # Any: the typed models are turned into plain dicts (sanitize_for_serialization) at once
         self.core: Any = client.CoreV1Api(api_client)
         self.custom: Any = client.CustomObjectsApi(api_client)
         self.cfg = cfg
+        self.namespaces = frozenset(namespaces)
         self._locks: dict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
         self._locks_guard = threading.Lock()
         self.metrics = metrics or Metrics()
@@ -210,13 +213,18 @@ class Reconciler:
 
     # ------------------------------------------------------------------ fan-out
 
+    def _watched(self, ns: str) -> bool:
+        return not self.namespaces or ns in self.namespaces
+
     def all_vms(self) -> list[tuple[str, str]]:
-        """``(namespace, name)`` of every CloudVM (for the periodic resync)."""
+        """``(namespace, name)`` of every CloudVM in the watched namespaces (for the periodic resync)."""
         got = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, _request_timeout=REQUEST_TIMEOUT)
-        return [(o["metadata"]["namespace"], o["metadata"]["name"]) for o in got.get("items", [])]
+        return [(o["metadata"]["namespace"], o["metadata"]["name"]) for o in got.get("items", [])
+                if self._watched(o["metadata"]["namespace"])]
 
     def vms_on_node(self, node: str) -> list[tuple[str, str]]:
-        """``(namespace, VM name)`` of the launcher Pods bound to ``node``."""
+        """``(namespace, VM name)`` of the launcher Pods bound to ``node`` in the watched namespaces."""
         pods = self.core.list_pod_for_all_namespaces(label_selector=LABEL_VM, field_selector=f"spec.nodeName={node}",
                                                      _request_timeout=REQUEST_TIMEOUT).items
-        return sorted({(p.metadata.namespace, p.metadata.labels[LABEL_VM]) for p in pods})
+        return sorted({(p.metadata.namespace, p.metadata.labels[LABEL_VM]) for p in pods
+                       if self._watched(p.metadata.namespace)})
