@@ -3,6 +3,8 @@
 * ``zjusct_controller_reconciles_total`` (counter): reconciles run;
 * ``zjusct_controller_reconcile_errors_total`` (counter): reconciles that raised (API errors);
 * ``zjusct_controller_launcher_pods_created_total`` (counter): launcher Pods this process created;
+* ``zjusct_controller_api_requests_total{method}`` (counter): requests the reconciles sent to the API server
+  (kopf's watch streams are not counted);
 * ``zjusct_cloudvm_phase{phase}`` (gauge): CloudVMs per status phase, as last reconciled by this process;
 * ``zjusct_cloudvm_creation_to_running_seconds`` (histogram): CloudVM creationTimestamp -> its first boot
   (bootID 1) Running;
@@ -44,6 +46,8 @@ class Metrics:
         self.errors = Counter("zjusct_controller_reconcile_errors", "Reconciles that raised", registry=self.registry)
         self.pods_created = Counter("zjusct_controller_launcher_pods_created", "Launcher Pods created",
                                     registry=self.registry)
+        self.api_requests = Counter("zjusct_controller_api_requests", "API requests sent by reconciles",
+                                    ["method"], registry=self.registry)
         self.phase = Gauge("zjusct_cloudvm_phase", "CloudVMs per status phase", ["phase"], registry=self.registry)
         self.creation_to_running = Histogram("zjusct_cloudvm_creation_to_running_seconds",
                                              "CloudVM creation to its first boot Running", buckets=BUCKETS,

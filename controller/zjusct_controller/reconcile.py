@@ -56,9 +56,24 @@ class Reconciler:
         self.custom: Any = client.CustomObjectsApi(api_client)
         self.cfg = cfg
         self.namespaces = frozenset(namespaces)
+        # resourceVersions our own writes produced (CloudVM finalizer/status patches, launcher Pod creates), per
+        # object: their watch events echo what this process already knows
+        self._own_rv: dict[tuple[str, str, str], set[str]] = defaultdict(set)
         self._locks: dict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
         self._locks_guard = threading.Lock()
         self.metrics = metrics or Metrics()
+        self._count_requests(api_client)
+
+    def _count_requests(self, api_client: Any) -> None:
+        """Count every request of this client in ``zjusct_controller_api_requests_total{method}``."""
+        inner = api_client.call_api
+        counter = self.metrics.api_requests
+
+        def call_api(method: str, *args: Any, **kwargs: Any) -> Any:
+            counter.labels(method=str(method).upper()).inc()
+            return inner(method, *args, **kwargs)
+
+        api_client.call_api = call_api
 
     def _plain(self, obj: Any) -> Any:
         return self.api_client.sanitize_for_serialization(obj)
@@ -120,6 +135,18 @@ class Reconciler:
 
     # ------------------------------------------------------------------ one reconcile
 
+    def _remember(self, kind: str, ns: str, name: str, written: Any) -> None:
+        rv = written["metadata"]["resourceVersion"] if isinstance(written, dict) else written.metadata.resource_version
+        seen = self._own_rv[(kind, ns, name)]
+        if len(seen) >= 8:
+            seen.clear()
+        seen.add(rv)
+
+    def own_write(self, kind: str, ns: str, name: str, resource_version: Optional[str]) -> bool:
+        """True when a watch event of a CloudVM (``kind`` ``cloudvm``) or launcher Pod (``pod``) shows exactly an
+        object one of our own writes produced: nothing new to observe (any other change has its own event)."""
+        return resource_version is not None and resource_version in self._own_rv.get((kind, ns, name), set())
+
     def reconcile(self, ns: str, name: str) -> Optional[Plan]:
         """Reconcile one CloudVM; returns the plan carried out (None when the CloudVM does not exist).
 
@@ -138,6 +165,7 @@ class Reconciler:
         vm = self._get_vm(ns, name)
         if vm is None:
             self.metrics.set_phase((ns, name), None)
+            self._own_rv.pop(("cloudvm", ns, name), None)
             return None
         pods, nodes, claim = self._read(vm)
         plan = decide(vm, pods, nodes, claim, [], self.cfg, now_rfc3339())
@@ -151,6 +179,7 @@ class Reconciler:
             vm = self.custom.patch_namespaced_custom_object(
                 GROUP, VERSION, ns, PLURAL, name, {"metadata": {"finalizers": finalizers, "resourceVersion": rv}},
                 _request_timeout=REQUEST_TIMEOUT)
+            self._remember("cloudvm", ns, name, vm)
         for pod, grace in plan.delete_pods:
             log.info("deleting launcher Pod %s/%s (grace %d s)", ns, pod, grace)
             try:
@@ -167,7 +196,8 @@ class Reconciler:
                 _request_timeout=REQUEST_TIMEOUT)
         if plan.create_pod is not None:
             try:
-                self.core.create_namespaced_pod(ns, plan.create_pod, _request_timeout=REQUEST_TIMEOUT)
+                created = self.core.create_namespaced_pod(ns, plan.create_pod, _request_timeout=REQUEST_TIMEOUT)
+                self._remember("pod", ns, plan.create_pod["metadata"]["name"], created)
                 log.info("created launcher Pod %s/%s", ns, plan.create_pod["metadata"]["name"])
                 self.metrics.pods_created.inc()
             except ApiException as exc:
@@ -178,8 +208,9 @@ class Reconciler:
             prev = dict(vm.get("status") or {})
             patch = status_patch(prev, plan.status)
             if patch is not None:
-                self.custom.patch_namespaced_custom_object_status(
+                written = self.custom.patch_namespaced_custom_object_status(
                     GROUP, VERSION, ns, PLURAL, name, {"status": patch}, _request_timeout=REQUEST_TIMEOUT)
+                self._remember("cloudvm", ns, name, written)
                 event = transition_event(prev, plan.status)
                 if event is not None:
                     self._event(vm, *event)

@@ -35,3 +35,16 @@ def test_namespaced_controller_resyncs_and_fans_out_only_its_namespaces() -> Non
     assert _reconciler(("a",)).all_vms() == [("a", "vm")]
     assert _reconciler(("a",)).vms_on_node("n1") == [("a", "vm")]
     assert _reconciler(()).all_vms() == [("a", "vm"), ("b", "vm")]
+
+
+def test_every_request_of_the_reconciler_client_is_counted_by_method() -> None:
+    api = client.ApiClient()
+    sent: list[str] = []
+    api.call_api = lambda method, *a, **k: sent.append(method)  # type: ignore[method-assign]
+    r = Reconciler(api, CFG)
+    api.call_api("GET", "/api/v1/pods")
+    api.call_api("PATCH", "/apis/x")
+    assert sent == ["GET", "PATCH"]
+    get = r.metrics.registry.get_sample_value
+    assert get("zjusct_controller_api_requests_total", {"method": "GET"}) == 1
+    assert get("zjusct_controller_api_requests_total", {"method": "PATCH"}) == 1
