@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -183,6 +184,7 @@ def run(vms: int, nodes: int) -> dict[str, Any]:
             log.close()
             with contextlib.suppress(ApiException):
                 core.delete_namespace(NS)
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def main() -> int:
