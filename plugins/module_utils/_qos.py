@@ -360,8 +360,9 @@ class _Ledger:
         ceil = req.ceil_mbps
         prio = req.priority
         cap = self.caps.get(pool, 0)
-        # The common valid case in one expression; anything else gets validate_request's precise error.
-        if not (type(g_req) is int and type(ceil) is int and type(prio) is int and vm
+        # The common valid case in one expression (exact int: bool and subclasses take the slow path); anything
+        # else gets validate_request's precise error.
+        if not (g_req.__class__ is int and ceil.__class__ is int and prio.__class__ is int and vm
                 and 1 <= g_req <= ceil <= cap and ceil <= MAX_MBPS and -1_000_000 <= prio <= 1_000_000):
             validate_request(req, self.pools)
             cap = self.caps[pool]
