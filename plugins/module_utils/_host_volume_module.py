@@ -11,13 +11,17 @@ settings the backup playbooks hand to ``rbd_backup`` (never a secret: the keyrin
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
+from dataclasses import replace
 from typing import Any, Optional
 
+from ansible_collections.zjusct.cloud.plugins.module_utils import _quota as quota
 from ansible_collections.zjusct.cloud.plugins.module_utils import _volume_rbd as rbdvol
-from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import HostConfig, load
+from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import DEFAULT_PATH, HostConfig, load
 from ansible_collections.zjusct.cloud.plugins.module_utils._spec import is_dns_label
-from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore
+from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore, StoreError
 from ansible_collections.zjusct.cloud.plugins.module_utils._volume import VolumeError, resolve_image
 
 
@@ -27,6 +31,7 @@ def host_volume_argument_spec() -> dict:
         "owner": {"type": "str", "required": True},
         "rbd_image": {"type": "str", "required": True},
         "image": {"type": "str"},
+        "actor": {"type": "str"},
         "host_config": {"type": "path"},
     }
 
@@ -58,40 +63,122 @@ def _public(cfg: HostConfig, volume: dict) -> dict:
     return out
 
 
+class VolumeQuotaError(VolumeError):
+    """A registration refused over the owner's ``disk_mib`` quota; ``details`` are the result's failure fields."""
+
+    def __init__(self, message: str, details: dict) -> None:
+        super().__init__(message)
+        self.details = details
+
+
+def _within_disk_quota(store: HostStore, owner: str, location: str, size_mib: int) -> None:
+    """Refuse registering a ``size_mib`` volume for ``owner`` over its ``disk_mib`` quota (docs/security.md, "Quotas").
+
+    Raises:
+        VolumeQuotaError: ``reason: QuotaExceeded`` with the cloudvm refusal's message and fields.
+    """
+    after = quota.zero()
+    after["disk_mib"] = size_mib
+    refusal = quota.check(owner, store.get_quota(owner), store.owner_usage(owner), quota.zero(), after)
+    if refusal is not None:
+        refusal = replace(refusal, asked_by=f"rbd_image (the size of {location})")
+        raise VolumeQuotaError(refusal.message, refusal.details())
+
+
 def adopt_volume(params: dict, check_mode: bool = False) -> dict:
     """Register ``params['rbd_image']`` as volume ``name`` of ``owner`` (idempotent).
+
+    The owner's ``disk_mib`` quota is checked with the image's size before the image is marked, and again in
+    the store write transaction that records the volume (a concurrent run may have taken the quota meanwhile;
+    then the owner mark this run wrote is removed again). A registration that changed something, was refused
+    or failed is an audit record (``volume-register``, subject ``volume/<name>``, docs/security.md "Audit");
+    a run that changed nothing and check mode write none. Check mode does not read the image, so it cannot
+    predict a quota refusal.
 
     Returns:
         ``{"changed": bool, "volume": record}``.
 
     Raises:
-        VolumeError: bad name/owner, the name is taken by another volume, or :func:`._volume_rbd.adopt` refused.
+        VolumeError: bad name/owner, the name is taken by another volume, or :func:`._volume_rbd.adopt` refused;
+            VolumeQuotaError (``reason: QuotaExceeded``) over the owner's disk quota.
     """
     cfg = _config(params.get("host_config"))
     for field in ("name", "owner"):
         if not is_dns_label(params[field]):
             raise VolumeError(f"{field}: {params[field]!r} is not a DNS label")
     settings = rbdvol.settings(cfg.rbd)
+    wanted = params["rbd_image"] if "/" in params["rbd_image"] else f"{settings.pool}/{params['rbd_image']}"
     with HostStore(cfg.store_path) as store:
-        existing = store.get_volume(params["name"])
-        image = resolve_image(cfg.images_dir, params.get("image") or cfg.default_image)
-        wanted = params["rbd_image"] if "/" in params["rbd_image"] else f"{settings.pool}/{params['rbd_image']}"
-        if existing is not None:
-            if existing["driver"] != "rbd" or existing["location"] != wanted or existing["owner"] != params["owner"]:
-                raise VolumeError(f"name: volume {params['name']!r} already exists ({existing['driver']}"
-                                  f" {existing['location']}, owner {existing['owner']})")
-            return {"changed": False, "volume": _public(cfg, existing)}
-        if check_mode:
-            return {"changed": True, "volume": {"name": params["name"], "driver": "rbd", "location": wanted,
-                                                "owner": params["owner"]}}
-        adopted = rbdvol.adopt(cfg.rbd, wanted, params["owner"])
-        record = {"name": params["name"], "driver": "rbd", "location": adopted["location"],
-                  "size_mib": adopted["size_mib"], "owner": params["owner"], "image": image["dir"]}
-        store.put_volume(record)
-        store.record_event("Normal", params["name"], "VolumeAdopted",
-                           f"RBD image {adopted['location']} registered as volume {params['name']} of"
-                           f" {params['owner']} (kernel from {os.path.basename(image['dir'])})")
-        return {"changed": True, "volume": _public(cfg, store.get_volume(params["name"]) or record)}
+        try:
+            result = _adopt(cfg, store, params, wanted, check_mode)
+        except Exception as exc:
+            if not check_mode:
+                with contextlib.suppress(StoreError, sqlite3.Error):  # never hide the failure itself
+                    _audit(store, params, wanted, error=exc)
+            raise
+        if result["changed"] and not check_mode:
+            _audit(store, params, wanted, volume=result["volume"])
+        return result
+
+
+def _adopt(cfg: HostConfig, store: HostStore, params: dict, wanted: str, check_mode: bool) -> dict:
+    name, owner = params["name"], params["owner"]
+    existing = store.get_volume(name)
+    image = resolve_image(cfg.images_dir, params.get("image") or cfg.default_image)
+    if existing is not None:
+        _same_or_refuse(existing, name, owner, wanted)
+        return {"changed": False, "volume": _public(cfg, existing)}
+    if check_mode:
+        return {"changed": True, "volume": {"name": name, "driver": "rbd", "location": wanted, "owner": owner}}
+    adopted = rbdvol.adopt(cfg.rbd, wanted, owner,
+                           admit=lambda size_mib: _within_disk_quota(store, owner, wanted, size_mib))
+    record = {"name": name, "driver": "rbd", "location": adopted["location"],
+              "size_mib": adopted["size_mib"], "owner": owner, "image": image["dir"]}
+    try:
+        with store.transaction():  # the quota check and the record it admits: one transaction
+            again = store.get_volume(name)
+            if again is not None:  # a concurrent run registered the name meanwhile
+                _same_or_refuse(again, name, owner, adopted["location"])
+            else:
+                _within_disk_quota(store, owner, adopted["location"], int(adopted["size_mib"]))
+                store.put_volume(record)
+                store.record_event("Normal", name, "VolumeAdopted",
+                                   f"RBD image {adopted['location']} registered as volume {name} of"
+                                   f" {owner} (kernel from {os.path.basename(image['dir'])})")
+    except VolumeError:
+        if adopted["changed"]:  # this run wrote the owner mark: leave the image as it was
+            with contextlib.suppress(VolumeError):
+                rbdvol.unmark_owner(cfg.rbd, adopted["location"])
+        raise
+    if again is not None:
+        return {"changed": False, "volume": _public(cfg, again)}
+    return {"changed": True, "volume": _public(cfg, store.get_volume(name) or record)}
+
+
+def _same_or_refuse(existing: dict, name: str, owner: str, location: str) -> None:
+    if existing["driver"] != "rbd" or existing["location"] != location or existing["owner"] != owner:
+        raise VolumeError(f"name: volume {name!r} already exists ({existing['driver']}"
+                          f" {existing['location']}, owner {existing['owner']})")
+
+
+def _audit(store: HostStore, params: dict, location: str, volume: Optional[dict] = None,
+           error: Optional[BaseException] = None) -> None:
+    """Record one host_volume registration that changed something, was refused or failed (docs/security.md)."""
+    name, owner = params["name"], params["owner"]
+    data: dict = {"rbd_image": location}
+    if params.get("image"):
+        data["image"] = params["image"]
+    if error is None:
+        outcome, reason = "succeeded", ""
+        data["size_mib"] = (volume or {}).get("size_mib")
+        message = f"volume {name} registered: RBD image {location} of {owner}"
+    else:
+        details = getattr(error, "details", {}) or {}
+        reason = str(details.get("reason") or type(error).__name__)
+        outcome = "refused" if reason in ("Forbidden", "QuotaExceeded") else "failed"
+        message = str(error)
+    store.record_audit(params.get("actor") or owner, "volume-register", f"volume/{name}", outcome, message,
+                       owner=owner, reason=reason, data=data)
 
 
 def list_volumes(params: dict) -> dict:
@@ -102,7 +189,17 @@ def list_volumes(params: dict) -> dict:
     items = [v for v in items if (not params.get("name") or v["name"] == params["name"])
              and (not params.get("owner") or v["owner"] == params["owner"])]
     return {"changed": False, "volumes": [_public(cfg, v) for v in items], "volume_driver": cfg.volume_driver,
-            "rbd": _rbd_settings(cfg)}
+            "rbd": _rbd_settings(cfg), "host_config": config_path(params.get("host_config"))}
+
+
+def config_path(path: Optional[str]) -> Optional[str]:
+    """The host configuration file that :func:`._hostconfig.load` reads for ``path``, or None (no file: defaults).
+
+    Same rule as ``load``: ``path``, else ``ZJUSCT_CLOUD_CONFIG``, else the default path. The backup playbooks
+    hand it to ``rbd_backup``'s ``host_config`` so that backups and restores are audited in this host's store.
+    """
+    target = path or os.environ.get("ZJUSCT_CLOUD_CONFIG") or DEFAULT_PATH
+    return os.path.abspath(target) if os.path.exists(target) else None
 
 
 def run(module: Any, body: Any) -> None:
@@ -110,4 +207,4 @@ def run(module: Any, body: Any) -> None:
     try:
         module.exit_json(**body())
     except VolumeError as exc:
-        module.fail_json(msg=str(exc))
+        module.fail_json(msg=str(exc), **getattr(exc, "details", {}))

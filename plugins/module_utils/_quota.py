@@ -90,13 +90,15 @@ class Refusal:
     limit: int
     in_use: int
     requested: int
+    asked_by: str = ""  # the option that asks, when not the cloudvm one of OPTIONS (host_volume: rbd_image)
 
     @property
     def message(self) -> str:
         """``vcpus: owner 'alice' would use 5 of quota 4 vCPUs (in use 4, this request 1, asked by vcpus); ...``."""
         dim = self.dimension
         return (f"{dim}: owner {self.owner!r} would use {self.in_use + self.requested} of quota {self.limit}"
-                f" {UNITS[dim]} (in use {self.in_use}, this request {self.requested}, asked by {OPTIONS[dim]});"
+                f" {UNITS[dim]} (in use {self.in_use}, this request {self.requested},"
+                f" asked by {self.asked_by or OPTIONS[dim]});"
                 f" {FREE[dim]} of {self.owner!r}, or ask the operator to raise owner_quota {dim}")
 
     def details(self) -> dict:

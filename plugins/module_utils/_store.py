@@ -267,8 +267,9 @@ class HostStore:
 
         Args:
             actor: who acted (the module's ``owner`` option, or ``operator`` for a task without one).
-            action: create, start, stop, restart, update, delete, volume-register, quota-set, quota-remove.
-            subject: ``namespace/name`` of a CloudVM, ``volume/<name>``, ``quota/<owner>``.
+            action: create, start, stop, restart, update, delete, volume-register, quota-set, quota-remove,
+                backup, restore.
+            subject: ``namespace/name`` of a CloudVM, ``volume/<name>``, ``quota/<owner>``, ``rbd/<pool>/<image>``.
             result: succeeded, refused (Forbidden, QuotaExceeded) or failed.
             message: what was done or why not.
             owner: the owner of the subject (what an owner's audit listing filters on).

@@ -28,7 +28,7 @@ import os
 import tempfile
 import uuid
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils import _flock, _names
 from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import (
@@ -337,11 +337,15 @@ def delete(rbd: dict, volume: dict) -> None:
         raise VolumeError(f"delete_volume: cannot remove {ref.spec}: {exc}") from exc
 
 
-def adopt(rbd: dict, location: str, owner: str) -> dict:
+def adopt(rbd: dict, location: str, owner: str, admit: Optional[Callable[[int], None]] = None) -> dict:
     """Check that an existing RBD image may become ``owner``'s root volume and mark it (restore, migration).
 
     Rules: the image exists in the configured pool, has no watcher, no ``claimed-by`` mark, and its owner mark is
     absent or ``owner`` (then written). Source: the ownership model of ARCHITECTURE §5.
+
+    Args:
+        admit: called with the image's size (MiB) after the rules passed and before the owner mark is written;
+            whatever it raises (a quota refusal) propagates with the image left untouched.
 
     Returns:
         ``{"location": "<pool>/<image>", "size_mib": int, "changed": bool}``.
@@ -370,11 +374,26 @@ def adopt(rbd: dict, location: str, owner: str) -> dict:
         mark = marks.get(META_OWNER)
         if mark and mark != owner:
             raise VolumeError(f"owner: {owner!r} does not match the owner mark {mark!r} of {ref.spec}")
+        if admit is not None:
+            admit(int(info.get("size", 0)) // MiB)
         if not mark:
             client.meta_set(ref, META_OWNER, owner)
     except RbdError as exc:
         raise VolumeError(f"rbd_image: {ref.spec}: {exc}") from exc
     return {"location": ref.spec, "size_mib": int(info.get("size", 0)) // MiB, "changed": not mark}
+
+
+def unmark_owner(rbd: dict, location: str) -> None:
+    """Remove the owner mark :func:`adopt` wrote on ``location`` (``pool/image``): undoes an adoption refused later.
+
+    Raises:
+        VolumeError: the mark could not be removed (the message names the image).
+    """
+    ref = parse_image_spec("rbd_image", location, default_pool=settings(rbd).pool)
+    try:
+        _client(rbd).meta_remove(ref, META_OWNER)
+    except RbdError as exc:
+        raise VolumeError(f"rbd_image: {ref.spec}: removing the owner mark: {exc}") from exc
 
 
 def root_disk(rbd: dict, volume: dict) -> dict:

@@ -18,6 +18,12 @@ description:
   - The image must be in the host configuration's C(rbd.pool) (or name its pool), have no watcher, no
     C(cloud.zjusct.io/claimed-by) mark, and an owner mark that is absent (then set to O(owner)) or equal to O(owner).
   - Idempotent; a name already registered for another image or owner is refused.
+  - The image's size counts against the owner's C(disk_mib) quota (M(zjusct.cloud.owner_quota)). A registration
+    over it is refused with RV(reason=QuotaExceeded) before the image is marked, and checked again in the store
+    transaction that records the volume; nothing is recorded and the image keeps its marks.
+  - A registration that changed something, was refused or failed is an audit record (action C(volume-register),
+    subject C(volume/<name>)), listed by M(zjusct.cloud.audit_info); a run that changed nothing and check mode
+    record nothing. See docs/security.md, "Quotas" and "Audit".
 options:
   name:
     description: Volume name in the host store (a DNS label); by convention C(<vm name>-root).
@@ -37,12 +43,16 @@ options:
         file system comes from the RBD image.
       - Defaults to the host configuration's C(default_image).
     type: str
+  actor:
+    description: Who acts, for the audit record (the launching user under AWX). Defaults to O(owner).
+    type: str
 extends_documentation_fragment:
   - zjusct.cloud.host_config
 attributes:
   check_mode:
     support: full
-    description: Reports whether the volume would be registered, without checking the image or writing anything.
+    description: Reports whether the volume would be registered, without checking the image or writing anything
+      (so a quota refusal is not predicted).
   diff_mode:
     support: none
     description: No diff is returned.
@@ -82,6 +92,31 @@ volume:
     owner: bob
     claimed_by: null
     rbd: {pool: rbd, image: bob-restored-root, conf: /etc/ceph/ceph.conf, user: cloud, keyring_path: /etc/ceph/k}
+reason:
+  description: V(QuotaExceeded) when the registration would take the owner over its C(disk_mib) quota.
+  returned: failure over a quota
+  type: str
+  sample: QuotaExceeded
+quota:
+  description: The quota exceeded (V(disk_mib)).
+  returned: failure over a quota
+  type: str
+  sample: disk_mib
+limit:
+  description: The owner's limit (MiB).
+  returned: failure over a quota
+  type: int
+  sample: 2048
+in_use:
+  description: What the owner uses now (MiB).
+  returned: failure over a quota
+  type: int
+  sample: 1024
+requested:
+  description: The image's size (MiB).
+  returned: failure over a quota
+  type: int
+  sample: 2048
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -125,3 +125,36 @@ def test_a_stale_claim_without_writer_is_released_on_the_image(rbd, settings, im
     assert "cloud.zjusct.io/claimed-by" not in rbd.meta(ref)
     rv.claim(settings, {"name": image_name, "driver": "rbd", "location": ref.spec}, "uid-new")
     assert rbd.meta(ref)["cloud.zjusct.io/claimed-by"] == "uid-new"
+
+
+def test_host_volume_over_the_disk_quota_is_refused_unmarked_and_audited(rbd, settings, image_name, tmp_path):
+    import json
+
+    from ansible_collections.zjusct.cloud.plugins.module_utils._host_volume_module import (
+        VolumeQuotaError,
+        adopt_volume,
+    )
+
+    (tmp_path / "images" / "tiny-1").mkdir(parents=True)
+    (tmp_path / "images" / "tiny-1" / "manifest.json").write_text(json.dumps({"name": "tiny"}))
+    cfg = tmp_path / "host.json"
+    cfg.write_text(json.dumps({"store_path": str(tmp_path / "cloud.db"), "images_dir": str(tmp_path / "images"),
+                               "default_image": "tiny", "volume_driver": "rbd", "rbd": settings}))
+    ref = ImageRef("rbd", image_name)
+    rbd.create(ref, size_mib=64)
+    with HostStore(str(tmp_path / "cloud.db")) as store:
+        store.put_quota("bob", {"disk_mib": 32})
+    params = {"name": "bob-r-root", "owner": "bob", "rbd_image": image_name, "image": None,
+              "host_config": str(cfg), "actor": None}
+    with pytest.raises(VolumeQuotaError, match=r"would use 64 of quota 32 MiB of disk .* asked by rbd_image") as exc:
+        adopt_volume(params)
+    assert exc.value.details["reason"] == "QuotaExceeded"
+    assert rbd.meta(ref) == {}  # the image keeps its marks: no owner mark written
+    with HostStore(str(tmp_path / "cloud.db")) as store:
+        assert store.get_volume("bob-r-root") is None
+        store.put_quota("bob", {"disk_mib": 64})
+    assert adopt_volume(params)["volume"]["size_mib"] == 64
+    assert rbd.meta(ref) == {"cloud.zjusct.io/owner": "bob"}
+    with HostStore(str(tmp_path / "cloud.db")) as store:
+        assert [(r["action"], r["result"], r["actor"], r["owner"]) for r in store.audit(owner="bob")] == [
+            ("volume-register", "refused", "bob", "bob"), ("volume-register", "succeeded", "bob", "bob")]
