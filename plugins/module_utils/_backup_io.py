@@ -676,7 +676,7 @@ def restore(rbd: Rbd, dest: str, target: ImageRef, backup_id: Optional[str] = No
             raise BackupError(str(exc)) from None
     last = chain[-1]
     result: Dict[str, Any] = {"backup_id": last.id, "chain": [m.id for m in chain], "image": target.spec,
-                              "size_bytes": last.image_size}
+                              "size_bytes": last.image_size, "owner": owner or last.owner}
     if check_mode:
         result["changed"] = True
         return result
@@ -788,7 +788,7 @@ def run_backup_module(p: Dict[str, Any], rbd: Rbd, check_mode: bool = False) -> 
                                "dest_tag": res["dest_tag"]}
         m = res.get("backup")
         if m:
-            out.update(backup_id=m["id"], chain=m["chain"], snapshot=m["snapshot"],
+            out.update(backup_id=m["id"], chain=m["chain"], snapshot=m["snapshot"], owner=m.get("owner"),
                        image_size_bytes=m["image"]["sizeBytes"], data_bytes=m["dataBytes"],
                        bytes_written=res["bytes_written"], removed_snapshots=res["removed_snapshots"],
                        removed_partials=res["removed_partials"], seconds=res["seconds"], phases=res["phases"])

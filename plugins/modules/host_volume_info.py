@@ -56,6 +56,14 @@ rbd:
   description: The host configuration's RBD settings (pool, conf, user, keyring_path, cluster), or null.
   returned: always
   type: dict
+host_config:
+  description:
+    - Absolute path of the host configuration file read (O(host_config), else E(ZJUSCT_CLOUD_CONFIG), else
+      C(/etc/zjusct-cloud/host.json)), or null when there is none (defaults). The backup playbooks pass it to
+      M(zjusct.cloud.rbd_backup) so that backups and restores are audited in this host's store.
+  returned: always
+  type: str
+  sample: /etc/zjusct-cloud/host.json
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -32,8 +32,13 @@ description:
     On any mismatch the new image is removed and the task fails naming the block. An existing target is
     refused, unless it was restored from the same backup (unchanged).
   - Each V(present) run makes a new backup, so it always reports changed. Check mode reports the plan only.
+  - With O(host_config) (host backend), every backup and restore that changed something or failed is an audit
+    record in that host's store (action C(backup) or C(restore), the backup's owner, the actor, the result, the
+    backup id, chain and pruned backups; never a connection setting), listed by M(zjusct.cloud.audit_info).
+    Verification, an unchanged restore and check mode record nothing. See docs/security.md, "Audit".
 extends_documentation_fragment:
   - zjusct.cloud.ceph
+  - zjusct.cloud.host_config
 options:
   state:
     description: V(present) backs up, V(verified) checks a stored backup, V(restored) restores one.
@@ -102,6 +107,15 @@ options:
     description: With V(restored), keep the backup snapshots that import creates on the new image.
     type: bool
     default: false
+  actor:
+    description:
+      - Who acts, for the audit record written with O(host_config) (the launching user under AWX). Defaults to
+        O(owner), else C(operator).
+    type: str
+  operator:
+    description: The operator switch was set, for the audit record written with O(host_config).
+    type: bool
+    default: false
 """
 
 EXAMPLES = r"""
@@ -114,6 +128,15 @@ EXAMPLES = r"""
     owner: alice
     keep: 7
   register: bk
+
+- name: On the host backend, the same backup recorded in the host store's audit trail (audit_info lists it)
+  zjusct.cloud.rbd_backup:
+    pool: rbd
+    name: vm-alice-root
+    dest: /srv/backup/vm-alice
+    owner: alice
+    host_config: /etc/zjusct-cloud/host.json
+    actor: alice
 
 - name: Verify the newest backup
   zjusct.cloud.rbd_backup:
@@ -129,6 +152,12 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+owner:
+  description: The backup's owner (V(present), from O(owner) or the image's owner mark) or the owner mark set on the
+    restored image (V(restored)); null when there is none.
+  returned: when a backup or restore was done
+  type: str
+  sample: alice
 backup_id:
   description: Id of the backup made, verified or restored (C(YYYYmmddTHHMMSSZ-xxxxxx)).
   returned: success
@@ -213,6 +242,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import (
     RbdError,
     connection_argument_spec,
 )
+from ansible_collections.zjusct.cloud.plugins.module_utils._backup_audit import audit_argument_spec, run_audited
 from ansible_collections.zjusct.cloud.plugins.module_utils._backup_io import BackupError, run_backup_module
 
 
@@ -234,12 +264,14 @@ def main() -> None:
         target_name=dict(type="str"),
         keep_snapshots=dict(type="bool", default=False),
         verify=dict(type="bool", default=True),
+        **audit_argument_spec(),
         **connection_argument_spec(),
     )
     module = AnsibleModule(argument_spec=spec, supports_check_mode=True,
                            required_if=[("state", "present", ["name"]), ("state", "restored", ["target_name"])])
     try:
-        result = run_backup_module(module.params, Rbd(Connection.from_params(module.params)), module.check_mode)
+        result = run_audited(module.params, lambda: run_backup_module(
+            module.params, Rbd(Connection.from_params(module.params)), module.check_mode), module.check_mode)
     except BackupError as exc:
         module.fail_json(msg=str(exc), problems=[p.message for p in exc.problems])
     except (ValueError, RbdError) as exc:

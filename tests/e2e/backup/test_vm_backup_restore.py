@@ -169,3 +169,29 @@ def test_backup_restore_journey_on_rbd(rbd_cloud: Cloud, ceph_cluster: Cluster, 
     assert "alice-r3-root" not in rbd(ceph_cluster, "ls", "rbd")
     assert "alice-r3-root" not in volumes(cloud)
     assert cloud.vm("alice-r3") == {}
+
+    # the audit trail (docs/security.md, "Audit"): every backup, restore and volume registration above that
+    # reached the module, with actor, owner and result; the refusals of the playbooks' own checks never got there
+    doc = json.loads(subprocess.run(
+        [str(Path(sys.executable).parent / "ansible"), "localhost", "-m", "zjusct.cloud.audit_info", "-a",
+         json.dumps({"owner": "alice"})], cwd=Path(__file__).resolve().parents[3], env=cloud.env(), check=True,
+        capture_output=True, text=True, timeout=300).stdout)
+    records = [r for r in doc["plays"][0]["tasks"][0]["hosts"]["localhost"]["records"]
+               if r["action"] in ("backup", "restore", "volume-register")]
+    assert [(r["action"], r["subject"], r["result"]) for r in records] == [
+        ("backup", "rbd/rbd/alice-root", "succeeded"),
+        ("backup", "rbd/rbd/alice-root", "succeeded"),
+        ("restore", "rbd/rbd/alice-r1-root", "succeeded"),
+        ("volume-register", "volume/alice-r1-root", "succeeded"),
+        ("restore", "rbd/rbd/alice-r2-root", "succeeded"),
+        ("volume-register", "volume/alice-r2-root", "succeeded"),
+        ("backup", "rbd/rbd/alice-root", "failed"),  # the watcher
+        ("restore", "rbd/rbd/alice-r3-root", "failed"),  # the damaged block
+    ], records
+    assert {(r["actor"], r["owner"], r["operator"]) for r in records} == {("alice", "alice", False)}
+    done = [r for r in records if r["result"] == "succeeded" and r["action"] != "volume-register"]
+    assert [r["data"]["backup_id"] for r in done] == [full["backup_id"], inc["backup_id"]] * 2
+    assert records[1]["data"]["type"] == "diff" and records[1]["data"]["vm"] == "default/alice"
+    assert "watchers" in records[6]["message"] and records[6]["reason"] == "BackupError"
+    assert "block" in records[7]["message"]
+    assert not {"ceph_key", "ceph_keyring", "keyring_path", "rbd"} & {k for r in records for k in r["data"]}
