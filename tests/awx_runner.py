@@ -21,6 +21,7 @@ import json
 import os
 import stat
 import tempfile
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -222,7 +223,7 @@ def run_job(private_data_dir: Path, playbook: str, extra_vars: dict[str, Any], i
     config = RunnerConfig(
         private_data_dir=str(private_data_dir), project_dir=str(REPO), playbook=playbook, inventory=inventory,
         extravars=extra_vars, envvars=envvars, cmdline=cmdline, verbosity=verbosity, quiet=True, timeout=timeout,
-        ident=f"job{extra_vars.get('awx_job_id', 1)}")
+        ident=f"job{extra_vars.get('awx_job_id', 1)}-{uuid.uuid4().hex[:6]}")
     config.prepare()
     # No tty: ansible-playbook runs as a plain subprocess with stdin from /dev/null and stdout/stderr piped
     # (RunnerConfig's default is a pexpect pty); events still come from runner's callback into the artifacts.
