@@ -76,9 +76,11 @@ def surveys() -> dict[str, list[dict[str, Any]]]:
                   "integer", minimum=0, maximum=s.BANDWIDTH_MBPS_MAX),
         _question("ceil_mbps", "Bandwidth ceiling (Mbit/s)", "Most the VM may borrow "
                   f"(spec.network.bandwidth.ceilMbps), at least the guarantee, at most {s.BANDWIDTH_MBPS_MAX}; "
-                  "empty: the guarantee.", "integer", minimum=1, maximum=s.BANDWIDTH_MBPS_MAX),
+                  "empty: the guarantee. Used only with a guarantee.", "integer",
+                  minimum=1, maximum=s.BANDWIDTH_MBPS_MAX),
         _question("bandwidth_priority", "Borrowing priority", "Order in which spare bandwidth is lent "
-                  f"(spec.network.bandwidth.priority), {s.PRIORITY_MIN} to {s.PRIORITY_MAX}, 0 first.", "integer",
+                  f"(spec.network.bandwidth.priority), {s.PRIORITY_MIN} to {s.PRIORITY_MAX}, 0 first. "
+                  "Used only with a guarantee.", "integer",
                   minimum=s.PRIORITY_MIN, maximum=s.PRIORITY_MAX),
     ]
     return {
