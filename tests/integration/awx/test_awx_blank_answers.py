@@ -1,5 +1,6 @@
-"""Optional survey questions left blank: AWX 17-23 pass "" and AWX 24 passes null for a blank text answer
-(ansible/awx#16205); the newest versions leave it out. The playbooks treat all three as "not given"."""
+"""Optional survey questions left blank: AWX 17 was reported to pass "" (ansible/awx#9525), AWX 24 passes null
+(ansible/awx#16205), later versions leave the variable out (ansible/awx#16289). The playbooks treat all three as
+"not given"."""
 
 from __future__ import annotations
 
