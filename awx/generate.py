@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: (c) 2026, ZJUSCT cloud team
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Generate awx/job_templates.yml: the AWX job templates and their surveys (docs/awx.md).
