@@ -31,7 +31,7 @@ def test_ansible_builder_create_makes_the_build_context(tmp_path: Path):
 
     context = tmp_path / "context"
     proc = subprocess.run([str(BIN / "ansible-builder"), "create", "-f", "execution-environment.yml", "-c",
-                           str(context)], cwd=work, capture_output=True, text=True, timeout=300, check=False)
+                           str(context), "--output-filename", "Containerfile"], cwd=work, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     build = context / "_build"
     assert (build / "collections" / tarball.name).read_bytes() == tarball.read_bytes()
@@ -39,7 +39,7 @@ def test_ansible_builder_create_makes_the_build_context(tmp_path: Path):
     assert (build / "bindep.txt").read_text() == (REPO / "bindep.txt").read_text()
     assert not (build / "requirements.yml").exists()  # no Galaxy: the collections come with the ansible package
     assert any(line.startswith("ansible>=") for line in (build / "requirements.txt").read_text().splitlines())
-    dockerfile = (context / "Dockerfile").read_text()
+    dockerfile = (context / "Containerfile").read_text()
     ee = yaml.safe_load((REPO / "execution-environment.yml").read_text())
     assert f"ARG EE_BASE_IMAGE=\"{ee['images']['base_image']['name']}\"" in dockerfile
     assert "ansible-galaxy collection install --offline -p /usr/share/ansible/collections" in dockerfile
