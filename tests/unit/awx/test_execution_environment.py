@@ -31,7 +31,8 @@ def test_ansible_builder_create_makes_the_build_context(tmp_path: Path):
 
     context = tmp_path / "context"
     proc = subprocess.run([str(BIN / "ansible-builder"), "create", "-f", "execution-environment.yml", "-c",
-                           str(context), "--output-filename", "Containerfile"], cwd=work, capture_output=True, text=True, timeout=300, check=False)
+                           str(context), "--output-filename", "Containerfile"], cwd=work, capture_output=True,
+                          text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     build = context / "_build"
     assert (build / "collections" / tarball.name).read_bytes() == tarball.read_bytes()
