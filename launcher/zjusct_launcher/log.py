@@ -10,16 +10,9 @@ import json
 import sys
 import threading
 from datetime import datetime, timezone
-from typing import Any, TextIO
+from typing import Any
 
 _lock = threading.Lock()
-_stream: TextIO = sys.stderr
-
-
-def set_stream(stream: TextIO) -> None:
-    """Redirect log lines (tests)."""
-    global _stream
-    _stream = stream
 
 
 def rfc3339(ts: float | None = None) -> str:
@@ -35,8 +28,8 @@ def log(level: str, msg: str, **fields: Any) -> None:
     line = json.dumps(record, default=str, sort_keys=False)
     with _lock:
         try:
-            _stream.write(line + "\n")
-            _stream.flush()
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
         except (OSError, ValueError):
             pass
 

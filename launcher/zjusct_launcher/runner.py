@@ -33,7 +33,6 @@ from zjusct_launcher.result import EXIT_ALREADY_RUNNING, Result, publish, write_
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 QMP_CONNECT_TIMEOUT_SECONDS = 30.0
-FC_API_TIMEOUT_SECONDS = 10.0
 POLL_SECONDS = 1.0
 PANIC_MARKER = b"Kernel panic - not syncing"
 WATCHDOG_EXIT_SECONDS = 5.0

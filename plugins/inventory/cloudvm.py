@@ -24,7 +24,9 @@ description:
   - Host variables C(ansible_host) and C(ansible_port) come from C(status.sshEndpoint), C(ansible_user) from
     O(ansible_user). When the backend publishes C(status.sshProxyCommand) (the host backend does, its guests live
     on a bridge inside a network namespace) C(ansible_ssh_common_args) carries it as C(-o ProxyCommand=...);
-    otherwise O(jump_host) adds a C(ProxyJump).
+    otherwise O(jump_host) adds a C(ProxyJump). With O(use_ssh_gateway) and a host backend running its SSH gateway
+    (C(status.sshJumpHost), docs/security.md) it is C(-o ProxyJump=zc-<owner>@<gateway>:<port>) instead, for a
+    client outside the hypervisor host.
   - Further host variables (each prefixed with O(hostvar_prefix), by default C(cloudvm_)) are C(namespace),
     C(name), C(uid), C(owner), C(vcpus), C(memory_mib) (MiB), C(node), C(boot_id), C(phase), C(reason) and
     C(labels) (a dict).
@@ -140,6 +142,13 @@ options:
     description: Use the C(status.sshProxyCommand) the backend publishes as C(-o ProxyCommand=...).
     type: bool
     default: true
+  use_ssh_gateway:
+    description:
+      - Connect through the host backend's SSH gateway, C(status.sshJumpHost) (C(zc-<owner>@<gateway>:<port>)), as
+        C(-o ProxyJump=...); for a client outside the hypervisor host, whose key is one of the VM's
+        C(spec.sshAuthorizedKeys). Wins over O(use_proxy_command) for VMs that have it.
+    type: bool
+    default: false
   jump_host:
     description:
       - SSH jump host for VMs without a proxy command, as C([user@]host[:port]); may use the O(hostname_format)
@@ -291,7 +300,7 @@ from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructa
 from ansible_collections.zjusct.cloud.plugins.plugin_utils import _inventory as inv
 from ansible_collections.zjusct.cloud.plugins.plugin_utils import _kube_list as kube
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: records carry ssh_jump_host
 
 
 class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):

@@ -28,7 +28,6 @@ from ansible_collections.zjusct.cloud.plugins.module_utils import _names
 API_VERSION = "backup.cloud.zjusct.io/v1"
 KIND = "RbdBackup"
 BLOCK_SIZE = 4 * 1024 * 1024
-CHUNK_SIZE = 4 * 1024 * 1024
 DATA_FILE = "data.rbdiff"
 MANIFEST_FILE = "manifest.json"
 COMPLETE_FILE = "complete"

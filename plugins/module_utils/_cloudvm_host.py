@@ -18,15 +18,22 @@ import contextlib
 import json
 import os
 import shutil
+import sqlite3
 import time
 from typing import Callable, Iterator, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils import _bandwidth as bw
 from ansible_collections.zjusct.cloud.plugins.module_utils import _flock
+from ansible_collections.zjusct.cloud.plugins.module_utils import _gateway as gw
 from ansible_collections.zjusct.cloud.plugins.module_utils import _hostnet as net
+from ansible_collections.zjusct.cloud.plugins.module_utils import _quota as quota
 from ansible_collections.zjusct.cloud.plugins.module_utils import _supervisor as sup
 from ansible_collections.zjusct.cloud.plugins.module_utils import _volume_rbd as rbdvol
-from ansible_collections.zjusct.cloud.plugins.module_utils._host_network_module import sync_isolation
+from ansible_collections.zjusct.cloud.plugins.module_utils._host_network_module import (
+    ensure_network,
+    sync_gateway,
+    sync_isolation,
+)
 from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import HostConfig, load
 from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import (
     CloudVMError,
@@ -166,11 +173,10 @@ def _start_boot(cfg: HostConfig, store: HostStore, vm: dict) -> None:
     paths = _paths(cfg, meta["namespace"], meta["name"])
     config = _launcher_config(cfg, vm, volume, lease)
     boot = int(spec["bootID"])
-    net.ensure_bridge(cfg.netns, cfg.bridge, cfg.subnet)
-    if cfg.nat:
-        net.ensure_uplink(cfg.netns, cfg.subnet, cfg.uplink_cidr, cfg.uplink_netns, cfg.uplink_ip_forward)
+    ensure_network(cfg)
     net.ensure_tap(cfg.netns, cfg.bridge, lease["tap"], cfg.vmm_run_as(lease["ipv4"]))
     sync_isolation(cfg, store)
+    sync_gateway(cfg, store)
     try:
         _apply_bandwidth(cfg, store, vm, lease)
     except Exception:
@@ -252,7 +258,7 @@ def reconcile(cfg: HostConfig, store: HostStore, vm: dict) -> dict:
             if volume_writer is None:
                 _start_boot(cfg, store, vm)
                 latest = boot
-        except (CloudVMError, VolumeError, net.NetworkError, sup.LauncherError, StoreError) as exc:
+        except (CloudVMError, VolumeError, net.NetworkError, sup.LauncherError, StoreError, gw.GatewayError) as exc:
             start_error = exc if isinstance(exc, CloudVMError) else CloudVMError(str(exc))
     current = sup.observe(paths, latest, cfg.node) if latest is not None else None
     others: tuple[BootObservation, ...] = ()
@@ -270,6 +276,9 @@ def reconcile(cfg: HostConfig, store: HostStore, vm: dict) -> dict:
         status["sshEndpoint"] = {"host": lease["ipv4"], "port": 22}
         if cfg.netns:
             status["sshProxyCommand"] = f"ip netns exec {cfg.netns} nc %h %p"
+        jump = cfg.gateway_jump(gw.account_name(spec["owner"]))
+        if jump:
+            status["sshJumpHost"] = jump
     status["observedGeneration"] = meta["generation"]
     status["conditions"] = [{
         "type": "Ready", "status": "True" if status["phase"] == "Running" else "False",
@@ -335,12 +344,91 @@ def ensure(params: dict, check_mode: bool = False, diff: bool = False) -> dict:
             raise CloudVMError(f"metadata.{field}: {value!r} is not a DNS label")
     store = HostStore(cfg.store_path)
     try:
-        authorize(store.get_vm(ns, name), params)  # spec.owner is immutable: no lock needed
-        if params["state"] == "absent":
-            return _absent(cfg, store, params, check_mode, diff)
-        return _present(cfg, store, params, check_mode, diff)
+        existing = store.get_vm(ns, name)
+        try:
+            authorize(existing, params)  # spec.owner is immutable: no lock needed
+            if params["state"] == "absent":
+                result = _absent(cfg, store, params, check_mode, diff)
+            else:
+                result = _present(cfg, store, params, check_mode, diff)
+        except Exception as exc:
+            if not check_mode:
+                with contextlib.suppress(StoreError, sqlite3.Error):  # never hide the failure itself
+                    _audit(store, params, existing, error=exc)
+            raise
+        if result["changed"] and not check_mode:
+            _audit(store, params, existing, result=result)
+        return result
     finally:
         store.close()
+
+
+def _audit(store: HostStore, params: dict, existing: Optional[dict], result: Optional[dict] = None,
+           error: Optional[BaseException] = None) -> None:
+    """Record one cloudvm run that changed something, was refused or failed (docs/security.md, "Audit")."""
+    ns, name = params["namespace"], params["name"]
+    if params["state"] == "absent":
+        action = "delete"
+    elif existing is None:
+        action = "create"
+    elif params.get("restart"):
+        action = "restart"
+    else:
+        action = {"running": "start", "stopped": "stop"}.get(params.get("power_state") or "", "update")
+    owner = ((existing or {}).get("spec") or {}).get("owner") or params.get("owner") or ""
+    data = {k: params[k] for k in ("power_state", "vcpus", "memory_mib", "image", "volume_size_mib",
+                                   "root_volume_claim", "bandwidth") if params.get(k) is not None}
+    if params.get("ssh_authorized_keys") is not None:
+        data["ssh_authorized_keys"] = len(params["ssh_authorized_keys"])
+    if params["state"] == "absent":
+        data["delete_volume"] = bool(params.get("delete_volume"))
+    if error is None:
+        outcome, reason = "succeeded", ""
+        vm = (result or {}).get("cloudvm")
+        message = f"{action} {ns}/{name}" + (f": phase {vm['status'].get('phase')}, bootID {vm['spec'].get('bootID')}"
+                                             if vm else "")
+        data["boot_id"] = (result or {}).get("boot_id")
+    else:
+        details = getattr(error, "details", {}) or {}
+        reason = str(details.get("reason") or ("Unschedulable" if "dimension" in details else "")
+                     or (details.get("status") or {}).get("reason") or type(error).__name__)
+        outcome = "refused" if reason in ("Forbidden", "QuotaExceeded") else "failed"
+        message = str(error)
+    store.record_audit(params.get("owner") or "operator", action, f"{ns}/{name}", outcome, message, owner=owner,
+                       operator=bool(params.get("operator")), reason=reason, data=data)
+
+
+def _new_volume_mib(image: Optional[dict], size_mib: Optional[int]) -> int:
+    """The size (MiB) a new root volume will have: ``volume_size_mib``, else the image's root file system."""
+    if size_mib:
+        return int(size_mib)
+    source = os.path.join((image or {}).get("dir", ""), "rootfs.raw")
+    return os.path.getsize(source) // (1024 * 1024) if os.path.exists(source) else 0
+
+
+def _within_quota(store: HostStore, existing: Optional[dict], planned: dict, new_volume_mib: int = 0) -> None:
+    """Refuse a spec change that would take its owner over a quota (docs/security.md, "Quotas").
+
+    Called inside the store transaction that writes ``planned`` (and the new volume's record), so two
+    concurrent runs for two VMs of one owner cannot together exceed a quota: the second waits for the
+    first's write lock and then counts its VM.
+
+    Args:
+        store: the host store (its ``quotas``, ``cloudvms`` and ``volumes`` are read).
+        existing: the CloudVM as stored now, or None when ``planned`` creates it.
+        planned: the spec about to be written.
+        new_volume_mib: the size of the root volume this change creates (0 if none).
+
+    Raises:
+        CloudVMError: ``reason: QuotaExceeded`` naming the quota, the owner, in use + requested vs limit.
+    """
+    owner = planned["owner"]
+    before = quota.vm_footprint((existing or {}).get("spec"))
+    after = quota.vm_footprint(planned)
+    after["disk_mib"] += new_volume_mib
+    refusal = quota.check(owner, store.get_quota(owner), store.owner_usage(owner), before, after)
+    if refusal is not None:
+        raise CloudVMError(refusal.message, **refusal.details())
 
 
 def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, diff: bool) -> dict:
@@ -381,9 +469,12 @@ def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, 
         labels.update(params.get("labels") or {})
         changed = existing is None or planned != existing["spec"] or \
             labels != existing["metadata"].get("labels") or restart or volume is None
+        new_volume_mib = _new_volume_mib(image, params.get("volume_size_mib")) if volume is None else 0
+        _within_quota(store, existing, planned, new_volume_mib)  # before creating anything; again when writing
         if check_mode:
             preview = existing or {"metadata": {"namespace": ns, "name": name}, "status": {}}
             return _result(dict(preview, spec=planned), changed, before, diff)
+        new_volume: Optional[dict] = None
         if volume is None:
             if image is None:
                 raise AssertionError("image unexpectedly missing")
@@ -396,26 +487,41 @@ def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, 
                                                 params.get("volume_size_mib"))
             except VolumeError as exc:
                 raise CloudVMError(str(exc)) from exc
-            store.put_volume({"name": desired["rootVolumeClaim"], "driver": cfg.volume_driver,
-                              "owner": desired["owner"],
-                              "image": image["dir"], **created})
-            store.record_event("Normal", f"{ns}/{name}", "VolumeCreated",
-                               f"volume {desired['rootVolumeClaim']} from image {os.path.basename(image['dir'])}")
-        if existing is None:
-            vm = store.create_vm(ns, name, planned, labels)
-            store.record_event("Normal", f"{ns}/{name}", "Created", f"CloudVM created for owner {planned['owner']}")
-        elif changed:
-            store.update_vm(ns, name, spec=planned if planned != existing["spec"] else None, labels=labels)
+            new_volume = {"name": desired["rootVolumeClaim"], "driver": cfg.volume_driver, "owner": desired["owner"],
+                          "image": image["dir"], **created}
+        try:
+            with store.transaction():  # the quota check and the writes it admits: one transaction
+                _within_quota(store, existing, planned, int(new_volume["size_mib"]) if new_volume else 0)
+                if new_volume is not None:
+                    store.put_volume(new_volume)
+                    store.record_event("Normal", f"{ns}/{name}", "VolumeCreated", f"volume {new_volume['name']}"
+                                       f" from image {os.path.basename(new_volume['image'])}")
+                if existing is None:
+                    store.create_vm(ns, name, planned, labels)
+                    store.record_event("Normal", f"{ns}/{name}", "Created",
+                                       f"CloudVM created for owner {planned['owner']}")
+                elif changed:
+                    store.update_vm(ns, name, spec=planned if planned != existing["spec"] else None, labels=labels)
+        except (CloudVMError, StoreError):
+            if new_volume is not None:  # refused after the copy (a concurrent run took the quota): leave nothing
+                _remove_volume(cfg, new_volume)
+            raise
+        if existing is not None and changed \
+                and planned.get("sshAuthorizedKeys") != existing["spec"].get("sshAuthorizedKeys"):
+            sync_gateway(cfg, store)  # the gateway's keys follow the spec at once, not at the next boot
     wait, timeout = params.get("wait", True), int(params.get("wait_timeout") or 600)
     warnings: list[str] = []
     if stop_first:
         off = off_but_failed(ns, name, _wait(cfg, store, ns, name, "Stopped", timeout).get("status"))
         warnings += [off] if off else []
         with _vm_lock(cfg, ns, name):
-            vm = store.get_vm(ns, name)
-            if vm is None:
-                raise AssertionError("vm unexpectedly missing")
-            store.update_vm(ns, name, spec=plan_power(vm["spec"], vm["status"], "running"))
+            with store.transaction():  # the restarted VM counts again: another VM may have taken the quota meanwhile
+                vm = store.get_vm(ns, name)
+                if vm is None:
+                    raise AssertionError("vm unexpectedly missing")
+                again = plan_power(vm["spec"], vm["status"], "running")
+                _within_quota(store, vm, again)
+                store.update_vm(ns, name, spec=again)
     vm = store.get_vm(ns, name)
     if vm is None:
         raise AssertionError("vm unexpectedly missing")
@@ -429,6 +535,17 @@ def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, 
             reconcile(cfg, store, vm)
         vm = store.get_vm(ns, name)
     return _result(vm, changed, before, diff, warnings)
+
+
+def _remove_volume(cfg: HostConfig, volume: dict) -> None:
+    """Delete a root volume's data (file or RBD image); its record is the caller's."""
+    if volume["driver"] == "file" and os.path.exists(volume["location"]):
+        os.unlink(volume["location"])
+    if volume["driver"] == "rbd":
+        try:
+            rbdvol.delete(cfg.rbd, volume)
+        except VolumeError as exc:
+            raise CloudVMError(str(exc)) from exc
 
 
 def _absent(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, diff: bool) -> dict:
@@ -448,18 +565,13 @@ def _absent(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, d
         store.delete_vm(ns, name)
         if net.netns_exists(cfg.netns):
             sync_isolation(cfg, store)
+        sync_gateway(cfg, store)  # the address is released: no key may open it any more
         for directory in (paths.state_dir, paths.runtime_dir):
             shutil.rmtree(directory, ignore_errors=True)
         claim = existing["spec"]["rootVolumeClaim"]
         volume = store.get_volume(claim)
         if params.get("delete_volume") and volume is not None:
-            if volume["driver"] == "file" and os.path.exists(volume["location"]):
-                os.unlink(volume["location"])
-            if volume["driver"] == "rbd":
-                try:
-                    rbdvol.delete(cfg.rbd, volume)
-                except VolumeError as exc:
-                    raise CloudVMError(str(exc)) from exc
+            _remove_volume(cfg, volume)
             store.delete_volume(claim)
             kept = "deleted"
         else:
@@ -487,7 +599,7 @@ def observed_status(cfg: HostConfig, vm: dict) -> dict:
     if latest is not None and spec["powerState"] == "Running" and latest.boot_id < int(spec["bootID"]) and \
             latest.state in ("alive", "starting"):
         others, current = (latest,), None
-    kept = ("sshEndpoint", "sshProxyCommand", "observedGeneration")
+    kept = ("sshEndpoint", "sshProxyCommand", "sshJumpHost", "observedGeneration")
     stored = vm.get("status") or {}
     status = {k: v for k, v in stored.items() if k in kept}
     status.update(derive_status(spec, current, others).as_dict())

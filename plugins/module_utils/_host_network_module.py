@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The ``zjusct.cloud.host_network`` module's logic: namespace, bridge, uplink, isolation, orphan TAP sweep."""
+"""The ``zjusct.cloud.host_network`` module's logic: namespace, bridge, uplink, isolation, SSH gateway files,
+orphan TAP sweep."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 from typing import Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils import _flock
+from ansible_collections.zjusct.cloud.plugins.module_utils import _gateway as gw
 from ansible_collections.zjusct.cloud.plugins.module_utils import _hostnet as net
 from ansible_collections.zjusct.cloud.plugins.module_utils import _supervisor as sup
 from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import HostConfig, load
@@ -70,6 +72,49 @@ def sync_isolation(cfg: HostConfig, store: Optional[HostStore] = None) -> bool:
             return net.apply_isolation(cfg.netns, owner_groups(opened))
 
 
+def gateway_gid(cfg: HostConfig) -> Optional[int]:
+    """The gid of the SSH gateway's group (created if missing) when the gateway is on, else None."""
+    return gw.group_id() if cfg.gateway_source() is not None else None
+
+
+def ensure_network(cfg: HostConfig) -> bool:
+    """Namespace, bridge and guard table, and the uplink when ``cfg.nat`` (with the gateway's rules when it is
+    on). Returns whether anything changed. Raises NetworkError, GatewayError."""
+    changed = net.ensure_bridge(cfg.netns, cfg.bridge, cfg.subnet, cfg.gateway_source())
+    if cfg.nat:
+        changed |= net.ensure_uplink(cfg.netns, cfg.subnet, cfg.uplink_cidr, cfg.uplink_netns,
+                                     cfg.uplink_ip_forward, gateway_gid(cfg))
+    return changed
+
+
+def gateway_vms(store: HostStore) -> list[dict]:
+    """``{"owner", "ipv4", "keys"}`` of every VM in ``store`` holding an address lease (_gateway.key_grants)."""
+    vms = {vm["metadata"]["uid"]: vm for vm in store.list_vms()}
+    return [{"owner": vms[lease["vm_uid"]]["spec"]["owner"], "ipv4": lease["ipv4"],
+             "keys": list(vms[lease["vm_uid"]]["spec"].get("sshAuthorizedKeys") or [])}
+            for lease in store.leases() if lease["vm_uid"] in vms]
+
+
+def sync_gateway(cfg: HostConfig, store: Optional[HostStore] = None, check_mode: bool = False) -> bool:
+    """Rewrite the SSH gateway's keys files from the VMs' specs and leases (no-op without a gateway).
+
+    Call it after committing a lease, a key change or a deletion (_gateway.sync_keys: atomic, under
+    ``<state_dir>/locks/gateway.lock``). ``store``: an open store; None opens ``cfg.store_path``.
+    ``check_mode``: only report whether a file would change.
+
+    Returns whether a keys file changed. Raises GatewayError.
+    """
+    if cfg.gateway_source() is None:
+        return False
+    lock_dir = os.path.join(cfg.state_dir, "locks")
+    if store is not None:
+        return gw.sync_keys(cfg.gateway_dir, lock_dir, gateway_vms(store), check_mode)
+    if not os.path.exists(cfg.store_path):
+        return gw.sync_keys(cfg.gateway_dir, lock_dir, [], check_mode)
+    with HostStore(cfg.store_path, read_only=check_mode) as opened:
+        return gw.sync_keys(cfg.gateway_dir, lock_dir, gateway_vms(opened), check_mode)
+
+
 def forwarding_warning(cfg: HostConfig) -> list[str]:
     """A warning when guests' NAT cannot leave the host: the uplink's outer side does not forward."""
     if not cfg.nat or not cfg.netns or net.uplink_forwarding(cfg.uplink_netns):
@@ -81,7 +126,8 @@ def forwarding_warning(cfg: HostConfig) -> list[str]:
 
 
 def run_module(params: dict, check_mode: bool) -> dict:
-    """Ensure the bridge, uplink and isolation tables; sweep orphaned TAPs.
+    """Ensure the bridge, uplink and isolation tables, and the SSH gateway's files when ``gateway_dir`` is
+    set (:func:`_gateway.ensure_gateway`, :func:`sync_gateway`); sweep orphaned TAPs.
 
     Returns ``changed``, ``removed_taps`` and ``warnings`` (see :func:`forwarding_warning`).
     """
@@ -90,10 +136,10 @@ def run_module(params: dict, check_mode: bool) -> dict:
     if check_mode:
         changed = not net.netns_exists(cfg.netns) or not net.link_exists(cfg.netns, cfg.bridge)
     else:
-        changed = net.ensure_bridge(cfg.netns, cfg.bridge, cfg.subnet)
-        if cfg.nat:
-            changed |= net.ensure_uplink(cfg.netns, cfg.subnet, cfg.uplink_cidr, cfg.uplink_netns,
-                                         cfg.uplink_ip_forward)
+        changed = ensure_network(cfg)
+    if cfg.gateway_source() is not None:
+        changed |= gw.ensure_gateway(cfg.gateway_dir, cfg.gateway_port, check_mode)
+        changed |= sync_gateway(cfg, check_mode=check_mode)
     removed: list[str] = []
     if params.get("sweep") and net.netns_exists(cfg.netns):
         keep = live_taps(cfg)

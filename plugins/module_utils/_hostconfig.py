@@ -73,6 +73,11 @@ class HostConfig:
         jailer_binary: Firecracker's jailer ("" = ``jailer`` from PATH), used when ``vmm_uid_base`` is set.
         jailer_chroot_base_dir: where the jailer builds its chroots; must be on the volumes' filesystem
             (the root disk is hard-linked into the chroot).
+        gateway_dir: the SSH gateway's directory (sshd_config, host key, ``keys/<account>``; :mod:`._gateway`);
+            "" = no gateway. Its path up to / must be root-owned and not group/world-writable (sshd's
+            StrictModes). Needs ``nat`` and a ``netns`` of its own (the gateway reaches guests over the uplink).
+        gateway_port: the gateway sshd's TCP port (1-65535) in ``uplink_netns``.
+        gateway_host: the name or address clients outside the host use for the gateway ("" = ``node``).
     """
 
     node: str = field(default_factory=socket.gethostname)
@@ -109,6 +114,23 @@ class HostConfig:
     vmm_seccomp: bool = True
     jailer_binary: str = ""
     jailer_chroot_base_dir: str = "/var/lib/zjusct-cloud/jail"
+    gateway_dir: str = ""
+    gateway_port: int = 2222
+    gateway_host: str = ""
+
+    def gateway_source(self) -> Optional[str]:
+        """The address the gateway's connections to guests come from (the uplink's outer address), or None
+        when there is no gateway (``gateway_dir`` empty, or no uplink: ``nat`` false or no ``netns``)."""
+        if not (self.gateway_dir and self.nat and self.netns):
+            return None
+        net = ipaddress.IPv4Network(self.uplink_cidr, strict=False)
+        return str(net.network_address + 1)
+
+    def gateway_jump(self, account: str) -> Optional[str]:
+        """``<account>@<gateway_host or node>:<gateway_port>`` (an ssh ProxyJump), None without a gateway."""
+        if self.gateway_source() is None:
+            return None
+        return f"{account}@{self.gateway_host or self.node}:{self.gateway_port}"
 
     def vmm_run_as(self, ipv4: str) -> Optional[dict]:
         """The launcher's ``hypervisor.runAs`` for the VM leased ``ipv4`` (an address inside ``subnet``).
@@ -182,4 +204,14 @@ def load(path: Optional[str] = None) -> HostConfig:
         if base + size - 1 > VMM_UID_MAX:
             raise ValueError(f"host_config: vmm_uid_base: {base} + the {size} addresses of the subnet exceed"
                              f" {VMM_UID_MAX} (uids above 2^31-1 are avoided)")
+    port = data.get("gateway_port", HostConfig.gateway_port)
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError(f"host_config: gateway_port: {port!r} is not a TCP port (an integer 1-65535)"
+                         " (hypervisor_ssh_gateway_port)")
+    if data.get("gateway_dir") and (not data.get("nat", True) or not data.get("netns", HostConfig.netns)):
+        raise ValueError(f"host_config: gateway_dir: {data['gateway_dir']!r} needs nat: true and a netns of its"
+                         " own (the gateway reaches guests over the uplink); hypervisor_ssh_gateway needs"
+                         " hypervisor_nat and hypervisor_netns")
+    if data.get("gateway_dir") and not os.path.isabs(data["gateway_dir"]):
+        raise ValueError(f"host_config: gateway_dir: {data['gateway_dir']!r} is not an absolute path")
     return HostConfig(**data)

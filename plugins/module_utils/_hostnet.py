@@ -191,16 +191,22 @@ def isolation_skeleton() -> list[str]:
     ]
 
 
-def guard_ruleset(bridge: str, uplink: str, forward: bool = True) -> list[str]:
+def guard_ruleset(bridge: str, uplink: str, forward: bool = True, gateway_source: Optional[str] = None) -> list[str]:
     """The rules of ``inet zjusct_guard`` in the cloud's namespace (routed traffic; L3).
 
     Input from the bridge: replies to connections the namespace opened (SSH to guests, readiness
     probes) and ICMP echo requests; nothing else, so guests reach no service of the namespace.
     Forward (only when ``forward``; left out when the bridge is in the host's own namespace, whose
     forwarding policy is the operator's): bridge -> ``uplink`` and the replies; any other routed
-    packet from or to the bridge, in particular guest -> gateway -> guest, is dropped.
+    packet from or to the bridge, in particular guest -> gateway -> guest, is dropped. With
+    ``gateway_source`` (the SSH gateway's address, the uplink's outer address): new TCP connections from
+    exactly that address over ``uplink`` to a guest's port 22 too (docs/security.md, the SSH gateway).
     """
     b, u = f'"{_ifname(bridge)}"', f'"{_ifname(uplink)}"'
+    gateway_rules = []
+    if gateway_source is not None:
+        source = ipaddress.IPv4Address(gateway_source)
+        gateway_rules = [f"  iifname {u} oifname {b} ip saddr {source} tcp dport 22 ct state new accept"]
     rules = [
         "chain input {",
         "  type filter hook input priority filter; policy accept;",
@@ -215,6 +221,7 @@ def guard_ruleset(bridge: str, uplink: str, forward: bool = True) -> list[str]:
             "  type filter hook forward priority filter; policy accept;",
             f"  iifname {b} oifname {u} accept",
             f"  iifname {u} oifname {b} ct state established,related accept",
+            *gateway_rules,
             f"  iifname {b} drop",
             f"  oifname {b} drop",
             "}",
@@ -284,13 +291,14 @@ NETNS_SYSCTLS = (("net.ipv4.ip_forward", "1"),
                  ("net.bridge.bridge-nf-call-arptables", "0"))
 
 
-def ensure_bridge(netns: str, bridge: str, subnet: str) -> bool:
+def ensure_bridge(netns: str, bridge: str, subnet: str, gateway_source: Optional[str] = None) -> bool:
     """Create the namespace, its bridge with the gateway address, the sysctls and the guard table.
 
     The sysctls (:data:`NETNS_SYSCTLS`) are written only when ``netns`` is a namespace of its own:
     with ``netns == ""`` (the bridge in the host's namespace) no sysctl is touched, so routing for
     guests is whatever the host's forwarding says. The ``inet`` guard table (:func:`guard_ruleset`)
-    is loaded in both cases (without its forward chain in the host's namespace).
+    is loaded in both cases (without its forward chain in the host's namespace); ``gateway_source``
+    lets the SSH gateway's connections to guests' port 22 through (:meth:`HostConfig.gateway_source`).
 
     Returns whether anything changed.
     """
@@ -312,7 +320,8 @@ def ensure_bridge(netns: str, bridge: str, subnet: str) -> bool:
     if netns:
         for key, value in NETNS_SYSCTLS:
             changed |= _ensure_sysctl(netns, key, value)
-    changed |= _ensure_table(netns, "inet", GUARD_TABLE, guard_ruleset(bridge, UPLINK_INNER, forward=bool(netns)))
+    guard = guard_ruleset(bridge, UPLINK_INNER, forward=bool(netns), gateway_source=gateway_source)
+    changed |= _ensure_table(netns, "inet", GUARD_TABLE, guard)
     return changed
 
 
@@ -440,7 +449,7 @@ def apply_isolation(netns: str, groups: dict) -> bool:
     return True
 
 
-def uplink_outer_ruleset(subnet: str, uplink_cidr: str) -> list[str]:
+def uplink_outer_ruleset(subnet: str, uplink_cidr: str, gateway_gid: Optional[int] = None) -> list[str]:
     """The rules of ``ip zjusct_nat`` on the uplink's outer side (the host's namespace by default).
 
     Guests' traffic (``subnet``, routed there unchanged by the cloud's namespace) and the namespace's
@@ -448,9 +457,28 @@ def uplink_outer_ruleset(subnet: str, uplink_cidr: str) -> list[str]:
     sends reaches the outer namespace's own services (its addresses on any interface): from the
     uplink veth, packets from ``subnet`` come in only as replies. The cloud's namespace itself (the
     launchers, QEMU reaching Ceph) keeps reaching the host.
+
+    With ``gateway_gid`` (the SSH gateway is on; the gid of its accounts' group): the outer namespace
+    opens new connections to guests only from root's processes and, to port 22, from that group's
+    (the gateway's forwarding processes run as the owner's account); nothing it forwards may open one
+    (another NAT on the host could otherwise give a packet the uplink's source address).
     """
     guests, uplink = _network(subnet).cidr, _network(uplink_cidr).cidr
+    gateway_rules = [] if gateway_gid is None else [
+        "chain output {",
+        "  type filter hook output priority filter; policy accept;",
+        f'  oifname "{UPLINK_OUTER}" ip daddr {guests} ct state new meta skuid 0 accept',
+        f'  oifname "{UPLINK_OUTER}" ip daddr {guests} ct state new meta skgid {int(gateway_gid)} tcp dport 22'
+        " accept",
+        f'  oifname "{UPLINK_OUTER}" ip daddr {guests} ct state new drop',
+        "}",
+        "chain forward {",
+        "  type filter hook forward priority filter; policy accept;",
+        f'  oifname "{UPLINK_OUTER}" ip daddr {guests} ct state new drop',
+        "}",
+    ]
     return [
+        *gateway_rules,
         "chain postrouting {",
         "  type nat hook postrouting priority srcnat; policy accept;",
         f'  ip saddr {{ {guests}, {uplink} }} oifname != "{UPLINK_OUTER}" masquerade',
@@ -464,7 +492,7 @@ def uplink_outer_ruleset(subnet: str, uplink_cidr: str) -> list[str]:
 
 
 def ensure_uplink(netns: str, subnet: str, uplink_cidr: str, uplink_netns: str = "",
-                  ip_forward: bool = False) -> bool:
+                  ip_forward: bool = False, gateway_gid: Optional[int] = None) -> bool:
     """Give the guests' namespace a way out: a veth to ``uplink_netns`` (the host's by default) and NAT.
 
     Inside ``netns``: ``zjup1`` with the uplink's second address and a default route via the first;
@@ -474,7 +502,7 @@ def ensure_uplink(netns: str, subnet: str, uplink_cidr: str, uplink_netns: str =
     outer side lets it tell guests' packets (from ``subnet``) from the namespace's own. The outer
     side's ``net.ipv4.ip_forward`` is written only when ``ip_forward`` is true (the operator's opt-in
     ``uplink_ip_forward``); without forwarding there guests are not routed beyond it
-    (:func:`uplink_forwarding`).
+    (:func:`uplink_forwarding`). ``gateway_gid``: see :func:`uplink_outer_ruleset`.
 
     Returns whether anything changed.
 
@@ -512,7 +540,7 @@ def ensure_uplink(netns: str, subnet: str, uplink_cidr: str, uplink_netns: str =
     if _run([*_exec(netns), "nft", "list", "table", "ip", NAT_TABLE], check=False).returncode == 0:
         _run([*_exec(netns), "nft", "delete", "table", "ip", NAT_TABLE])  # the former inner NAT (double NAT)
         changed = True
-    changed |= _ensure_table(uplink_netns, "ip", NAT_TABLE, uplink_outer_ruleset(subnet, uplink_cidr))
+    changed |= _ensure_table(uplink_netns, "ip", NAT_TABLE, uplink_outer_ruleset(subnet, uplink_cidr, gateway_gid))
     if ip_forward:
         changed |= _ensure_sysctl(uplink_netns, "net.ipv4.ip_forward", "1")
     return changed
@@ -544,13 +572,6 @@ def _ensure_table(netns: str, family: str, name: str, body: list[str]) -> bool:
     return True
 
 
-def remove_uplink(netns: str, uplink_netns: str = "") -> None:
-    """Delete the uplink veth pair (and with it the outer route to the guests) and its table on the outer side."""
-    if link_exists(uplink_netns, UPLINK_OUTER):
-        _ip(uplink_netns, "link", "del", UPLINK_OUTER)
-    _run([*_exec(uplink_netns), "nft", "delete", "table", "ip", NAT_TABLE], check=False)
-
-
 def host_resolvers(path: str = "/etc/resolv.conf") -> list[str]:
     """The host's IPv4 name servers usable from guests (loopback ones such as 127.0.0.53 left out)."""
     try:
@@ -560,9 +581,3 @@ def host_resolvers(path: str = "/etc/resolv.conf") -> list[str]:
         return []
     servers = [line.split()[1] for line in lines if line.startswith("nameserver") and len(line.split()) > 1]
     return [s for s in servers if "." in s and not s.startswith("127.")]
-
-
-def remove_netns(netns: str) -> None:
-    """Delete the namespace (and with it the bridge, TAPs and tables). Used by teardown."""
-    if netns and netns_exists(netns):
-        _run(["ip", "netns", "del", netns])

@@ -16,8 +16,6 @@ from typing import Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils._spec import with_defaults
 
-LIVE_PHASES = frozenset({"Pending", "Running", "Blocked", "Unknown", "Stopping"})
-
 
 class CloudVMError(Exception):
     """A CloudVM request cannot be carried out; ``details`` go into the module's failure result."""

@@ -201,255 +201,243 @@ def validate_request(req: Request, pools: Mapping[str, Pool]) -> None:
         raise QoSInputError(f"{req.vm}.ceil_mbps: {req.ceil_mbps} is above the capacity {cap} of pool {req.pool}")
 
 
-def admit_guarantee(state: State, req: Request) -> Decision:
-    """Decide whether ``req``'s guarantee fits (node and pool checks), ignoring any grant the VM already holds.
-
-    Returns a Decision with outcome ``granted`` (admitted, granted_mbps 0) or ``denied`` (admitted False; the
-    reason names the check that failed and the numbers). Raises QoSInputError on invalid input.
-    """
-    validate_request(req, state.pools)
-    others = {vm: g for vm, g in state.grants.items() if vm != req.vm}
-    node_sum = sum(g.rate_mbps for g in others.values()) + req.guaranteed_mbps
-    limit = state.node.guarantee_limit_mbps
-    if node_sum > limit:
-        return Decision(req.vm, DENIED, False, 0, (), (
-            f"node: guarantees would total {node_sum} Mbit/s, above NIC {state.node.nic_mbps} Mbit/s x ratio "
-            f"{state.node.ratio} = {limit} Mbit/s"))
-    pool_sum = sum(g.rate_mbps for g in others.values() if g.request.pool == req.pool) + req.guaranteed_mbps
-    cap = state.pools[req.pool].capacity_mbps
-    if pool_sum > cap:
-        return Decision(req.vm, DENIED, False, 0, (), (
-            f"pool {req.pool}: guarantees would total {pool_sum} Mbit/s, above its capacity {cap} Mbit/s"))
-    # The guarantee must also fit next to what others currently borrow; borrowed bandwidth of lower priority
-    # is reclaimable (checked by the caller through arbitrate_borrow), guarantees are not.
-    return Decision(req.vm, GRANTED, True, 0, (), (
-        f"guarantee {req.guaranteed_mbps} Mbit/s admitted (node {node_sum}/{limit}, pool {req.pool} {pool_sum}/{cap})"))
-
-
-def _victim_order(g: Grant) -> tuple[int, int, str]:
-    return (g.request.priority, -g.seq, g.request.vm)
-
-
 def _refill_order(g: Grant) -> tuple[int, int, str]:
     return (-g.request.priority, g.seq, g.request.vm)
 
 
-def _reclaim(state: State, pool: str, priority: int, need: int, exclude: str) -> tuple[list[Preemption], int]:
-    """Plan taking ``need`` Mbit/s of borrowed bandwidth from VMs of the pool with priority < ``priority``."""
-    victims = sorted((g for vm, g in state.grants.items()
-                      if vm != exclude and g.request.pool == pool and g.request.priority < priority
-                      and g.granted_mbps > 0), key=_victim_order)
-    plan: list[Preemption] = []
-    left = need
-    for g in victims:
-        if left <= 0:
-            break
-        take = min(g.granted_mbps, left)
-        plan.append(Preemption(g.request.vm, take))
-        left -= take
-    return plan, need - left
+_new = object.__new__
 
 
-def arbitrate_borrow(state: State, vm: str, borrow_mbps: int) -> Decision:
-    """Decide a borrow: ``vm`` (already admitted) wants ``borrow_mbps`` on top of its guarantee, in total.
-
-    Its current grant counts as its own. Order: free pool capacity (``granted``), else reclaim from strictly
-    lower priorities (``preempted``, listing who lost how much), else ``denied`` with nothing changed. A
-    smaller ``borrow_mbps`` than currently held shrinks the grant (``granted``). Raises QoSInputError when the
-    vm is not admitted or the amount exceeds its requested ceiling.
-    """
-    if vm not in state.grants:
-        raise QoSInputError(f"vm: {vm!r} has no admitted guarantee on this node")
-    g = state.grants[vm]
-    _check_int(f"{vm}.borrow_mbps", borrow_mbps, 0, g.request.wanted_borrow_mbps)
-    pool = g.request.pool
-    free = state.pool_free_mbps(pool) + g.granted_mbps
-    if borrow_mbps <= free:
-        return Decision(vm, GRANTED, True, borrow_mbps, (), (
-            f"borrow {borrow_mbps} Mbit/s from pool {pool} (free {free} Mbit/s before)"))
-    need = borrow_mbps - free
-    plan, got = _reclaim(state, pool, g.request.priority, need, vm)
-    if got < need:
-        return Decision(vm, DENIED, True, g.granted_mbps, (), (
-            f"borrow {borrow_mbps} Mbit/s from pool {pool} denied: free {free} Mbit/s, reclaimable from lower "
-            f"priority than {g.request.priority}: {got} Mbit/s, short by {need - got} Mbit/s"))
-    lost = ", ".join(f"{p.vm} -{p.lost_mbps}" for p in plan)
-    return Decision(vm, PREEMPTED, True, borrow_mbps, tuple(plan), (
-        f"borrow {borrow_mbps} Mbit/s from pool {pool}: free {free} Mbit/s, reclaimed {need} Mbit/s from lower "
-        f"priority ({lost})"))
+def _grant(request: Request, granted_mbps: int, seq: int) -> Grant:
+    """Grant(request, granted_mbps, seq) without the frozen dataclass' per-field object.__setattr__ calls
+    (same fields, same equality and hash); the batch builds one per VM."""
+    g = _new(Grant)
+    g.__dict__.update(request=request, granted_mbps=granted_mbps, seq=seq)
+    return g
 
 
-def apply_decision(state: State, decision: Decision, request: Request | None = None) -> State:
-    """Return the state after ``decision`` (pure). ``request`` is needed when the decision admits a new VM."""
-    grants = dict(state.grants)
-    next_seq = state.next_seq
-    if not decision.admitted:
-        grants.pop(decision.vm, None)
-        return dataclasses.replace(state, grants=grants)
-    if request is not None and (decision.vm not in grants or grants[decision.vm].request != request):
-        seq = grants[decision.vm].seq if decision.vm in grants else next_seq
-        if decision.vm not in grants:
-            next_seq += 1
-        grants[decision.vm] = Grant(request, 0, seq)
-    for p in decision.preemptions:
-        victim = grants[p.vm]
-        grants[p.vm] = dataclasses.replace(victim, granted_mbps=victim.granted_mbps - p.lost_mbps)
-    grants[decision.vm] = dataclasses.replace(grants[decision.vm], granted_mbps=decision.granted_mbps)
-    return dataclasses.replace(state, grants=grants, next_seq=next_seq)
+def _decision(vm: str, outcome: str, admitted: bool, granted_mbps: int, preemptions: tuple[Preemption, ...],
+              reason: str) -> Decision:
+    """Decision(...) built like :func:`_grant` (same fields, same equality)."""
+    d = _new(Decision)
+    d.__dict__.update(vm=vm, outcome=outcome, admitted=admitted, granted_mbps=granted_mbps,
+                      preemptions=preemptions, reason=reason)
+    return d
 
 
 class _Ledger:
     """Mutable working copy of a State with running sums (one pass to build), so that one request costs O(pool)
     and a batch of n requests does not re-sum the whole node for every request. Private: callers use
-    :func:`request`, :func:`release` and :func:`arbitrate_all`, which return immutable States."""
+    :func:`request`, :func:`release` and :func:`arbitrate_all`, which return immutable States.
+
+    Per VM it keeps three plain dicts (request, granted Mbit/s, admission seq) in the State's grant order instead
+    of one frozen Grant per change; Grants are built once, in :meth:`state` (unchanged ones are reused)."""
 
     def __init__(self, state: State) -> None:
         self.node = state.node
         self.limit = state.node.guarantee_limit_mbps
         self.pools = state.pools
-        self.grants: dict[str, Grant] = dict(state.grants)
+        self.caps = {name: p.capacity_mbps for name, p in state.pools.items()}
+        self.orig = state.grants
+        self.reqs: dict[str, Request] = {}
+        self.granted: dict[str, int] = {}
+        self.seqs: dict[str, int] = {}
         self.next_seq = state.next_seq
         self.node_guaranteed = 0
         self.used = dict.fromkeys(state.pools, 0)
         self.pool_guaranteed = dict.fromkeys(state.pools, 0)
-        self.members: dict[str, set[str]] = {p: set() for p in state.pools}
         # Borrowers per (pool, priority): seq-ascending lists of (seq, vm) (the victim order within a priority is
         # the reverse), with the sum of what they borrow, so a denial costs O(priorities) and a preemption
         # O(victims touched). Entries of VMs that no longer borrow are skipped lazily.
         self.borrowers: dict[str, dict[int, list[tuple[int, str]]]] = {p: {} for p in state.pools}
         self.borrowed: dict[str, dict[int, int]] = {p: {} for p in state.pools}
+        self.prio_keys: dict[str, list[int]] = {p: [] for p in state.pools}  # sorted keys of borrowed[pool]
         self.listed: set[str] = set()
-        for vm, g in self.grants.items():
-            self._add(vm, g)
+        for vm, g in state.grants.items():
+            self._add(vm, g.request, g.seq, g.granted_mbps)
 
-    def _add(self, vm: str, g: Grant) -> None:
-        r = g.request
+    def _add(self, vm: str, r: Request, seq: int, granted: int) -> None:
+        self.reqs[vm] = r
+        self.granted[vm] = granted
+        self.seqs[vm] = seq
         self.node_guaranteed += r.guaranteed_mbps
         self.pool_guaranteed[r.pool] += r.guaranteed_mbps
-        self.used[r.pool] += r.guaranteed_mbps + g.granted_mbps
-        self.members[r.pool].add(vm)
-        self._borrow_delta(vm, r, g.seq, g.granted_mbps)
+        self.used[r.pool] += r.guaranteed_mbps + granted
+        if granted:
+            self._borrow(r, granted)
+            if granted > 0 and vm not in self.listed:
+                bisect.insort(self.borrowers[r.pool].setdefault(r.priority, []), (seq, vm))
+                self.listed.add(vm)
 
-    def _borrow_delta(self, vm: str, r: Request, seq: int, delta: int) -> None:
-        if delta == 0:
-            return
+    def _borrow(self, r: Request, delta: int) -> None:
         by_prio = self.borrowed[r.pool]
-        by_prio[r.priority] = by_prio.get(r.priority, 0) + delta
-        if delta > 0 and vm not in self.listed:
-            bisect.insort(self.borrowers[r.pool].setdefault(r.priority, []), (seq, vm))
-            self.listed.add(vm)
+        total = by_prio.get(r.priority)
+        if total is None:
+            bisect.insort(self.prio_keys[r.pool], r.priority)
+            total = 0
+        by_prio[r.priority] = total + delta
 
-    def _remove(self, vm: str) -> Grant:
-        g = self.grants.pop(vm)
-        r = g.request
+    def _remove(self, vm: str) -> None:
+        r = self.reqs.pop(vm)
+        granted = self.granted.pop(vm)
+        seq = self.seqs.pop(vm)
         self.node_guaranteed -= r.guaranteed_mbps
         self.pool_guaranteed[r.pool] -= r.guaranteed_mbps
-        self.used[r.pool] -= r.guaranteed_mbps + g.granted_mbps
-        self.members[r.pool].discard(vm)
-        self._borrow_delta(vm, r, g.seq, -g.granted_mbps)
+        self.used[r.pool] -= r.guaranteed_mbps + granted
+        if granted:
+            self._borrow(r, -granted)
         if vm in self.listed:
             lst = self.borrowers[r.pool][r.priority]
-            lst.pop(bisect.bisect_left(lst, (g.seq, vm)))
+            lst.pop(bisect.bisect_left(lst, (seq, vm)))
             self.listed.discard(vm)
-        return g
 
     def _set_granted(self, vm: str, granted: int) -> None:
-        g = self.grants[vm]
-        self.used[g.request.pool] += granted - g.granted_mbps
-        self._borrow_delta(vm, g.request, g.seq, granted - g.granted_mbps)
-        self.grants[vm] = Grant(g.request, granted, g.seq)
+        r = self.reqs[vm]
+        delta = granted - self.granted[vm]
+        self.granted[vm] = granted
+        if delta:
+            self.used[r.pool] += delta
+            self._borrow(r, delta)
+            if delta > 0 and vm not in self.listed:
+                bisect.insort(self.borrowers[r.pool].setdefault(r.priority, []), (self.seqs[vm], vm))
+                self.listed.add(vm)
         if granted == 0 and vm in self.listed:
-            lst = self.borrowers[g.request.pool][g.request.priority]
-            lst.pop(bisect.bisect_left(lst, (g.seq, vm)))
+            lst = self.borrowers[r.pool][r.priority]
+            lst.pop(bisect.bisect_left(lst, (self.seqs[vm], vm)))
             self.listed.discard(vm)
 
     def state(self) -> State:
-        return State(self.node, self.pools, dict(self.grants), self.next_seq)
+        grants: dict[str, Grant] = {}
+        orig = self.orig
+        granted = self.granted
+        seqs = self.seqs
+        for vm, r in self.reqs.items():
+            o = orig.get(vm)
+            if o is not None and o.request is r and o.granted_mbps == granted[vm] and o.seq == seqs[vm]:
+                grants[vm] = o
+            else:
+                grants[vm] = _grant(r, granted[vm], seqs[vm])
+        return State(self.node, self.pools, grants, self.next_seq)
 
     def _reclaim_plan(self, pool: str, priority: int, need: int, exclude: str) -> tuple[list[Preemption], int]:
         """Plan taking ``need`` Mbit/s from borrowers of ``pool`` with priority < ``priority`` in victim order
         (priority ascending, seq descending); returns (plan, amount found <= need). Nothing is changed."""
-        prios = sorted(p for p, total in self.borrowed[pool].items() if p < priority and total > 0)
-        excluded = self.grants[exclude].granted_mbps if exclude in self.grants and \
-            self.grants[exclude].request.priority < priority and self.grants[exclude].request.pool == pool else 0
-        available = sum(self.borrowed[pool][p] for p in prios) - excluded
+        borrowed = self.borrowed[pool]
+        prios = []
+        available = 0
+        for p in self.prio_keys[pool]:
+            if p >= priority:
+                break
+            total = borrowed[p]
+            if total > 0:
+                prios.append(p)
+                available += total
+        ex = self.reqs.get(exclude)
+        if ex is not None and ex.priority < priority and ex.pool == pool:
+            available -= self.granted[exclude]
         if available < need:
             return [], max(available, 0)
         plan: list[Preemption] = []
         left = need
+        granted = self.granted
+        borrowers = self.borrowers[pool]
         for p in prios:
-            for _seq, vm in reversed(self.borrowers[pool][p]):
-                if left <= 0:
-                    return plan, need
-                g = self.grants.get(vm)
-                if vm == exclude or g is None or g.granted_mbps <= 0:
+            for _seq, vm in reversed(borrowers[p]):
+                g = granted.get(vm, 0)
+                if vm == exclude or g <= 0:
                     continue
-                take = min(g.granted_mbps, left)
+                take = g if g < left else left
                 plan.append(Preemption(vm, take))
                 left -= take
+                if left <= 0:
+                    return plan, need
         return plan, need - left
 
     def request(self, req: Request) -> Decision:
-        validate_request(req, self.pools)
-        previous = self.grants.get(req.vm)
-        prev_g = previous.request.guaranteed_mbps if previous else 0
-        prev_same_pool = previous.request.guaranteed_mbps if previous and previous.request.pool == req.pool else 0
-        node_sum = self.node_guaranteed - prev_g + req.guaranteed_mbps
+        vm = req.vm
+        pool = req.pool
+        g_req = req.guaranteed_mbps
+        ceil = req.ceil_mbps
+        prio = req.priority
+        cap = self.caps.get(pool, 0)
+        # The common valid case in one expression (exact int: bool and subclasses take the slow path); anything
+        # else gets validate_request's precise error.
+        if not (g_req.__class__ is int and ceil.__class__ is int and prio.__class__ is int and vm
+                and 1 <= g_req <= ceil <= cap and ceil <= MAX_MBPS and -1_000_000 <= prio <= 1_000_000):
+            validate_request(req, self.pools)
+            cap = self.caps[pool]
+        prev_r = self.reqs.get(vm)
+        if prev_r is not None:
+            prev_g = prev_r.guaranteed_mbps
+            same_pool = prev_r.pool == pool
+            prev_same_pool = prev_g if same_pool else 0
+            own = prev_g + self.granted[vm] if same_pool else 0
+        else:
+            prev_g = prev_same_pool = own = 0
+        node_sum = self.node_guaranteed - prev_g + g_req
         limit = self.limit
         if node_sum > limit:
-            return Decision(req.vm, DENIED, False, 0, (), (
+            return _decision(vm, DENIED, False, 0, (), (
                 f"node: guarantees would total {node_sum} Mbit/s, above NIC {self.node.nic_mbps} Mbit/s x ratio "
                 f"{self.node.ratio} = {limit} Mbit/s"))
-        pool_sum = self.pool_guaranteed[req.pool] - prev_same_pool + req.guaranteed_mbps
-        cap = self.pools[req.pool].capacity_mbps
+        pool_sum = self.pool_guaranteed[pool] - prev_same_pool + g_req
         if pool_sum > cap:
-            return Decision(req.vm, DENIED, False, 0, (), (
-                f"pool {req.pool}: guarantees would total {pool_sum} Mbit/s, above its capacity {cap} Mbit/s"))
-        admitted = (f"guarantee {req.guaranteed_mbps} Mbit/s admitted (node {node_sum}/{limit}, "
-                    f"pool {req.pool} {pool_sum}/{cap})")
+            return _decision(vm, DENIED, False, 0, (), (
+                f"pool {pool}: guarantees would total {pool_sum} Mbit/s, above its capacity {cap} Mbit/s"))
+        admitted = (f"guarantee {g_req} Mbit/s admitted (node {node_sum}/{limit}, "
+                    f"pool {pool} {pool_sum}/{cap})")
         # Room for the guarantee next to current borrowers: reclaim from strictly lower priority only.
-        own = (previous.ceil_mbps if previous and previous.request.pool == req.pool else 0)
-        overflow = self.used[req.pool] - own + req.guaranteed_mbps - cap
+        overflow = self.used[pool] - own + g_req - cap
         plan: list[Preemption] = []
         if overflow > 0:
-            plan, got = self._reclaim_plan(req.pool, req.priority, overflow, req.vm)
+            plan, got = self._reclaim_plan(pool, prio, overflow, vm)
             if got < overflow:
-                return Decision(req.vm, DENIED, False, 0, (), (
-                    f"pool {req.pool}: guarantee {req.guaranteed_mbps} Mbit/s needs {overflow} Mbit/s held by "
+                return _decision(vm, DENIED, False, 0, (), (
+                    f"pool {pool}: guarantee {g_req} Mbit/s needs {overflow} Mbit/s held by "
                     f"borrowers of equal or higher priority (reclaimable: {got} Mbit/s)"))
         # Commit the guarantee (and the reclaim it needed).
-        if previous:
-            self._remove(req.vm)
-            seq = previous.seq
+        if prev_r is not None:
+            seq = self.seqs[vm]
+            self._remove(vm)
         else:
             seq = self.next_seq
             self.next_seq += 1
         for p in plan:
-            self._set_granted(p.vm, self.grants[p.vm].granted_mbps - p.lost_mbps)
-        g = Grant(req, 0, seq)
-        self.grants[req.vm] = g
-        self._add(req.vm, g)
-        want = req.wanted_borrow_mbps
+            self._set_granted(p.vm, self.granted[p.vm] - p.lost_mbps)
+        # self._add(vm, req, seq, 0), inlined (the hot path of a batch)
+        self.reqs[vm] = req
+        self.granted[vm] = 0
+        self.seqs[vm] = seq
+        self.node_guaranteed += g_req
+        self.pool_guaranteed[pool] += g_req
+        used = self.used[pool] + g_req
+        self.used[pool] = used
+        want = ceil - g_req
         if want == 0:
-            return Decision(req.vm, PREEMPTED if plan else GRANTED, True, 0, tuple(plan), admitted)
-        free = cap - self.used[req.pool]
+            return _decision(vm, PREEMPTED if plan else GRANTED, True, 0, tuple(plan), admitted)
+        free = cap - used
         if want <= free:
-            self._set_granted(req.vm, want)
-            return Decision(req.vm, PREEMPTED if plan else GRANTED, True, want, tuple(plan), (
-                f"{admitted}; borrow {want} Mbit/s from pool {req.pool} (free {free} Mbit/s before)"))
+            # self._set_granted(vm, want), inlined: vm holds 0 and is not listed as a borrower here.
+            self.granted[vm] = want
+            self.used[pool] = used + want
+            self._borrow(req, want)
+            bisect.insort(self.borrowers[pool].setdefault(prio, []), (seq, vm))
+            self.listed.add(vm)
+            return _decision(vm, PREEMPTED if plan else GRANTED, True, want, tuple(plan), (
+                f"{admitted}; borrow {want} Mbit/s from pool {pool} (free {free} Mbit/s before)"))
         need = want - free
-        more, got = self._reclaim_plan(req.pool, req.priority, need, req.vm)
+        more, got = self._reclaim_plan(pool, prio, need, vm)
         if got < need:
-            return Decision(req.vm, PREEMPTED if plan else DENIED, True, 0, tuple(plan), (
-                f"{admitted}; borrow {want} Mbit/s from pool {req.pool} denied: free {free} Mbit/s, reclaimable "
-                f"from lower priority than {req.priority}: {got} Mbit/s, short by {need - got} Mbit/s"))
+            return _decision(vm, PREEMPTED if plan else DENIED, True, 0, tuple(plan), (
+                f"{admitted}; borrow {want} Mbit/s from pool {pool} denied: free {free} Mbit/s, reclaimable "
+                f"from lower priority than {prio}: {got} Mbit/s, short by {need - got} Mbit/s"))
         for p in more:
-            self._set_granted(p.vm, self.grants[p.vm].granted_mbps - p.lost_mbps)
-        self._set_granted(req.vm, want)
-        merged = _merge(plan, more)
+            self._set_granted(p.vm, self.granted[p.vm] - p.lost_mbps)
+        self._set_granted(vm, want)
+        merged = _merge(plan, more) if plan else more
         lost = ", ".join(f"{p.vm} -{p.lost_mbps}" for p in more)
-        return Decision(req.vm, PREEMPTED, True, want, tuple(merged), (
-            f"{admitted}; borrow {want} Mbit/s from pool {req.pool}: free {free} Mbit/s, reclaimed {need} Mbit/s "
+        return _decision(vm, PREEMPTED, True, want, tuple(merged), (
+            f"{admitted}; borrow {want} Mbit/s from pool {pool}: free {free} Mbit/s, reclaimed {need} Mbit/s "
             f"from lower priority ({lost})"))
 
 

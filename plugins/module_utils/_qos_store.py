@@ -13,7 +13,8 @@ Tables (created with ``CREATE TABLE IF NOT EXISTS`` by :func:`ensure_schema`, ne
 
 Every decision is an event row in the host store's ``events`` table (same columns as ``HostStore.record_event``:
 kind Normal|Warning, subject ``vm/<vm>``, reason ``BandwidthGranted|BandwidthPreempted|BandwidthDenied|
-BandwidthReleased``, message, data JSON). The events table is created here only when it does not exist yet.
+BandwidthReleased``, message, data JSON). The events table (``_sqlite.EVENTS_SCHEMA``) is created here when
+missing.
 
 Concurrency: use :meth:`QoSStore.transaction` (``BEGIN IMMEDIATE``) around load -> decide -> save so two
 processes arbitrating the same pools are serialized (the SQLite write lock plays the role of KVMCloud's advisory
@@ -24,12 +25,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import time
 from dataclasses import dataclass
 from typing import Any, ContextManager
 
 from ansible_collections.zjusct.cloud.plugins.module_utils import _qos as q
-from ansible_collections.zjusct.cloud.plugins.module_utils._sqlite import write_transaction
+from ansible_collections.zjusct.cloud.plugins.module_utils._sqlite import EVENTS_SCHEMA, insert_event, write_transaction
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS qos_node (
@@ -57,14 +57,7 @@ SCHEMA = (
         ipv4 TEXT,
         minor INTEGER NOT NULL,
         UNIQUE (netns, device, minor))""",
-    """CREATE TABLE IF NOT EXISTS events (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        ts TEXT NOT NULL,
-        kind TEXT NOT NULL,
-        subject TEXT NOT NULL,
-        reason TEXT NOT NULL,
-        message TEXT NOT NULL,
-        data TEXT NOT NULL DEFAULT '{}')""",
+    *EVENTS_SCHEMA,
 )
 
 REASONS = {q.GRANTED: "BandwidthGranted", q.PREEMPTED: "BandwidthPreempted", q.DENIED: "BandwidthDenied"}
@@ -219,10 +212,7 @@ class QoSStore:
                        {"vm": p.vm, "lost_mbps": p.lost_mbps, "by": decision.vm})
 
     def event(self, kind: str, vm: str, reason: str, message: str, data: dict) -> None:
-        ts = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        with self.transaction() as conn:
-            conn.execute("INSERT INTO events (ts, kind, subject, reason, message, data) VALUES (?, ?, ?, ?, ?, ?)",
-                         (ts, kind, f"vm/{vm}", reason, message, json.dumps(data, sort_keys=True)))
+        insert_event(self.conn, kind, f"vm/{vm}", reason, message, data)
 
     def events(self, vm: str | None = None) -> list[dict]:
         """Bandwidth events, oldest first (all VMs when ``vm`` is None)."""

@@ -24,7 +24,7 @@ import re
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, List, Optional
 
 DEFAULT_TIMEOUT = 120.0
 MiB = 1024 * 1024
@@ -442,12 +442,3 @@ class RbdProcess:
                 self._keyfile = None
         if check and self.proc.returncode != 0:
             raise self.rbd._error(self.words, self.proc.returncode, (err or b"").decode(errors="replace"))
-
-
-def iter_chunks(stream: Any, size: int) -> Iterator[bytes]:
-    """Yield successive reads of up to ``size`` bytes from a binary stream until EOF."""
-    while True:
-        chunk = stream.read(size)
-        if not chunk:
-            return
-        yield chunk

@@ -4,7 +4,8 @@
 """The host store: the single-host backend's database (SQLite).
 
 It holds CloudVM records (same spec/status shape as the CRD), root volumes with their ownership
-marks, resource allocations, IPv4 leases and an event log. Several ansible runs may use it at
+marks, resource allocations, IPv4 leases, an event log, per-owner quotas and the audit trail of
+mutating actions. Several ansible runs may use it at
 once: every change happens inside :meth:`HostStore.transaction`, which takes SQLite's write lock
 up front (``BEGIN IMMEDIATE``) so read-modify-write sequences never lose updates, and waits up to
 ``busy_timeout`` seconds for another writer (https://www.sqlite.org/lang_transaction.html).
@@ -18,13 +19,20 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import time
 import urllib.parse
 import uuid
 from typing import Any, ContextManager, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils._qos_store import SCHEMA as QOS_SCHEMA
-from ansible_collections.zjusct.cloud.plugins.module_utils._sqlite import write_transaction
+from ansible_collections.zjusct.cloud.plugins.module_utils._quota import LIMITS as QUOTA_LIMITS
+from ansible_collections.zjusct.cloud.plugins.module_utils._quota import usage as quota_usage
+from ansible_collections.zjusct.cloud.plugins.module_utils._sqlite import (
+    EVENTS_SCHEMA,
+    insert_event,
+    now,
+    now_precise,
+    write_transaction,
+)
 
 DEFAULT_PATH = "/var/lib/zjusct-cloud/cloud.db"
 
@@ -64,18 +72,35 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             vm_uid TEXT NOT NULL UNIQUE,
             mac TEXT NOT NULL,
             tap TEXT NOT NULL)""",
-        """CREATE TABLE events (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            ts TEXT NOT NULL,
-            kind TEXT NOT NULL,
-            subject TEXT NOT NULL,
-            reason TEXT NOT NULL,
-            message TEXT NOT NULL,
-            data TEXT NOT NULL DEFAULT '{}')""",
-        "CREATE INDEX events_subject ON events (subject, id)",
+        *EVENTS_SCHEMA,
     ),
     # 2: bandwidth QoS state (node, pools, grants, TAP attachments) of _qos_store.
     tuple(statement for statement in QOS_SCHEMA if "qos_" in statement),
+    # 3: per-owner quotas and the audit trail (docs/security.md, "Quotas" and "Audit").
+    (
+        """CREATE TABLE IF NOT EXISTS quotas (
+            owner TEXT PRIMARY KEY,
+            vms INTEGER,
+            vcpus INTEGER,
+            memory_mib INTEGER,
+            disk_mib INTEGER,
+            bandwidth_mbps INTEGER,
+            updated_at TEXT NOT NULL)""",
+        """CREATE TABLE IF NOT EXISTS audit (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            ts TEXT NOT NULL,
+            actor TEXT NOT NULL,
+            operator INTEGER NOT NULL DEFAULT 0,
+            action TEXT NOT NULL,
+            subject TEXT NOT NULL,
+            owner TEXT NOT NULL DEFAULT '',
+            result TEXT NOT NULL,
+            reason TEXT NOT NULL DEFAULT '',
+            message TEXT NOT NULL DEFAULT '',
+            data TEXT NOT NULL DEFAULT '{}')""",
+        "CREATE INDEX IF NOT EXISTS audit_owner ON audit (owner, id)",
+        "CREATE INDEX IF NOT EXISTS audit_subject ON audit (subject, id)",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -125,11 +150,6 @@ def schema_version(path: str) -> Optional[int]:
             conn.close()
     except sqlite3.Error as exc:
         raise StoreError(f"cannot read host store {path}: {exc}") from exc
-
-
-def now() -> str:
-    """The current time as RFC 3339 UTC with seconds precision (``2026-11-30T07:00:00Z``)."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 class HostStore:
@@ -200,10 +220,7 @@ class HostStore:
     def record_event(self, kind: str, subject: str, reason: str, message: str,
                      data: Optional[dict] = None) -> None:
         """Append an event (``kind`` Normal|Warning, ``subject`` e.g. ``default/alice``)."""
-        with self.transaction() as conn:
-            conn.execute(
-                "INSERT INTO events (ts, kind, subject, reason, message, data) VALUES (?, ?, ?, ?, ?, ?)",
-                (now(), kind, subject, reason, message, json.dumps(data or {}, sort_keys=True)))
+        insert_event(self.conn, kind, subject, reason, message, data)
 
     def events(self, subject: Optional[str] = None, limit: int = 100) -> list[dict]:
         """The newest ``limit`` events (for ``subject`` if given), oldest first."""
@@ -213,6 +230,74 @@ class HostStore:
             rows = self.conn.execute("SELECT * FROM events WHERE subject = ? ORDER BY id DESC LIMIT ?",
                                      (subject, limit)).fetchall()
         return [dict(r, data=json.loads(r["data"])) for r in reversed(rows)]
+
+    # --- quotas and audit (docs/security.md) ---------------------------------------------------
+    def get_quota(self, owner: str) -> Optional[dict]:
+        """The quota of ``owner`` (limit name -> int, or None for unlimited), or None when it has none."""
+        row = self.conn.execute("SELECT * FROM quotas WHERE owner = ?", (owner,)).fetchone()
+        return {k: row[k] for k in QUOTA_LIMITS} if row else None
+
+    def list_quotas(self) -> dict:
+        """Every owner's quota: owner -> limits (as :meth:`get_quota`)."""
+        rows = self.conn.execute("SELECT * FROM quotas ORDER BY owner").fetchall()
+        return {r["owner"]: {k: r[k] for k in QUOTA_LIMITS} for r in rows}
+
+    def put_quota(self, owner: str, limits: Optional[dict]) -> None:
+        """Set (``limits``: limit name -> int or None) or remove (None) the quota of ``owner``."""
+        with self.transaction() as conn:
+            if limits is None:
+                conn.execute("DELETE FROM quotas WHERE owner = ?", (owner,))
+                return
+            conn.execute("INSERT OR REPLACE INTO quotas (owner, vms, vcpus, memory_mib, disk_mib, bandwidth_mbps,"
+                         " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                         (owner, *(limits.get(k) for k in QUOTA_LIMITS), now()))
+
+    def owner_usage(self, owner: str) -> dict:
+        """What ``owner`` uses now against its quota (:func:`._quota.usage`: every CloudVM and volume of it)."""
+        specs = [json.loads(r["spec"]) for r in
+                 self.conn.execute("SELECT spec FROM cloudvms WHERE owner = ?", (owner,)).fetchall()]
+        sizes = [r["size_mib"] for r in
+                 self.conn.execute("SELECT size_mib FROM volumes WHERE owner = ?", (owner,)).fetchall()]
+        return quota_usage(specs, sizes)
+
+    def record_audit(self, actor: str, action: str, subject: str, result: str, message: str = "", *,
+                     owner: str = "", operator: bool = False, reason: str = "",
+                     data: Optional[dict] = None) -> None:
+        """Append an audit record (schema in docs/security.md, "Audit").
+
+        Args:
+            actor: who acted (the module's ``owner`` option, or ``operator`` for a task without one).
+            action: create, start, stop, restart, update, delete, volume-register, quota-set, quota-remove.
+            subject: ``namespace/name`` of a CloudVM, ``volume/<name>``, ``quota/<owner>``.
+            result: succeeded, refused (Forbidden, QuotaExceeded) or failed.
+            message: what was done or why not.
+            owner: the owner of the subject (what an owner's audit listing filters on).
+            operator: the operator switch was set.
+            reason: the refusal's or failure's reason (``QuotaExceeded``, ``Forbidden``...).
+            data: extra JSON fields (the options that mattered).
+        """
+        with self.transaction() as conn:
+            conn.execute("INSERT INTO audit (ts, actor, operator, action, subject, owner, result, reason, message,"
+                         " data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                         (now_precise(), actor, int(bool(operator)), action, subject, owner, result, reason,
+                          message, json.dumps(data or {}, sort_keys=True)))
+
+    def audit(self, owner: Optional[str] = None, actor: Optional[str] = None, subject: Optional[str] = None,
+              since: Optional[str] = None, limit: int = 100) -> list[dict]:
+        """The newest ``limit`` audit records matching every filter given, oldest first.
+
+        ``since`` is an RFC 3339 UTC time (``2026-11-30T07:00:00Z``); records at or after it match.
+        """
+        query, args = "SELECT * FROM audit WHERE 1=1", []
+        for column, value in (("owner", owner), ("actor", actor), ("subject", subject)):
+            if value is not None:
+                query += f" AND {column} = ?"
+                args.append(value)
+        if since is not None:
+            query += " AND ts >= ?"
+            args.append(since)
+        rows = self.conn.execute(query + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
+        return [dict(r, operator=bool(r["operator"]), data=json.loads(r["data"])) for r in reversed(rows)]
 
     # --- CloudVMs -----------------------------------------------------------------------------
     @staticmethod

@@ -48,13 +48,12 @@ options:
     type: str
     choices: [started, stopped, absent]
     default: started
-  host_config:
-    description: Host backend configuration file (directories, network namespace, launcher command).
-    type: path
   wait_timeout:
     description: Seconds to wait for a stop to complete.
     type: int
     default: 300
+extends_documentation_fragment:
+  - zjusct.cloud.host_config
 attributes:
   check_mode:
     support: full

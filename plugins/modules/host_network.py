@@ -20,15 +20,19 @@ description:
   - With O(sweep=true) removes the collection's TAP devices (C(zjt*)) that belong to no live launcher, left by
     a crash or an interrupted start (case L6), and re-applies the isolation set elements of the VMs in the
     host store.
-  - Idempotent; reports C(changed) only when it created, loaded or removed something.
+  - When the host configuration sets C(gateway_dir) (the role's C(hypervisor_ssh_gateway)), installs the SSH
+    gateway's files there (C(sshd_config), an ed25519 host key, the C(keys/) directory), the system group
+    C(zjusct-gateway), and the per-owner accounts C(zc-<owner>) and keys files from the VMs in the host store
+    (docs/security.md). Starting the gateway's sshd is the role's (a systemd unit) or the operator's.
+  - Idempotent; reports C(changed) only when it created, loaded, wrote or removed something; in check mode it
+    reports whether the gateway's files would change without writing them.
 options:
-  host_config:
-    description: Host backend configuration file written by the C(zjusct.cloud.hypervisor) role.
-    type: path
   sweep:
     description: Remove orphaned TAP devices and re-apply the isolation set elements.
     type: bool
     default: true
+extends_documentation_fragment:
+  - zjusct.cloud.host_config
 attributes:
   check_mode:
     support: full

@@ -15,10 +15,8 @@ description:
     not exist, and migrates an older schema to this collection's. The hypervisor role runs it with C(site.yml).
   - Reads (M(zjusct.cloud.cloudvm_info), the inventory) open the store read-only and never migrate it; a store
     with an older schema is refused there until this module (or C(site.yml)) has run.
-options:
-  host_config:
-    description: Host configuration file (default C(ZJUSCT_CLOUD_CONFIG), else C(/etc/zjusct-cloud/host.json)).
-    type: path
+extends_documentation_fragment:
+  - zjusct.cloud.host_config
 attributes:
   check_mode:
     support: full

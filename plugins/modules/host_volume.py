@@ -37,9 +37,8 @@ options:
         file system comes from the RBD image.
       - Defaults to the host configuration's C(default_image).
     type: str
-  host_config:
-    description: Host configuration file (default C(ZJUSCT_CLOUD_CONFIG), else C(/etc/zjusct-cloud/host.json)).
-    type: path
+extends_documentation_fragment:
+  - zjusct.cloud.host_config
 attributes:
   check_mode:
     support: full

@@ -21,9 +21,8 @@ options:
   owner:
     description: Only volumes of this owner.
     type: str
-  host_config:
-    description: Host configuration file (default C(ZJUSCT_CLOUD_CONFIG), else C(/etc/zjusct-cloud/host.json)).
-    type: path
+extends_documentation_fragment:
+  - zjusct.cloud.host_config
 attributes:
   check_mode:
     support: full

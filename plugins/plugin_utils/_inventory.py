@@ -73,6 +73,8 @@ class InventoryOptions:
             (characters other than letters, digits and ``_`` become ``_``).
         ansible_user: SSH user of the guests.
         use_proxy_command: use the ``status.sshProxyCommand`` the backend publishes.
+        use_ssh_gateway: use the ``status.sshJumpHost`` (the host backend's SSH gateway) as ``ProxyJump``;
+            for clients outside the hypervisor host. Wins over the proxy command.
         jump_host: SSH jump host (``ProxyJump``) for VMs without a proxy command; may use the
             hostname fields, e.g. ``root@{node}``; "" for none.
     """
@@ -88,6 +90,7 @@ class InventoryOptions:
     group_by: tuple[str, ...] = ("owner", "namespace", "node")
     ansible_user: str = "root"
     use_proxy_command: bool = True
+    use_ssh_gateway: bool = False
     jump_host: str = ""
     selector: tuple["Requirement", ...] = field(default=(), compare=False, repr=False)
 
@@ -132,6 +135,7 @@ class InventoryOptions:
             group_by=group_by,
             ansible_user=get("ansible_user") or "root",
             use_proxy_command=bool(get("use_proxy_command")) if get("use_proxy_command") is not None else True,
+            use_ssh_gateway=bool(get("use_ssh_gateway")),
             jump_host=jump,
             selector=parse_label_selector(selector_text),
         )
@@ -244,7 +248,7 @@ def vm_record(obj: dict) -> dict:
 
     Returns:
         ``{namespace, name, uid, labels, owner, vcpus, memory_mib, boot_id, phase, reason, node,
-        ssh_host, ssh_port, ssh_proxy_command}``; missing status fields are None (phase "" when
+        ssh_host, ssh_port, ssh_proxy_command, ssh_jump_host}``; missing status fields are None (phase "" when
         the controller has not written a status yet). ``boot_id`` is the boot the status
         describes (``status.bootID``), else the requested one (``spec.bootID``).
     """
@@ -268,6 +272,7 @@ def vm_record(obj: dict) -> dict:
         "ssh_host": endpoint.get("host"),
         "ssh_port": endpoint.get("port"),
         "ssh_proxy_command": status.get("sshProxyCommand"),
+        "ssh_jump_host": status.get("sshJumpHost"),
     }
 
 
@@ -318,10 +323,14 @@ def _fields(rec: dict) -> dict:
 def ssh_common_args(rec: dict, opts: InventoryOptions) -> Optional[str]:
     """The ``ansible_ssh_common_args`` a VM needs, or None.
 
-    The backend's ``sshProxyCommand`` wins (host backend: the guests' bridge lives in a network
-    namespace, reached with ``ip netns exec <ns> nc %h %p``), then the ``jump_host`` option. The
-    value is split by the ssh connection plugin with shlex, so the command is shell-quoted.
+    With ``use_ssh_gateway`` the backend's ``sshJumpHost`` wins (host backend with its SSH gateway:
+    ``zc-<owner>@<gateway>:<port>``, for clients outside the host), then its ``sshProxyCommand`` (host
+    backend: the guests' bridge lives in a network namespace, reached with ``ip netns exec <ns> nc %h %p``
+    from the host itself), then the ``jump_host`` option. The value is split by the ssh connection plugin
+    with shlex, so the command is shell-quoted.
     """
+    if opts.use_ssh_gateway and rec.get("ssh_jump_host"):
+        return "-o " + shlex.quote("ProxyJump=" + rec["ssh_jump_host"])
     if opts.use_proxy_command and rec.get("ssh_proxy_command"):
         return "-o " + shlex.quote("ProxyCommand=" + rec["ssh_proxy_command"])
     if opts.jump_host:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import uuid
@@ -44,6 +45,7 @@ def test_site_brings_host_up_and_second_run_changes_nothing(guest_image, tmp_pat
         "hypervisor_netns": netns,
         "hypervisor_subnet": "10.216.0.0/24",
         "hypervisor_nat": False,
+        "hypervisor_owner_quotas": {"alice": {"vms": 2, "vcpus": 4}},
     }
     try:
         first = run_site(extra)
@@ -51,6 +53,10 @@ def test_site_brings_host_up_and_second_run_changes_nothing(guest_image, tmp_pat
         config = json.loads((tmp_path / "etc" / "host.json").read_text())
         assert config["netns"] == netns and config["store_path"] == str(tmp_path / "state" / "cloud.db")
         assert (tmp_path / "state" / "cloud.db").exists()
+        conn = sqlite3.connect(tmp_path / "state" / "cloud.db")
+        quota = conn.execute("SELECT vms, vcpus, memory_mib FROM quotas WHERE owner = 'alice'").fetchone()
+        conn.close()
+        assert quota == (2, 4, None)  # a limit left out is unlimited
         links = subprocess.run(["ip", "-n", netns, "-o", "addr", "show", "dev", "zjbr0"], capture_output=True,
                                text=True, check=True).stdout
         assert "10.216.0.1/24" in links

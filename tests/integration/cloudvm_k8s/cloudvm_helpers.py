@@ -1,9 +1,10 @@
 """Helpers for the CloudVM tests against the real control plane: CloudVM access as kubectl would do
 it, a stand-in controller thread, and ansible-playbook runs of the modules from this checkout.
 
-``FakeController`` plays the controller: nothing runs VMs on Kubernetes yet, so tests that need a
-phase transition get it from this thread, which writes status through the status subresource as
-the controller will.
+``FakeController`` plays the controller for the module tests on the shared control plane (no real node, no
+guest boot): a test that needs a phase transition gets it from this thread, which writes status through the
+status subresource as the controller does. The real controller (controller/zjusct_controller) with the module
+is tested on the real node in tests/integration/k8s_node/test_controller.py.
 """
 
 from __future__ import annotations

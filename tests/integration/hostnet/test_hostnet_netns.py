@@ -88,11 +88,18 @@ def topology():
             sh("ip", "netns", "del", ns, check=False)
 
 
-@pytest.fixture
-def guests(topology):
-    """The cloud with forwarding opted in on the outside; alice (two guests) and bob (one)."""
-    net.ensure_bridge(topology.cloud, "zjbr0", SUBNET)
-    net.ensure_uplink(topology.cloud, SUBNET, UPLINK, topology.outside, ip_forward=True)
+GATEWAY_GID = 4242  # the SSH gateway group's gid in the rules (no group of that id needs to exist)
+
+
+@pytest.fixture(params=["no-gateway", "gateway"])
+def guests(topology, request):
+    """The cloud with forwarding opted in on the outside; alice (two guests) and bob (one). Once without and once
+    with the SSH gateway's rules (docs/security.md): every isolation check must hold in both."""
+    gateway = request.param == "gateway"
+    net.ensure_bridge(topology.cloud, "zjbr0", SUBNET,
+                      gateway_source=str(net._network(UPLINK)[1]) if gateway else None)
+    net.ensure_uplink(topology.cloud, SUBNET, UPLINK, topology.outside, ip_forward=True,
+                      gateway_gid=GATEWAY_GID if gateway else None)
     a1 = topology.guest("alice", "zjtaaaa0001", "10.217.0.2")
     a2 = topology.guest("alice", "zjtaaaa0002", "10.217.0.3")
     b1 = topology.guest("bob", "zjtbbbb0001", "10.217.0.4")
@@ -247,3 +254,55 @@ def test_tap_is_created_for_the_vmm_uid_and_recreated_when_recorded_for_another(
     assert net.tap_owner(cloud, "zjt0123456789") == (1610612741, 1610612741)
     assert "master zjbr0" in sh("ip", "-n", cloud, "link", "show", "dev", "zjt0123456789").stdout
     net.remove_tap(cloud, "zjt0123456789")
+
+
+def _connect(netns: str, ip: str, port: int, ids: tuple = ()) -> str:
+    """Connect from ``netns`` (as uid/gid ``ids`` if given, else root); the first 5 bytes or ``failed``."""
+    code = (f"import socket\ntry:\n print(socket.create_connection(('{ip}', {port}), timeout=3).recv(5).decode())\n"
+            "except OSError as exc:\n print('failed', type(exc).__name__)")
+    drop = ["setpriv", f"--reuid={ids[0]}", f"--regid={ids[1]}", "--clear-groups"] if ids else []
+    return chk.run_in(netns, [*drop, sys.executable, "-c", code]).stdout.strip()
+
+
+@pytest.mark.parametrize("guests", ["gateway"], indirect=True)
+def test_gateway_path_opens_only_port_22_only_for_root_and_the_gateway_group(guests):
+    """From the host (stand-in), new connections to a guest: the gateway group's processes and root reach port 22;
+    another uid/gid, anything the host forwards (from the world) and other ports are dropped."""
+    topo, a1, _, _ = guests
+    outer_ip = str(net._network(UPLINK)[1])
+    obs = chk.Observer(f"{topo.cloud}-{a1.tap}", "listen", "--host", a1.ip, "--port", "22", "--until", "never",
+                       "--timeout", "60", "--once")
+    try:
+        assert _connect(topo.outside, a1.ip, 22, (65534, 65534)).startswith("failed")  # another user on the host
+        assert _connect(topo.world, a1.ip, 22).startswith("failed")  # forwarded by the host
+        assert _connect(topo.outside, a1.ip, 22, (65534, GATEWAY_GID)) == "hello"  # the gateway's forwarding
+        heard = obs.result()
+    finally:
+        obs.stop()
+    assert heard["tcp_peers"] == [outer_ip], heard
+    assert _connect(topo.outside, a1.ip, 22) == "failed ConnectionRefusedError"  # root: reaches the guest (closed)
+    obs = chk.Observer(f"{topo.cloud}-{a1.tap}", "listen", "--host", a1.ip, "--port", "2200", "--until", "never",
+                       "--timeout", "60", "--once")
+    try:
+        assert _connect(topo.outside, a1.ip, 2200).startswith("failed")  # root, but not port 22
+        assert _connect(topo.outside, a1.ip, 2200, (65534, GATEWAY_GID)).startswith("failed")
+        assert _connect(topo.cloud, a1.ip, 2200) == "hello"  # the control: from the cloud's namespace
+        heard = obs.result()
+    finally:
+        obs.stop()
+    assert heard["tcp_peers"] == [net.gateway(SUBNET)], heard
+
+
+@pytest.mark.parametrize("guests", ["no-gateway"], indirect=True)
+def test_without_the_gateway_nothing_on_the_host_opens_a_guest_port(guests):
+    topo, a1, _, _ = guests
+    obs = chk.Observer(f"{topo.cloud}-{a1.tap}", "listen", "--host", a1.ip, "--port", "22", "--until", "never",
+                       "--timeout", "60", "--once")
+    try:
+        assert _connect(topo.outside, a1.ip, 22).startswith("failed")
+        assert _connect(topo.outside, a1.ip, 22, (65534, GATEWAY_GID)).startswith("failed")
+        assert _connect(topo.cloud, a1.ip, 22) == "hello"
+        heard = obs.result()
+    finally:
+        obs.stop()
+    assert heard["tcp_peers"] == [net.gateway(SUBNET)], heard

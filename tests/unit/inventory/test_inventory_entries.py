@@ -164,4 +164,19 @@ def test_record_is_small_and_json_serialisable():
     rec = vm_record(cloudvm("a", proxy="nc %h %p"))
     assert json.loads(json.dumps(rec)) == rec
     assert set(rec) == {"namespace", "name", "uid", "labels", "owner", "vcpus", "memory_mib", "boot_id", "phase",
-                        "reason", "node", "ssh_host", "ssh_port", "ssh_proxy_command"}
+                        "reason", "node", "ssh_host", "ssh_port", "ssh_proxy_command", "ssh_jump_host"}
+
+
+def test_ssh_gateway_jump_host_is_used_only_when_asked_and_then_wins():
+    """Outside the host (use_ssh_gateway) the status' sshJumpHost is the ProxyJump; inside, the proxy command stays."""
+    import shlex
+
+    vm = cloudvm("a", proxy="ip netns exec zjusct-cloud nc %h %p")
+    vm["status"]["sshJumpHost"] = "zc-alice@gw.example.org:2222"
+    inside = hosts([vm])["a.default"].hostvars
+    assert shlex.split(inside["ansible_ssh_common_args"]) == ["-o", "ProxyCommand=ip netns exec zjusct-cloud nc %h %p"]
+    outside = hosts([vm], use_ssh_gateway=True)["a.default"].hostvars
+    assert shlex.split(outside["ansible_ssh_common_args"]) == ["-o", "ProxyJump=zc-alice@gw.example.org:2222"]
+    assert (outside["ansible_host"], outside["ansible_port"]) == ("10.200.0.7", 22)
+    no_gateway = hosts([cloudvm("b", proxy="nc %h %p")], use_ssh_gateway=True)["b.default"].hostvars
+    assert shlex.split(no_gateway["ansible_ssh_common_args"]) == ["-o", "ProxyCommand=nc %h %p"]

@@ -1,0 +1,73 @@
+"""``python -m zjusct_controller --config FILE [--kubeconfig FILE] [--namespace NS]`` (docs/controller.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+import kopf
+from kubernetes import client, config
+
+from .decide import Config
+from .metrics import Metrics
+from .operator import install
+from .reconcile import Reconciler
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, load the launcher defaults and the API credentials, run the operator until signalled."""
+    ap = argparse.ArgumentParser(prog="zjusct_controller", description=__doc__)
+    ap.add_argument("--config", required=True, type=Path, help="launcher defaults, JSON (docs/controller.md)")
+    ap.add_argument("--kubeconfig", help="kubeconfig file; default: in-cluster, then ~/.kube/config")
+    ap.add_argument("--namespace", action="append", default=[],
+                    help="watch only this namespace (repeatable); default: all namespaces")
+    ap.add_argument("--resync", type=float, default=30.0, help="seconds between full resyncs (default 30)")
+    ap.add_argument("--metrics-port", type=int, default=0,
+                    help="serve Prometheus metrics on /metrics of this port (default 0: off)")
+    ap.add_argument("--metrics-address", default="127.0.0.1",
+                    help="address of the metrics port (default 127.0.0.1; a Pod uses its own address)")
+    ap.add_argument("--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if not args.verbose:  # kopf logs every handler run at INFO; the controller logs its own actions
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    try:
+        cfg = Config.from_dict(json.loads(args.config.read_text()))
+    except (OSError, ValueError) as exc:
+        print(f"--config {args.config}: {exc}", file=sys.stderr)
+        return 2
+    if args.kubeconfig:
+        api = config.new_client_from_config(config_file=args.kubeconfig)
+    else:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        api = client.ApiClient()
+    metrics = Metrics()
+    if args.metrics_port:
+        metrics.serve(args.metrics_port, args.metrics_address)
+    install(Reconciler(api, cfg, metrics, tuple(args.namespace)), args.resync)
+
+    @kopf.on.login()
+    def _login(**kwargs: object) -> kopf.ConnectionInfo | None:
+        if args.kubeconfig:
+            return kopf.login_with_kubeconfig(**kwargs)  # type: ignore[arg-type]
+        return kopf.login_via_client(**kwargs)  # type: ignore[arg-type]
+
+    if args.kubeconfig:
+        import os
+        os.environ["KUBECONFIG"] = args.kubeconfig
+    if args.namespace:
+        kopf.run(standalone=True, namespaces=args.namespace)
+    else:
+        kopf.run(standalone=True, clusterwide=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,517 @@
+"""The controller's pure decisions: from a CloudVM, its launcher Pods, their Nodes and its root volume claim,
+the actions to take and the status to write. No I/O; the kopf adapter (:mod:`.reconcile`) reads the objects,
+calls :func:`decide` and carries the :class:`Plan` out.
+
+Objects are plain dicts in the API's camelCase shape (``ApiClient.sanitize_for_serialization`` of the typed
+models, or what ``CustomObjectsApi`` returns). Times are RFC 3339 strings (UTC, ``Z``); sizes MiB; CPU millicores.
+
+The status comes from :func:`_phase.derive_status` (the same state machine as the host backend): a VM is Running
+only while the launcher Pod of ``spec.bootID`` runs *and* its readiness probe (the launcher's ready marker,
+written after the guest's SSH banner answered, docs/launcher-protocol.md §2 step 8) has passed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ansible_collections.zjusct.cloud.plugins.module_utils._cloudvm_kubernetes import GROUP, PLURAL, VERSION
+from ansible_collections.zjusct.cloud.plugins.module_utils._names import DNS1123_LABEL_MAX, fit
+from ansible_collections.zjusct.cloud.plugins.module_utils._phase import BootObservation, Status, derive_status
+from ansible_collections.zjusct.cloud.plugins.module_utils._placement import DEFAULT_RATIOS
+from ansible_collections.zjusct.cloud.plugins.module_utils._spec import API_VERSION, KIND, with_defaults
+
+FINALIZER = "cloud.zjusct.io/launcher"
+LABEL_VM = "cloud.zjusct.io/vm"
+LABEL_BOOT = "cloud.zjusct.io/boot-id"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "zjusct-controller"
+CONFIG_ANNOTATION = "cloud.zjusct.io/launcher-config"
+CLAIMED_BY = "cloud.zjusct.io/claimed-by"  # PVC annotation: uid of the CloudVM using the root volume
+CONTAINER = "launcher"
+SSH_PORT = 22
+
+# The launcher's network inside the Pod's netns (as tests/integration/k8s_node/launcher_pod.py): bridge br0
+# 10.0.3.1/30, guest 10.0.3.2, DNAT of TCP 22 arriving on eth0 to the guest, so <Pod IP>:22 is the guest's sshd.
+GUEST_IP = "10.0.3.2"
+POD_SIDE_IP = "10.0.3.1"
+RUNTIME_DIR = "/run/zjusct/vm"
+READY_MARKER = f"{RUNTIME_DIR}/ready"
+NET_SETUP = f"""set -e
+ip link add br0 type bridge
+ip addr add {POD_SIDE_IP}/30 dev br0
+ip link set br0 up
+nft -f - <<'NFT'
+table ip zjusct_pod {{
+  chain prerouting {{
+    type nat hook prerouting priority dstnat; policy accept;
+    iifname "eth0" tcp dport {SSH_PORT} dnat to {GUEST_IP}
+  }}
+}}
+NFT
+exec python3 -m zjusct_launcher run --config /etc/zjusct/launcher.json
+"""
+
+
+@dataclass(frozen=True)
+class Config:
+    """What the controller puts into every launcher Pod (the launcher defaults; JSON file, docs/controller.md).
+
+    Attributes:
+        launcher_image: container image of the launcher (roles/launcher_image), pulled ``IfNotPresent``.
+        image_dir: directory on the node holding the guest image set (``vmlinuz``, ``initrd.img``), mounted
+            read-only at ``/images`` (hostPath).
+        cmdline: guest kernel command line (the image set's default cmdline).
+        accel: ``tcg``, ``kvm`` or ``auto`` (launcher ``hypervisor.accel``).
+        tcg_cache_mib: TCG translation cache (``hypervisor.tcgTranslationCacheMiB``); counted in the Pod's memory
+            request when ``accel`` is ``tcg``.
+        readiness_timeout_s: launcher ``readiness.timeoutSeconds`` (boot -> SSH banner).
+        stop_timeout_s: launcher ``stopTimeoutSeconds``; the Pod's grace period is this plus
+            :data:`GRACE_MARGIN_S` so the launcher can stop the guest and write its result.
+        cpu_ratio, memory_ratio: overcommit ratios (default :data:`_placement.DEFAULT_RATIOS`).
+        overhead_cpu_m, overhead_memory_mib: per-VM overhead added to the requests (launcher, QEMU, TAP).
+        node_selector: merged under the CloudVM's ``spec.nodeSelector`` (the VM's own entries win).
+        tolerations: copied into every launcher Pod.
+    """
+
+    launcher_image: str
+    image_dir: str
+    cmdline: str
+    accel: str = "tcg"
+    tcg_cache_mib: int = 128
+    readiness_timeout_s: int = 1500
+    stop_timeout_s: int = 120
+    cpu_ratio: float = DEFAULT_RATIOS["cpu"]
+    memory_ratio: float = DEFAULT_RATIOS["memory"]
+    overhead_cpu_m: int = 100
+    overhead_memory_mib: int = 64
+    node_selector: dict = field(default_factory=dict)
+    tolerations: list = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> Config:
+        """Build from the JSON config (camelCase keys as documented in docs/controller.md).
+
+        Raises:
+            ValueError: unknown keys or missing required keys (named).
+        """
+        keys = {"launcherImage": "launcher_image", "imageDir": "image_dir", "cmdline": "cmdline",
+                "accel": "accel", "tcgTranslationCacheMiB": "tcg_cache_mib",
+                "readinessTimeoutSeconds": "readiness_timeout_s", "stopTimeoutSeconds": "stop_timeout_s",
+                "cpuOvercommit": "cpu_ratio", "memoryOvercommit": "memory_ratio",
+                "overheadCPUMillis": "overhead_cpu_m", "overheadMemoryMiB": "overhead_memory_mib",
+                "nodeSelector": "node_selector", "tolerations": "tolerations"}
+        unknown = sorted(set(raw) - set(keys))
+        if unknown:
+            raise ValueError(f"controller config: unknown keys {', '.join(unknown)} (allowed: {', '.join(keys)})")
+        missing = [k for k in ("launcherImage", "imageDir", "cmdline") if not raw.get(k)]
+        if missing:
+            raise ValueError(f"controller config: required keys missing: {', '.join(missing)}")
+        if raw.get("accel", "tcg") not in ("tcg", "kvm", "auto"):
+            raise ValueError(f"controller config: accel: {raw['accel']!r} is not one of tcg, kvm, auto")
+        return cls(**{keys[k]: v for k, v in raw.items()})
+
+
+GRACE_MARGIN_S = 30
+
+
+# --------------------------------------------------------------------------- names and the Pod
+
+
+def pod_name(vm_name: str, boot_id: int) -> str:
+    """The launcher Pod of one boot: ``<vm>-boot-<bootID>``, fitted to 63 characters by :func:`_names.fit`.
+
+    Deterministic, so a retried or restarted reconcile gets AlreadyExists instead of a second Pod.
+    """
+    return fit(f"{vm_name}-boot-{int(boot_id)}", DNS1123_LABEL_MAX)
+
+
+def pod_resources(spec: dict, cfg: Config) -> dict:
+    """Requests of a launcher Pod from the guest's size (no limits: the guest may burst on idle CPU).
+
+    ``cpu = ceil(vcpus * 1000 / cpu_ratio) + overhead_cpu_m`` millicores;
+    ``memory = ceil(memoryMiB / memory_ratio) + overhead_memory_mib (+ tcg_cache_mib under TCG)`` MiB.
+    Example (defaults, 1 vCPU, 512 MiB, TCG): 350m and 534Mi.
+    """
+    spec = with_defaults(spec)
+    cpu_m = math.ceil(int(spec["vcpus"]) * 1000 / float(cfg.cpu_ratio)) + int(cfg.overhead_cpu_m)
+    mem = math.ceil(int(spec["memoryMiB"]) / float(cfg.memory_ratio)) + int(cfg.overhead_memory_mib)
+    if cfg.accel == "tcg":
+        mem += int(cfg.tcg_cache_mib)
+    return {"requests": {"cpu": f"{cpu_m}m", "memory": f"{mem}Mi"}}
+
+
+def launcher_config(vm: dict, cfg: Config) -> dict:
+    """LauncherConfig v1 (docs/launcher-protocol.md) of the VM's current boot, paths as the Pod sees them.
+
+    Root disk ``/vm/root.raw`` on the root volume claim (mounted at ``/vm``), serial log and per-boot result file
+    beside it; the TAP is created by the launcher on the Pod's bridge.
+    """
+    md, spec = vm["metadata"], with_defaults(vm.get("spec") or {})
+    boot = int(spec["bootID"])
+    return {
+        "apiVersion": "launcher.cloud.zjusct.io/v1", "kind": "LauncherConfig",
+        "vm": {"namespace": md["namespace"], "name": md["name"], "uid": md["uid"], "bootID": boot},
+        "machine": {"vcpus": int(spec["vcpus"]), "memoryMiB": int(spec["memoryMiB"])},
+        "boot": {"kernel": "/images/vmlinuz", "initrd": "/images/initrd.img", "cmdline": cfg.cmdline},
+        "rootDisk": {"path": "/vm/root.raw", "cache": "Writeback"},
+        "identity": {"sshAuthorizedKeys": list(spec.get("sshAuthorizedKeys") or [])},
+        "network": {"mode": "tap", "tap": "tap0", "createTap": True, "bridge": "br0", "mac": "52:54:00:0a:00:02",
+                    "ipv4": f"{GUEST_IP}/30", "gateway": POD_SIDE_IP, "dns": []},
+        "hypervisor": {"type": "qemu", "accel": cfg.accel, "tcgTranslationCacheMiB": int(cfg.tcg_cache_mib)},
+        "readiness": {"timeoutSeconds": int(cfg.readiness_timeout_s)},
+        "stopTimeoutSeconds": int(cfg.stop_timeout_s),
+        "runtimeDir": RUNTIME_DIR,
+        "serialLogPath": "/vm/serial.log",
+        "result": {"path": f"/vm/result-{boot}.json", "terminationMessagePath": "/dev/termination-log"},
+    }
+
+
+def owner_reference(vm: dict) -> dict:
+    """The ownerReference that makes a launcher Pod the CloudVM's dependent (garbage-collected with it)."""
+    return {"apiVersion": API_VERSION, "kind": KIND, "name": vm["metadata"]["name"], "uid": vm["metadata"]["uid"],
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def launcher_pod(vm: dict, cfg: Config) -> dict:
+    """The launcher Pod of the VM's current boot (``spec.bootID``).
+
+    restartPolicy Never (a Pod is one boot); the LauncherConfig is an annotation projected into
+    ``/etc/zjusct/launcher.json`` by a downwardAPI volume (one object, created atomically); the LauncherResult is
+    the container's termination message; readiness = the launcher's ready marker exists; grace period
+    ``stop_timeout_s + 30``; ``NET_ADMIN`` and ``/dev/net/tun`` for the bridge, TAP and DNAT in the Pod's own
+    netns, ``net.ipv4.ip_forward=1`` for that netns only (an unsafe sysctl the node must allow).
+    """
+    md, spec = vm["metadata"], with_defaults(vm.get("spec") or {})
+    boot = int(spec["bootID"])
+    name = pod_name(md["name"], boot)
+    node_selector = {**cfg.node_selector, **(spec.get("nodeSelector") or {})}
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": int(cfg.stop_timeout_s) + GRACE_MARGIN_S,
+        "enableServiceLinks": False,
+        "dnsPolicy": "Default",  # the launcher needs no cluster DNS (the guest gets none either)
+        "automountServiceAccountToken": False,
+        "hostname": fit(md["name"], DNS1123_LABEL_MAX),
+        "securityContext": {"sysctls": [{"name": "net.ipv4.ip_forward", "value": "1"}]},
+        "containers": [{
+            "name": CONTAINER,
+            "image": cfg.launcher_image,
+            "imagePullPolicy": "IfNotPresent",
+            "command": ["/bin/sh", "-c", NET_SETUP],
+            "securityContext": {"privileged": False, "allowPrivilegeEscalation": False,
+                                "capabilities": {"add": ["NET_ADMIN"]}},
+            "terminationMessagePath": "/dev/termination-log",
+            "terminationMessagePolicy": "File",
+            "resources": pod_resources(spec, cfg),
+            "readinessProbe": {"exec": {"command": ["cat", READY_MARKER]},
+                               "periodSeconds": 2, "timeoutSeconds": 5, "failureThreshold": 1},
+            "volumeMounts": [
+                {"name": "images", "mountPath": "/images", "readOnly": True},
+                {"name": "vm", "mountPath": "/vm"},
+                {"name": "config", "mountPath": "/etc/zjusct", "readOnly": True},
+                {"name": "tun", "mountPath": "/dev/net/tun"},
+                {"name": "run", "mountPath": "/run/zjusct"},
+            ],
+        }],
+        "volumes": [
+            {"name": "images", "hostPath": {"path": cfg.image_dir, "type": "Directory"}},
+            {"name": "vm", "persistentVolumeClaim": {"claimName": spec["rootVolumeClaim"]}},
+            {"name": "config", "downwardAPI": {"items": [
+                {"path": "launcher.json",
+                 "fieldRef": {"fieldPath": f"metadata.annotations['{CONFIG_ANNOTATION}']"}}]}},
+            {"name": "tun", "hostPath": {"path": "/dev/net/tun", "type": "CharDevice"}},
+            {"name": "run", "emptyDir": {"medium": "Memory"}},
+        ],
+    }
+    if node_selector:
+        pod_spec["nodeSelector"] = node_selector
+    if cfg.tolerations:
+        pod_spec["tolerations"] = list(cfg.tolerations)
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": name, "namespace": md["namespace"],
+            "labels": {"app.kubernetes.io/name": "zjusct-launcher", LABEL_MANAGED_BY: MANAGED_BY,
+                       LABEL_VM: md["name"], LABEL_BOOT: str(boot)},
+            "annotations": {CONFIG_ANNOTATION: json.dumps(launcher_config(vm, cfg), sort_keys=True)},
+            "ownerReferences": [owner_reference(vm)],
+        },
+        "spec": pod_spec,
+    }
+
+
+# --------------------------------------------------------------------------- observing a Pod
+
+
+def boot_of(pod: dict) -> Optional[int]:
+    """The bootID a launcher Pod runs (its label), or None when the label is missing or not an integer."""
+    try:
+        return int(((pod.get("metadata") or {}).get("labels") or {})[LABEL_BOOT])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _container_state(pod: dict) -> dict:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") == CONTAINER:
+            return cs.get("state") or {}
+    return {}
+
+
+def _condition(obj: dict, kind: str) -> Optional[dict]:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return dict(cond)
+    return None
+
+
+def node_ready(node: Optional[dict]) -> Optional[bool]:
+    """True/False from the Node's Ready condition; None when the Node or the condition is missing."""
+    if node is None:
+        return None
+    cond = _condition(node, "Ready")
+    return None if cond is None else cond.get("status") == "True"
+
+
+def parse_result(message: Optional[str]) -> Optional[dict]:
+    """The LauncherResult in a termination message, or None when it is missing or not one."""
+    try:
+        doc = json.loads(message or "")
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) and doc.get("kind") == "LauncherResult" else None
+
+
+def observe(pod: dict, ready_node: Optional[bool]) -> BootObservation:
+    """Reduce one launcher Pod (and its Node's readiness) to a :class:`_phase.BootObservation`.
+
+    * container terminated (or Pod Succeeded/Failed): ``exited`` with the LauncherResult of the termination
+      message; without a result (SIGKILL, OOM, the container was killed) ``lost``;
+    * Pod bound to a Node that is not Ready (or whose Node is gone): ``unknown`` (the launcher may still run);
+    * container running: ``alive``; ``ready_at`` = when the Pod's Ready condition (the launcher's ready marker,
+      i.e. the guest's SSH banner answered) became True;
+    * otherwise (not yet scheduled, image or volume being set up): ``starting``.
+    """
+    md, st, spec = pod.get("metadata") or {}, pod.get("status") or {}, pod.get("spec") or {}
+    boot = boot_of(pod) or 0
+    node = spec.get("nodeName")
+    state = _container_state(pod)
+    started_at = (state.get("running") or {}).get("startedAt") or (state.get("terminated") or {}).get("startedAt")
+    term = state.get("terminated")
+    if term is not None or st.get("phase") in ("Succeeded", "Failed"):
+        term = term or {}
+        result = parse_result(term.get("message"))
+        if result is not None:
+            return BootObservation(boot, "exited", ready_at=result.get("readyAt"), started_at=started_at,
+                                   result=result, node=node)
+        detail = (f"launcher Pod {md.get('name')} ended without a LauncherResult (container exit code "
+                  f"{term.get('exitCode', '-')}, reason {term.get('reason') or st.get('reason') or '-'})")
+        return BootObservation(boot, "lost", started_at=started_at, node=node, detail=detail)
+    if node and ready_node is not True:
+        return BootObservation(boot, "unknown", started_at=started_at, node=node,
+                               detail=f"node {node} is {'missing' if ready_node is None else 'not Ready'};"
+                                      f" the launcher of boot {boot} cannot be observed")
+    if state.get("running") is not None:
+        ready = _condition(pod, "Ready")
+        ready_at = ready.get("lastTransitionTime") if ready and ready.get("status") == "True" else None
+        return BootObservation(boot, "alive", ready_at=ready_at, started_at=started_at, node=node)
+    return BootObservation(boot, "starting", node=node)
+
+
+# --------------------------------------------------------------------------- the decision
+
+
+@dataclass
+class Plan:
+    """What one reconcile does, in order: finalizer, PVC mark, deletes, create, then the status.
+
+    Attributes:
+        add_finalizer / remove_finalizer: the CloudVM's :data:`FINALIZER`.
+        mark_claim: annotate the root volume claim with :data:`CLAIMED_BY` = the VM's uid.
+        delete_pods: ``(name, grace_seconds)`` of launcher Pods to delete.
+        create_pod: the Pod manifest to create, or None.
+        status: the full status to write (None: the CloudVM is being deleted and is left as it is).
+    """
+
+    add_finalizer: bool = False
+    remove_finalizer: bool = False
+    mark_claim: bool = False
+    delete_pods: list = field(default_factory=list)
+    create_pod: Optional[dict] = None
+    status: Optional[dict] = None
+
+
+def _claim_problem(vm: dict, claim: Optional[dict], writers: list[str]) -> tuple[Optional[str], bool, str]:
+    """``(problem, mark, reason)``: why the root volume claim cannot be used (None: it can), whether to mark it.
+
+    ``reason``: ``VolumeClaimNotReady`` (missing or not Bound yet) or ``VolumeInUse`` (claimed by another
+    CloudVM uid, or mounted by a Pod that is not this VM's launcher).
+    """
+    spec = with_defaults(vm.get("spec") or {})
+    name = spec["rootVolumeClaim"]
+    if claim is None:
+        return f"the root volume claim {name} does not exist", False, "VolumeClaimNotReady"
+    phase = (claim.get("status") or {}).get("phase")
+    if phase != "Bound":
+        return (f"the root volume claim {name} is {phase or 'not bound'} (waiting until it is Bound)", False,
+                "VolumeClaimNotReady")
+    holder = ((claim.get("metadata") or {}).get("annotations") or {}).get(CLAIMED_BY)
+    uid = vm["metadata"]["uid"]
+    if holder and holder != uid:
+        return (f"the root volume claim {name} is claimed by CloudVM uid {holder} ({CLAIMED_BY})", False,
+                "VolumeInUse")
+    if writers:
+        return f"Pod {', '.join(sorted(writers))} uses the root volume claim {name}", False, "VolumeInUse"
+    return None, holder != uid, ""
+
+
+def _conditions(prev: list, phase: str, reason: str, message: str, generation: int, now: str) -> list:
+    """The Ready condition (True only in Running); lastTransitionTime kept while its status is unchanged."""
+    status = "True" if phase == "Running" else "False"
+    old = next((c for c in prev or [] if c.get("type") == "Ready"), None)
+    since = old["lastTransitionTime"] if old and old.get("status") == status and old.get(
+        "lastTransitionTime") else now
+    return [{"type": "Ready", "status": status, "reason": reason or phase, "message": message[:32768],
+             "lastTransitionTime": since, "observedGeneration": generation}]
+
+
+def decide(vm: dict, pods: list, nodes: dict, claim: Optional[dict], claim_writers: list, cfg: Config,
+           now: str) -> Plan:
+    """The next step for one CloudVM.
+
+    Args:
+        vm: the CloudVM (with ``metadata.uid``, ``generation``).
+        pods: every launcher Pod labelled with this VM (:data:`LABEL_VM`), any boot.
+        nodes: node name -> Node dict (or None when the Node does not exist) for the Pods' nodes.
+        claim: the PVC named by ``spec.rootVolumeClaim`` in the VM's namespace, or None.
+        claim_writers: names of Pods not belonging to this VM that mount the claim and have not ended.
+        cfg: the launcher defaults.
+        now: the current time (RFC 3339), for condition transition times.
+
+    Returns:
+        A :class:`Plan`. Rules: one launcher Pod per (VM, bootID), created only when ``powerState`` is Running,
+        the VM is not being deleted, no Pod of this boot was ever created (``status.pod`` of this boot records
+        it), no older boot's launcher may still run or cannot be observed, and the root volume claim is Bound
+        and not used by another CloudVM or Pod. Pods of older boots, and the current one when the VM should be
+        off or is deleted, are deleted with the grace period that lets the launcher stop the guest. A Pod of
+        the current boot deleted by someone else while the VM should run is ``Failed/LauncherLost``.
+    """
+    md = vm["metadata"]
+    spec = with_defaults(vm.get("spec") or {})
+    prev = dict(vm.get("status") or {})
+    boot = int(spec["bootID"])
+    want = spec["powerState"] == "Running"
+    deleting = bool(md.get("deletionTimestamp"))
+    grace = int(cfg.stop_timeout_s) + GRACE_MARGIN_S
+    plan = Plan()
+
+    def obs(p: dict) -> BootObservation:
+        n = (p.get("spec") or {}).get("nodeName")
+        return observe(p, node_ready(nodes.get(n)) if n else None)
+
+    current_pods = [p for p in pods if boot_of(p) == boot]
+    older = sorted((p for p in pods if boot_of(p) != boot), key=lambda p: boot_of(p) or 0)
+    cur = current_pods[0] if current_pods else None
+
+    for p in older + ([cur] if cur is not None and (deleting or not want) else []):
+        if not (p.get("metadata") or {}).get("deletionTimestamp"):
+            plan.delete_pods.append((p["metadata"]["name"], grace))
+
+    if deleting:
+        plan.remove_finalizer = not pods and FINALIZER in (md.get("finalizers") or [])
+        return plan
+    plan.add_finalizer = FINALIZER not in (md.get("finalizers") or [])
+
+    others = tuple(obs(p) for p in older)
+    recorded = prev.get("bootID") == boot and bool(prev.get("pod"))  # a Pod of this boot was created before
+    name = pod_name(md["name"], boot)
+    extra: dict[str, Any] = {}
+    status: Status
+    if cur is not None:
+        current = obs(cur)
+        if want and (cur.get("metadata") or {}).get("deletionTimestamp") and current.state != "exited":
+            current = BootObservation(boot, "lost", started_at=current.started_at, node=current.node,
+                                      detail=f"launcher Pod {name} is being deleted while the VM should run")
+        elif want and (cur.get("metadata") or {}).get("deletionTimestamp"):
+            result = current.result or {}
+            # the outcome of a stop (graceful or by force) that was not ours: someone deleted the Pod
+            if result.get("reason") in ("StopRequested", "StopTimeoutKilled"):
+                current = BootObservation(boot, "lost", started_at=current.started_at, node=current.node,
+                                          detail=f"launcher Pod {name} was deleted while the VM should run")
+        status = derive_status(spec, current, others)
+        extra["pod"] = name
+        pod_ip = (cur.get("status") or {}).get("podIP")
+        if status.phase == "Running" and pod_ip:
+            extra["sshEndpoint"] = {"host": pod_ip, "port": SSH_PORT}
+    elif recorded:
+        extra["pod"] = prev["pod"]
+        if prev.get("phase") in ("Stopped", "Failed"):  # the boot ended and was recorded; the Pod is gone since
+            status = Status(prev["phase"], prev.get("reason", ""), prev.get("message", ""), boot,
+                            node=prev.get("node"), started_at=prev.get("startedAt"),
+                            ssh_ready_at=prev.get("sshReadyAt"), exit_result=prev.get("exitResult"))
+        elif not want:
+            status = Status("Stopped", "StopRequested", f"the launcher Pod of boot {boot} is gone after the stop",
+                            boot, node=prev.get("node"), started_at=prev.get("startedAt"))
+        else:
+            status = derive_status(spec, BootObservation(
+                boot, "lost", node=prev.get("node"), started_at=prev.get("startedAt"),
+                detail=f"launcher Pod {prev['pod']} of boot {boot} is gone without a result"), others)
+    elif want:
+        problem, mark, why = _claim_problem(vm, claim, claim_writers)
+        status = derive_status(spec, None, others, volume_writer=problem)
+        if status.phase == "Blocked" and status.reason == "VolumeInUse" and problem:
+            status.reason, status.message = why, problem
+        if status.phase == "Pending":
+            plan.mark_claim = mark
+            plan.create_pod = launcher_pod(vm, cfg)
+            extra["pod"] = name
+    else:
+        alive = [o for o in others if o.state in ("alive", "starting", "unknown")]
+        if alive:
+            status = derive_status(spec, alive[-1], others)
+        elif prev.get("phase") in ("Stopped", "Failed") and prev.get("bootID") is not None:
+            status = Status(prev["phase"], prev.get("reason", ""), prev.get("message", ""), int(prev["bootID"]),
+                            node=prev.get("node"), started_at=prev.get("startedAt"),
+                            ssh_ready_at=prev.get("sshReadyAt"), exit_result=prev.get("exitResult"))
+            extra.update({k: prev[k] for k in ("pod",) if prev.get(k)})
+        else:
+            status = derive_status(spec, None, others)
+    status.extra.update(extra)
+    out = status.as_dict()
+    generation = int(md.get("generation") or 0)
+    out["observedGeneration"] = generation
+    out["message"] = out.get("message", "")[:4096]
+    out["conditions"] = _conditions(prev.get("conditions") or [], out["phase"], out["reason"], out["message"],
+                                    generation, now)
+    plan.status = out
+    return plan
+
+
+def status_patch(prev: dict, new: dict) -> Optional[dict]:
+    """The JSON merge patch turning ``prev`` into ``new`` (keys gone become None), or None when equal."""
+    if prev == new:
+        return None
+    patch: dict[str, Any] = {k: v for k, v in new.items() if prev.get(k) != v}
+    patch.update({k: None for k in prev if k not in new})
+    return patch
+
+
+def transition_event(prev: dict, new: dict) -> Optional[tuple[str, str, str]]:
+    """``(type, reason, message)`` of the Kubernetes Event for a phase or reason change, or None.
+
+    Warning for Failed, Unknown and Blocked; Normal otherwise. The reason is the new status reason.
+    """
+    if (prev.get("phase"), prev.get("reason"), prev.get("bootID")) == (
+            new.get("phase"), new.get("reason"), new.get("bootID")):
+        return None
+    kind = "Warning" if new.get("phase") in ("Failed", "Unknown", "Blocked") else "Normal"
+    message = (f"boot {new.get('bootID')}: {prev.get('phase') or '(none)'} -> {new.get('phase')}: "
+               f"{new.get('message', '')}")
+    return kind, new.get("reason") or new.get("phase") or "Unknown", message[:1024]
+
+
+__all__ = ["CLAIMED_BY", "FINALIZER", "GROUP", "LABEL_BOOT", "LABEL_VM", "PLURAL", "VERSION", "Config", "Plan",
+           "decide", "launcher_pod", "observe", "pod_name", "pod_resources", "status_patch", "transition_event"]

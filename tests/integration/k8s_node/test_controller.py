@@ -1,0 +1,385 @@
+"""The controller (controller/zjusct_controller, run as a process) on the real node: a CloudVM becomes one launcher
+Pod, the status says Running only once the guest's SSH banner answers at status.sshEndpoint, a controller restart
+never makes a second Pod, powerState Stopped deletes the Pod and ends Stopped (the cloudvm module's waits end on
+these statuses), a launcher Pod deleted behind the controller's back ends Failed/LauncherLost, never Running, and a
+frozen kubelet makes the VM Unknown/NodeLost without a second Pod. The controller runs with the ServiceAccount
+token of config/rbac/controller-role.yaml, so the role's rights are what is tested.
+
+The root volume is a PVC bound to a hostPath PV holding a copy of the guest image's root filesystem (the step
+before RBD; docs/controller.md). One guest boot under TCG (minutes on a shared 2-core machine) in the first test;
+the others never wait for a boot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.cluster import Cluster, RealNode, wait_for
+from tests.integration.cloudvm_k8s import cloudvm_helpers
+from tests.integration.cloudvm_k8s.cloudvm_helpers import PlayRun, cloudvm_task, finish_play, run_play
+from tests.integration.k8s_node.test_launcher_pod import ssh_banner
+from tests.integration.k8s_node.test_real_node import busybox_pod
+
+pytestmark = [pytest.mark.k8s, pytest.mark.kubelet, pytest.mark.guest, pytest.mark.slow, pytest.mark.timeout(2700)]
+REPO = Path(__file__).resolve().parents[3]
+CRD_FILE = REPO / "config" / "crd" / "cloudvms.cloud.zjusct.io.yaml"
+CONTROLLER_ROLE = REPO / "config" / "rbac" / "controller-role.yaml"
+GROUP, VERSION, PLURAL = "cloud.zjusct.io", "v1alpha1", "cloudvms"
+BOOT_TIMEOUT = 1500
+LABEL_VM = "cloud.zjusct.io/vm"
+
+
+class Controller:
+    """``python -m zjusct_controller`` as a subprocess (log in ``log``); start/stop/restart."""
+
+    def __init__(self, kubeconfig: Path, cfg: Path, namespace: str, log: Path) -> None:
+        with socket.socket() as s:  # a free port for /metrics
+            s.bind(("127.0.0.1", 0))
+            self.metrics_port = s.getsockname()[1]
+        self.argv = [sys.executable, "-m", "zjusct_controller", "--config", str(cfg), "--kubeconfig",
+                     str(kubeconfig), "--namespace", namespace, "--resync", "10",
+                     "--metrics-port", str(self.metrics_port)]
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Controller:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "controller"), str(REPO / ".collections")]))
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(self.argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+        self.proc = None
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """Every sample of ``/metrics``: (name, sorted labels) -> value."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            text = resp.read().decode()
+        return {(smp.name, tuple(sorted(smp.labels.items()))): smp.value
+                for fam in text_string_to_metric_families(text) for smp in fam.samples}
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-6000:] if self.log.exists() else ""
+
+
+@dataclass
+class Env:
+    core: Any
+    custom: Any
+    ns: str
+    controller: Controller
+    key: Path
+    vm_dir: Path
+    seen: list[tuple[Any, Any, Any]] = field(default_factory=list)  # (bootID, phase, reason) in watch order
+
+    def vm(self, name: str) -> dict[str, Any]:
+        return dict(self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name))
+
+    def pods(self, name: str) -> list[Any]:
+        return list(self.core.list_namespaced_pod(self.ns, label_selector=f"{LABEL_VM}={name}").items)
+
+    def status_when(self, name: str, pred: Callable[[dict[str, Any]], bool], timeout: float, what: str,
+                    ) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            obj = self.vm(name)
+            return obj if pred(obj.get("status") or {}) else None
+
+        try:
+            return dict(wait_for(check, timeout, what, interval=1))
+        except BaseException:
+            print(self.controller.tail())
+            with contextlib.suppress(Exception):
+                print(self.vm(name).get("status"))
+            raise
+
+
+def _create_or_keep(create: Callable[[], Any]) -> None:
+    try:
+        create()
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+def controller_kubeconfig(k8s_api: Any, admin_kubeconfig: Path, path: Path) -> Path:
+    """A kubeconfig for the controller's own ServiceAccount (config/rbac/controller-role.yaml), so the tests run
+    the controller with exactly the rights the role grants (a TokenRequest token, one hour)."""
+    core: Any = client.CoreV1Api(k8s_api)
+    rbac: Any = client.RbacAuthorizationV1Api(k8s_api)
+    create = {"Namespace": lambda d: core.create_namespace(d),
+              "ServiceAccount": lambda d: core.create_namespaced_service_account(d["metadata"]["namespace"], d),
+              "ClusterRole": lambda d: rbac.create_cluster_role(d),
+              "ClusterRoleBinding": lambda d: rbac.create_cluster_role_binding(d)}
+    replace = {"ClusterRole": lambda d: rbac.replace_cluster_role(d["metadata"]["name"], d)}
+    for doc in (d for d in yaml.safe_load_all(CONTROLLER_ROLE.read_text()) if d):
+        try:
+            create[doc["kind"]](doc)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            if doc["kind"] in replace:  # the role of this checkout, also when an earlier test created one
+                replace[doc["kind"]](doc)
+    sa = next(d for d in yaml.safe_load_all(CONTROLLER_ROLE.read_text()) if d and d["kind"] == "ServiceAccount")
+    token = wait_for(lambda: core.create_namespaced_service_account_token(
+        sa["metadata"]["name"], sa["metadata"]["namespace"], {"spec": {"expirationSeconds": 3600}}).status.token,
+        60, "ServiceAccount token")
+    doc = yaml.safe_load(admin_kubeconfig.read_text())
+    doc["users"] = [{"name": "controller", "user": {"token": token}}]
+    doc["contexts"] = [{"name": "controller", "context": {"cluster": doc["clusters"][0]["name"], "user": "controller"}}]
+    doc["current-context"] = "controller"
+    path.write_text(json.dumps(doc))
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture
+def env(k8s_cluster: Cluster, real_node: RealNode, launcher_image: dict[str, Any], guest_image: Any,
+        k8s_api: Any, k8s_namespace: str, tmp_path: Path) -> Iterator[Env]:
+    """CRD, a bound root volume claim ``vm1-root`` (hostPath PV with the guest's root.raw), the controller."""
+    ext = client.ApiextensionsV1Api(k8s_api)
+    (crd,) = [d for d in yaml.safe_load_all(CRD_FILE.read_text()) if d]
+    _create_or_keep(lambda: ext.create_custom_resource_definition(crd))
+    wait_for(lambda: any(c.type == "Established" and c.status == "True" for c in
+                         ext.read_custom_resource_definition(crd["metadata"]["name"]).status.conditions or []),
+             60, "CloudVM CRD Established")
+    core: Any = client.CoreV1Api(k8s_api)
+    custom: Any = client.CustomObjectsApi(k8s_api)
+    ns = k8s_namespace
+    vm_dir = tmp_path / "volume"
+    vm_dir.mkdir()
+    subprocess.run(["cp", "--sparse=always", "--reflink=auto", str(guest_image.rootfs), str(vm_dir / "root.raw")],
+                   check=True, timeout=600)
+    pv_name = f"{ns}-vm1-root"
+    core.create_persistent_volume({
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv_name},
+        "spec": {"capacity": {"storage": "4Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(vm_dir), "type": "Directory"},
+                 "claimRef": {"namespace": ns, "name": "vm1-root"}}})
+    core.create_namespaced_persistent_volume_claim(ns, {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "vm1-root"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv_name,
+                 "resources": {"requests": {"storage": "4Gi"}}}})
+    wait_for(lambda: core.read_namespaced_persistent_volume_claim("vm1-root", ns).status.phase == "Bound", 120,
+             "root volume claim Bound")
+    placement = real_node.pod_placement()
+    cfg = tmp_path / "controller.json"
+    cfg.write_text(json.dumps({"launcherImage": launcher_image["tag"], "imageDir": str(guest_image.dir),
+                               "cmdline": guest_image.default_cmdline, "accel": "tcg",
+                               "nodeSelector": placement["nodeSelector"], "tolerations": placement["tolerations"]}))
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True, timeout=60)
+    kubeconfig = controller_kubeconfig(k8s_api, k8s_cluster.kubeconfig, tmp_path / "controller.kubeconfig")
+    ctl = Controller(kubeconfig, cfg, ns, tmp_path / "controller.log").start()
+    e = Env(core, custom, ns, ctl, key, vm_dir)
+    stop = threading.Event()
+    w = watch.Watch()
+
+    def record() -> None:  # every status the API server ever held for vm1, in order
+        while not stop.is_set():
+            with contextlib.suppress(Exception):
+                for ev in w.stream(custom.list_namespaced_custom_object, GROUP, VERSION, ns, PLURAL,
+                                   timeout_seconds=30):
+                    st = ev["object"].get("status") or {}
+                    seen = (st.get("bootID"), st.get("phase"), st.get("reason"))
+                    if st and (not e.seen or e.seen[-1] != seen):
+                        e.seen.append(seen)
+                    if stop.is_set():
+                        break
+
+    t = threading.Thread(target=record, daemon=True)
+    t.start()
+    try:
+        yield e
+    finally:
+        stop.set()
+        w.stop()
+        with contextlib.suppress(ApiException):  # no graceful guest stop at teardown (it takes up to 150 s)
+            core.delete_collection_namespaced_pod(ns, label_selector=LABEL_VM, grace_period_seconds=0)
+        with contextlib.suppress(ApiException):
+            custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "vm1")
+        if ctl.proc is None:
+            ctl.start()
+        with contextlib.suppress(TimeoutError):  # the finalizer goes once the launcher Pod is gone
+            wait_for(lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"], 300,
+                     "CloudVM deleted")
+        ctl.stop()
+        with contextlib.suppress(ApiException):
+            core.delete_persistent_volume(pv_name)
+        print(ctl.tail()[-3000:])
+
+
+def _cloudvm(name: str, pubkey: str, power: str, boot: int) -> dict[str, Any]:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CloudVM", "metadata": {"name": name},
+            "spec": {"owner": "alice", "rootVolumeClaim": f"{name}-root", "vcpus": 1, "memoryMiB": 512,
+                     "powerState": power, "bootID": boot, "sshAuthorizedKeys": [pubkey]}}
+
+
+def test_cloudvm_module_start_runs_on_the_real_node_ssh_answers_restart_keeps_one_pod_and_stop_deletes_it(
+    env: Env, k8s_cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The cloudvm module (backend kubernetes) against the real controller: its waits end on the status the
+    controller writes, with no stand-in."""
+    monkeypatch.setattr(cloudvm_helpers, "PLAY_TIMEOUT", BOOT_TIMEOUT + 300)  # one TCG boot inside the play
+    pubkey = env.key.with_suffix(".pub").read_text().strip()
+    vm_args = {"name": "vm1", "namespace": env.ns, "owner": "alice", "root_volume_claim": "vm1-root",
+               "vcpus": 1, "memory_mib": 512, "ssh_authorized_keys": [pubkey], "wait_timeout": BOOT_TIMEOUT}
+    start = run_play([cloudvm_task(**vm_args, power_state="running")], kubeconfig=k8s_cluster.kubeconfig,
+                     tmp_path=tmp_path, background=True)
+    assert isinstance(start, subprocess.Popen)
+
+    # the controller creates the Pod and reports the boot as Pending until the guest answers
+    pending = env.status_when("vm1", lambda s: s.get("bootID") == 1 and s.get("pod"), 120, "status names the Pod")
+    assert pending["status"]["phase"] in ("Pending", "Running"), pending["status"]
+    assert pending["metadata"]["finalizers"] == ["cloud.zjusct.io/launcher"]
+    (pod,) = env.pods("vm1")
+    assert pod.metadata.name == "vm1-boot-1" == pending["status"]["pod"]
+    assert pod.metadata.owner_references[0].uid == pending["metadata"]["uid"]
+    assert pod.spec.restart_policy == "Never"
+    assert pod.spec.containers[0].resources.requests == {"cpu": "350m", "memory": "534Mi"}
+    config = json.loads(pod.metadata.annotations["cloud.zjusct.io/launcher-config"])
+    assert config["vm"] == {"namespace": env.ns, "name": "vm1", "uid": pending["metadata"]["uid"], "bootID": 1}
+
+    # restart the controller while the boot is in progress: still exactly one Pod, same uid
+    env.controller.stop()
+    env.controller.start()
+    started = finish_play(start)
+    assert started.rc == 0 and started.results[0].get("phase") == "Running", (
+        started.stdout[-3000:], env.controller.tail())
+    assert started.results[0]["changed"] is True and started.results[0]["boot_id"] == 1
+    running = env.vm("vm1")
+    st = running["status"]
+    assert (st["phase"], st["reason"], st["bootID"]) == ("Running", "SSHReady", 1), st
+    pods = env.pods("vm1")
+    assert [p.metadata.uid for p in pods] == [pod.metadata.uid]
+    endpoint = st["sshEndpoint"]
+    assert endpoint == {"host": pods[0].status.pod_ip, "port": 22}
+    assert ssh_banner(endpoint["host"], endpoint["port"]).startswith("SSH-2.0-OpenSSH")
+    assert st["observedGeneration"] == running["metadata"]["generation"] and st["sshReadyAt"]
+    ready = [c for c in st["conditions"] if c["type"] == "Ready"]
+    assert ready and ready[0]["status"] == "True"
+    # Running was never reported before the boot passed through Pending (no Running from a stale status)
+    boot1 = [s for s in env.seen if s[0] == 1]
+    assert boot1[0][1] == "Pending" and ("Running" in [s[1] for s in boot1]), env.seen
+    # the restarted controller's metrics: it saw the transition to Running of the Pod created before its restart
+    samples = wait_for(lambda: (m := env.controller.metrics()).get(
+        ("zjusct_cloudvm_start_to_running_seconds_count", ())) and m, 60, "start -> Running observed")
+    assert samples[("zjusct_cloudvm_phase", (("phase", "Running"),))] == 1
+    assert samples[("zjusct_controller_reconciles_total", ())] > 0
+    assert 0 < samples[("zjusct_cloudvm_start_to_running_seconds_sum", ())] < BOOT_TIMEOUT
+    events = env.core.list_namespaced_event(env.ns, field_selector="involvedObject.name=vm1").items
+    assert {"Starting", "SSHReady"} <= {e.reason for e in events}, [e.reason for e in events]
+
+    # power_state stopped: the Pod is deleted with a grace period, the guest stops, the module's wait ends Stopped
+    stop = run_play([cloudvm_task(**vm_args, power_state="stopped")], kubeconfig=k8s_cluster.kubeconfig,
+                    tmp_path=tmp_path)
+    assert isinstance(stop, PlayRun)
+    assert stop.rc == 0 and stop.results[0].get("phase") == "Stopped", (stop.stdout[-3000:], env.controller.tail())
+    assert not stop.results[0].get("warnings"), stop.results[0]  # Stopped, not Failed
+    stopped = env.vm("vm1")
+    assert (stopped["status"]["phase"], stopped["status"]["reason"]) == ("Stopped", "StopRequested"), stopped
+    assert "sshEndpoint" not in stopped["status"]
+    wait_for(lambda: not env.pods("vm1"), 300, "launcher Pod gone")
+    assert not ssh_banner(endpoint["host"], timeout=2)
+    assert "Stopping" in [s[1] for s in env.seen if s[0] == 1], env.seen
+
+
+def test_launcher_pod_deleted_behind_the_controller_is_failed_never_running(env: Env) -> None:
+    pubkey = env.key.with_suffix(".pub").read_text().strip()
+    env.custom.create_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL, _cloudvm("vm1", pubkey, "Running", 1))
+
+    def launcher_running() -> Any:
+        pods = env.pods("vm1")
+        return pods[0] if pods and pods[0].status.phase == "Running" else None
+
+    pod = wait_for(launcher_running, 300, "launcher Pod Running")
+    env.core.delete_namespaced_pod(pod.metadata.name, env.ns)
+    failed = env.status_when("vm1", lambda s: s.get("phase") in ("Failed", "Stopped", "Running"), 120,
+                             "vm1 Failed")
+    assert (failed["status"]["phase"], failed["status"]["reason"]) == ("Failed", "LauncherLost"), failed["status"]
+    wait_for(lambda: not env.pods("vm1"), 300, "launcher Pod gone")
+    # gone for good: the controller does not boot bootID 1 again (the Pod's DELETED event was reconciled)
+    assert env.pods("vm1") == []
+    assert env.vm("vm1")["status"]["phase"] == "Failed"
+    assert "Running" not in [s[1] for s in env.seen], env.seen
+
+
+def test_node_not_ready_makes_the_vm_unknown_with_no_second_pod_and_it_recovers(env: Env, real_node: RealNode,
+                                                                                 k8s_api: Any) -> None:
+    """The kubelet is frozen (SIGSTOP: it stops reporting, the launcher keeps running): the node goes NotReady,
+    the VM Unknown/NodeLost, and no second launcher Pod appears; thawed, the same Pod is observed again."""
+    pubkey = env.key.with_suffix(".pub").read_text().strip()
+    env.custom.create_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL, _cloudvm("vm1", pubkey, "Running", 1))
+
+    def launcher_running() -> Any:
+        pods = env.pods("vm1")
+        return pods[0] if pods and pods[0].status.phase == "Running" else None
+
+    pod = wait_for(launcher_running, 300, "launcher Pod Running")
+    kubelet = real_node.popens["kubelet"]
+    core: Any = client.CoreV1Api(k8s_api)
+
+    def node_ready() -> bool:
+        conds = core.read_node(pod.spec.node_name).status.conditions or []
+        return any(c.type == "Ready" and c.status == "True" for c in conds)
+
+    kubelet.send_signal(signal.SIGSTOP)
+    try:
+        unknown = env.status_when("vm1", lambda s: s.get("phase") == "Unknown", 180, "vm1 Unknown")
+        assert unknown["status"]["reason"] == "NodeLost", unknown["status"]
+        assert pod.spec.node_name in unknown["status"]["message"]
+        assert [p.metadata.uid for p in env.pods("vm1")] == [pod.metadata.uid]
+    finally:
+        kubelet.send_signal(signal.SIGCONT)
+    wait_for(node_ready, 180, "node Ready again")
+    back = env.status_when("vm1", lambda s: s.get("phase") in ("Pending", "Running"), 180, "vm1 observed again")
+    assert back["status"]["bootID"] == 1 and back["status"]["pod"] == pod.metadata.name
+    assert [p.metadata.uid for p in env.pods("vm1")] == [pod.metadata.uid]
+    assert [s for s in env.seen if s[1] == "Unknown"] == [(1, "Unknown", "NodeLost")], env.seen
+
+
+def test_root_volume_claim_used_by_another_pod_blocks_the_start_until_it_is_gone(env: Env, real_node: RealNode) -> None:
+    """Never two writers: a Pod that mounts the VM's root volume claim blocks the launcher (Blocked/VolumeInUse,
+    naming it); once it is gone the launcher Pod is created and the claim marked with the VM's uid."""
+    other = busybox_pod(real_node, "squatter", "exec sleep 3600",
+                        volumes=[{"name": "root", "persistentVolumeClaim": {"claimName": "vm1-root"}}])
+    other["spec"]["containers"][0]["volumeMounts"] = [{"name": "root", "mountPath": "/data"}]
+    env.core.create_namespaced_pod(env.ns, other)
+    wait_for(lambda: env.core.read_namespaced_pod("squatter", env.ns).status.phase == "Running", 120,
+             "squatter Running")
+    pubkey = env.key.with_suffix(".pub").read_text().strip()
+    env.custom.create_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL, _cloudvm("vm1", pubkey, "Running", 1))
+    blocked = env.status_when("vm1", lambda s: s.get("phase") == "Blocked", 60, "vm1 Blocked")
+    assert blocked["status"]["reason"] == "VolumeInUse" and "squatter" in blocked["status"]["message"], blocked
+    assert env.pods("vm1") == []
+    env.core.delete_namespaced_pod("squatter", env.ns, grace_period_seconds=0)
+    pending = env.status_when("vm1", lambda s: s.get("pod") == "vm1-boot-1", 120, "launcher Pod created")
+    assert pending["status"]["phase"] in ("Pending", "Running"), pending["status"]
+    assert [p.metadata.name for p in env.pods("vm1")] == ["vm1-boot-1"]
+    claim = env.core.read_namespaced_persistent_volume_claim("vm1-root", env.ns)
+    assert claim.metadata.annotations["cloud.zjusct.io/claimed-by"] == pending["metadata"]["uid"]

@@ -1,0 +1,260 @@
+"""The controller's pure decisions (zjusct_controller.decide): which Pod to create or delete and which status to
+write, from a CloudVM, its launcher Pods, their Nodes and its root volume claim. Objects are hand-made dicts in
+the API's shape; the real API server path is tests/integration/k8s_node/test_controller.py.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from ansible_collections.zjusct.cloud.plugins.module_utils._names import DNS1123_LABEL_MAX
+from zjusct_controller.decide import (
+    CLAIMED_BY,
+    FINALIZER,
+    Config,
+    decide,
+    launcher_pod,
+    pod_name,
+    pod_resources,
+    status_patch,
+    transition_event,
+)
+
+CFG = Config(launcher_image="launcher:1", image_dir="/srv/images", cmdline="console=ttyS0",
+             node_selector={"zone": "a"}, tolerations=[{"key": "t", "operator": "Exists"}])
+NOW = "2026-01-01T00:00:00Z"
+UID = "0b7c1f4e-0000-4000-8000-000000000001"
+
+
+def vm(power: str = "Running", boot: int = 1, status: dict | None = None, finalizers: Any = (FINALIZER,),
+       deleting: bool = False, generation: int = 3) -> dict[str, Any]:
+    md: dict[str, Any] = {"name": "web", "namespace": "alice", "uid": UID, "generation": generation,
+                          "finalizers": list(finalizers)}
+    if deleting:
+        md["deletionTimestamp"] = NOW
+    return {"metadata": md, "spec": {"owner": "alice", "rootVolumeClaim": "web-root", "powerState": power,
+                                     "bootID": boot, "vcpus": 2, "memoryMiB": 1024},
+            "status": status or {}}
+
+
+def claim(phase: str = "Bound", holder: str | None = UID) -> dict[str, Any]:
+    ann = {CLAIMED_BY: holder} if holder else {}
+    return {"metadata": {"name": "web-root", "annotations": ann}, "status": {"phase": phase}}
+
+
+def pod(boot: int = 1, *, phase: str = "Running", ready: bool = False, terminated: dict | None = None,
+        deleting: bool = False, node: str | None = "n1", ip: str = "10.1.0.5") -> dict[str, Any]:
+    state: dict[str, Any] = {}
+    if terminated is not None:
+        state = {"terminated": terminated}
+    elif phase == "Running":
+        state = {"running": {"startedAt": "2026-01-01T00:00:01Z"}}
+    md: dict[str, Any] = {"name": pod_name("web", boot), "labels": {"cloud.zjusct.io/vm": "web",
+                                                                    "cloud.zjusct.io/boot-id": str(boot)}}
+    if deleting:
+        md["deletionTimestamp"] = NOW
+    conds = [{"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": "2026-01-01T00:03:00Z"}]
+    return {"metadata": md, "spec": {"nodeName": node} if node else {},
+            "status": {"phase": phase, "podIP": ip, "conditions": conds,
+                       "containerStatuses": [{"name": "launcher", "state": state}]}}
+
+
+READY_NODE = {"n1": {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}}
+NOT_READY_NODE = {"n1": {"status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}}
+
+
+def result(reason: str, code: int = 0) -> dict[str, Any]:
+    return {"exitCode": code, "message": json.dumps({"kind": "LauncherResult", "reason": reason, "exitCode": code,
+                                                     "finishedAt": "2026-01-01T01:00:00Z",
+                                                     "readyAt": "2026-01-01T00:03:00Z"})}
+
+
+def test_running_request_creates_one_pod_named_from_vm_and_boot_and_reports_pending() -> None:
+    plan = decide(vm(), [], {}, claim(), [], CFG, NOW)
+    assert plan.create_pod is not None and plan.delete_pods == [] and not plan.add_finalizer
+    assert plan.create_pod["metadata"]["name"] == "web-boot-1"
+    assert plan.status is not None
+    assert (plan.status["phase"], plan.status["reason"], plan.status["bootID"], plan.status["pod"]) == (
+        "Pending", "Starting", 1, "web-boot-1")
+    assert plan.status["observedGeneration"] == 3
+    assert plan.status["conditions"][0]["status"] == "False"
+
+
+def test_pod_created_before_is_never_created_again_even_when_it_vanished() -> None:
+    # the status records the Pod of boot 1: a restart or a retry never makes a second one, and its
+    # disappearance while the VM should run is LauncherLost (never Running, no new boot of the same bootID)
+    prev = {"phase": "Running", "reason": "SSHReady", "bootID": 1, "pod": "web-boot-1"}
+    plan = decide(vm(status=prev), [], {}, claim(), [], CFG, NOW)
+    assert plan.create_pod is None
+    assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == ("Failed", "LauncherLost")
+
+
+def test_running_only_when_the_pod_is_ready_and_then_ssh_endpoint_is_the_pod_ip() -> None:
+    prev = {"phase": "Pending", "reason": "Starting", "bootID": 1, "pod": "web-boot-1"}
+    not_ready = decide(vm(status=prev), [pod(ready=False)], READY_NODE, claim(), [], CFG, NOW)
+    assert not_ready.status is not None and not_ready.create_pod is None
+    assert (not_ready.status["phase"], not_ready.status["reason"]) == ("Pending", "WaitingForSSH")
+    assert "sshEndpoint" not in not_ready.status
+    ready = decide(vm(status=not_ready.status), [pod(ready=True)], READY_NODE, claim(), [], CFG, NOW)
+    assert ready.status is not None
+    assert (ready.status["phase"], ready.status["reason"]) == ("Running", "SSHReady")
+    assert ready.status["sshEndpoint"] == {"host": "10.1.0.5", "port": 22}
+    assert ready.status["sshReadyAt"] == "2026-01-01T00:03:00Z"
+    assert ready.status["conditions"][0]["status"] == "True"
+
+
+def test_pod_on_a_not_ready_node_is_unknown_never_running_and_no_second_pod() -> None:
+    plan = decide(vm(), [pod(ready=True)], NOT_READY_NODE, claim(), [], CFG, NOW)
+    assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == ("Unknown", "NodeLost")
+    assert plan.create_pod is None and plan.delete_pods == []
+
+
+def test_guest_shutdown_stays_stopped_until_boot_id_grows() -> None:
+    done = pod(phase="Succeeded", terminated=result("GuestShutdown"))
+    plan = decide(vm(), [done], READY_NODE, claim(), [], CFG, NOW)
+    assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == ("Stopped", "GuestShutdown")
+    assert plan.create_pod is None and plan.delete_pods == []
+    assert plan.status["exitResult"]["reason"] == "GuestShutdown"
+    # bootID 2: the old Pod is deleted and the new one created in the same step (the old one has ended)
+    nxt = decide(vm(boot=2, status=plan.status), [done], READY_NODE, claim(), [], CFG, NOW)
+    assert nxt.create_pod is not None and nxt.create_pod["metadata"]["name"] == "web-boot-2"
+    assert [name for name, _grace in nxt.delete_pods] == ["web-boot-1"]
+
+
+def test_pod_failed_with_result_is_failed_with_its_reason_and_without_result_is_launcher_lost() -> None:
+    crashed = decide(vm(), [pod(phase="Failed", terminated=result("HypervisorCrashed", 1))], READY_NODE, claim(), [],
+                     CFG, NOW)
+    assert crashed.status is not None and (crashed.status["phase"], crashed.status["reason"]) == (
+        "Failed", "HypervisorCrashed")
+    killed = decide(vm(), [pod(phase="Failed", terminated={"exitCode": 137, "reason": "Error"})], READY_NODE,
+                    claim(), [], CFG, NOW)
+    assert killed.status is not None and (killed.status["phase"], killed.status["reason"]) == (
+        "Failed", "LauncherLost")
+    assert "137" in killed.status["message"]
+
+
+def test_pod_deleted_by_someone_else_while_running_is_launcher_lost_at_once() -> None:
+    plan = decide(vm(), [pod(ready=True, deleting=True)], READY_NODE, claim(), [], CFG, NOW)
+    assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == ("Failed", "LauncherLost")
+    assert plan.create_pod is None and plan.delete_pods == []
+    # the stop that followed (graceful, or killed after stopTimeoutSeconds when the guest ignores ACPI early in
+    # its boot) was not asked for by the VM's spec: still LauncherLost, never Stopped
+    for reason in ("StopRequested", "StopTimeoutKilled"):
+        ended = decide(vm(), [pod(phase="Succeeded", terminated=result(reason), deleting=True)], READY_NODE,
+                       claim(), [], CFG, NOW)
+        assert ended.status is not None and (ended.status["phase"], ended.status["reason"]) == (
+            "Failed", "LauncherLost"), reason
+    # a result from before the deletion that is not a stop's outcome is kept (the guest panicked)
+    panicked = decide(vm(), [pod(phase="Failed", terminated=result("GuestPanic", 1), deleting=True)], READY_NODE,
+                      claim(), [], CFG, NOW)
+    assert panicked.status is not None and panicked.status["reason"] == "GuestPanic"
+
+
+def test_stop_deletes_the_pod_with_the_grace_period_then_stopped_and_kept_after_the_pod_is_gone() -> None:
+    prev = {"phase": "Running", "reason": "SSHReady", "bootID": 1, "pod": "web-boot-1"}
+    plan = decide(vm("Stopped", status=prev), [pod(ready=True)], READY_NODE, claim(), [], CFG, NOW)
+    assert plan.delete_pods == [("web-boot-1", CFG.stop_timeout_s + 30)]
+    assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == ("Stopping", "StopRequested")
+    term = pod(phase="Succeeded", terminated=result("StopRequested"), deleting=True)
+    done = decide(vm("Stopped", status=plan.status), [term], READY_NODE, claim(), [], CFG, NOW)
+    assert done.status is not None and (done.status["phase"], done.status["reason"]) == ("Stopped", "StopRequested")
+    assert done.delete_pods == []  # already being deleted
+    gone = decide(vm("Stopped", status=done.status), [], {}, claim(), [], CFG, NOW)
+    assert gone.status == done.status and status_patch(done.status, gone.status) is None
+    # the Pod vanished before its result was seen: Stopped too (the stop was asked for)
+    lost = decide(vm("Stopped", status=plan.status), [], {}, claim(), [], CFG, NOW)
+    assert lost.status is not None and (lost.status["phase"], lost.status["reason"]) == ("Stopped", "StopRequested")
+
+
+def test_a_lingering_older_boot_blocks_the_new_one() -> None:
+    prev = {"phase": "Stopping", "reason": "StopRequested", "bootID": 1, "pod": "web-boot-1"}
+    old = pod(1, ready=True, deleting=True)
+    plan = decide(vm(boot=2, status=prev), [old], READY_NODE, claim(), [], CFG, NOW)
+    assert plan.create_pod is None
+    assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == (
+        "Blocked", "PreviousBootRunning")
+
+
+@pytest.mark.parametrize(("pvc", "writers", "why", "reason"), [
+    (None, [], "does not exist", "VolumeClaimNotReady"),
+    (claim(phase="Pending"), [], "Pending", "VolumeClaimNotReady"),
+    (claim(holder="another-uid"), [], "another-uid", "VolumeInUse"),
+    (claim(), ["other-pod"], "other-pod", "VolumeInUse"),
+])
+def test_root_volume_claim_problems_block_the_start_naming_the_claim(pvc: Any, writers: list, why: str,
+                                                                    reason: str) -> None:
+    plan = decide(vm(), [], {}, pvc, writers, CFG, NOW)
+    assert plan.create_pod is None
+    assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == ("Blocked", reason)
+    assert "web-root" in plan.status["message"] and why in plan.status["message"]
+
+
+def test_unclaimed_volume_is_marked_with_the_vm_uid() -> None:
+    plan = decide(vm(), [], {}, claim(holder=None), [], CFG, NOW)
+    assert plan.mark_claim and plan.create_pod is not None
+    assert not decide(vm(), [], {}, claim(), [], CFG, NOW).mark_claim
+
+
+def test_finalizer_added_and_removed_only_once_the_pods_are_gone() -> None:
+    assert decide(vm(finalizers=()), [], {}, claim(), [], CFG, NOW).add_finalizer
+    deleting = decide(vm(deleting=True), [pod(ready=True)], READY_NODE, claim(), [], CFG, NOW)
+    assert deleting.delete_pods == [("web-boot-1", CFG.stop_timeout_s + 30)]
+    assert not deleting.remove_finalizer and deleting.status is None and deleting.create_pod is None
+    assert decide(vm(deleting=True), [], {}, claim(), [], CFG, NOW).remove_finalizer
+
+
+def test_never_started_vm_is_stopped_never_started() -> None:
+    plan = decide(vm("Stopped", boot=0), [], {}, claim(), [], CFG, NOW)
+    assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == ("Stopped", "NeverStarted")
+    assert plan.create_pod is None
+
+
+def test_pod_manifest_owner_labels_config_and_resources() -> None:
+    body = launcher_pod(vm(), CFG)
+    md, spec = body["metadata"], body["spec"]
+    assert md["ownerReferences"] == [{"apiVersion": "cloud.zjusct.io/v1alpha1", "kind": "CloudVM", "name": "web",
+                                      "uid": UID, "controller": True, "blockOwnerDeletion": True}]
+    assert md["labels"]["cloud.zjusct.io/boot-id"] == "1" and md["labels"]["cloud.zjusct.io/vm"] == "web"
+    assert spec["restartPolicy"] == "Never" and spec["nodeSelector"] == {"zone": "a"}
+    assert spec["tolerations"] == CFG.tolerations
+    container = spec["containers"][0]
+    assert container["terminationMessagePath"] == "/dev/termination-log"
+    assert container["resources"] == {"requests": {"cpu": "600m", "memory": "875Mi"}}  # 2 vCPU / 1024 MiB, TCG
+    cfg = json.loads(md["annotations"]["cloud.zjusct.io/launcher-config"])
+    assert cfg["vm"] == {"namespace": "alice", "name": "web", "uid": UID, "bootID": 1}
+    assert cfg["machine"] == {"vcpus": 2, "memoryMiB": 1024}
+    assert cfg["result"]["path"] == "/vm/result-1.json"
+    assert {"name": "vm", "persistentVolumeClaim": {"claimName": "web-root"}} in spec["volumes"]
+
+
+def test_resources_formula() -> None:
+    assert pod_resources({"vcpus": 1, "memoryMiB": 512}, CFG) == {"requests": {"cpu": "350m", "memory": "534Mi"}}
+    kvm = Config(launcher_image="x", image_dir="/x", cmdline="c", accel="kvm")
+    assert pod_resources({"vcpus": 4, "memoryMiB": 4096}, kvm) == {"requests": {"cpu": "1100m", "memory": "2795Mi"}}
+
+
+def test_pod_name_is_deterministic_and_fits_a_dns_label() -> None:
+    long = "v" * 63
+    assert pod_name(long, 7) == pod_name(long, 7) and len(pod_name(long, 7)) == DNS1123_LABEL_MAX
+    assert pod_name(long, 7) != pod_name(long, 8)
+    assert pod_name("web", 2) == "web-boot-2"
+
+
+def test_status_patch_and_events() -> None:
+    assert status_patch({"a": 1}, {"a": 1}) is None
+    assert status_patch({"a": 1, "sshEndpoint": {"host": "x"}}, {"a": 2}) == {"a": 2, "sshEndpoint": None}
+    assert transition_event({"phase": "Pending", "reason": "Starting", "bootID": 1},
+                            {"phase": "Pending", "reason": "Starting", "bootID": 1}) is None
+    event = transition_event({}, {"phase": "Failed", "reason": "LauncherLost", "bootID": 1})
+    assert event is not None
+    kind, reason, _msg = event
+    assert (kind, reason) == ("Warning", "LauncherLost")
+
+
+def test_config_refuses_unknown_and_missing_keys() -> None:
+    with pytest.raises(ValueError, match="unknown keys bogus"):
+        Config.from_dict({"launcherImage": "x", "imageDir": "/x", "cmdline": "c", "bogus": 1})
+    with pytest.raises(ValueError, match="required keys missing: imageDir"):
+        Config.from_dict({"launcherImage": "x", "cmdline": "c"})

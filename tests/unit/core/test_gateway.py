@@ -1,0 +1,100 @@
+"""The SSH gateway's pure parts: account names, which key opens which guest, authorized_keys and sshd_config,
+the guard rules that let the gateway (and only it) open guests' port 22, and the host config's gateway keys."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from ansible_collections.zjusct.cloud.plugins.module_utils import _gateway as gw
+from ansible_collections.zjusct.cloud.plugins.module_utils import _hostconfig
+from ansible_collections.zjusct.cloud.plugins.module_utils._hostnet import guard_ruleset, uplink_outer_ruleset
+
+ALICE1 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAlice1111111111111111111111111111111111111 alice@laptop"
+ALICE2 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAlice2222222222222222222222222222222222222 alice@desk"
+BOB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBob33333333333333333333333333333333333333333 bob@laptop"
+
+
+def test_account_names_follow_the_naming_rule():
+    assert gw.account_name("alice") == "zc-alice"
+    long = gw.account_name("a" * 63)
+    assert len(long) == gw.ACCOUNT_NAME_MAX and long.startswith("zc-aaaa")
+    assert gw.account_name("a" * 63) != gw.account_name("a" * 62 + "b")
+
+
+def test_a_key_opens_exactly_the_vms_of_its_owner_that_list_it():
+    vms = [{"owner": "alice", "ipv4": "10.200.0.3", "keys": [ALICE1, ALICE2]},
+           {"owner": "alice", "ipv4": "10.200.0.2", "keys": [ALICE1.replace("alice@laptop", "other comment")]},
+           {"owner": "bob", "ipv4": "10.200.0.4", "keys": [BOB, "not a key"]}]
+    grants = gw.key_grants(vms)
+    a1, a2, b = (gw.key_identity(k) for k in (ALICE1, ALICE2, BOB))
+    assert grants == {"zc-alice": {a1: ["10.200.0.2", "10.200.0.3"], a2: ["10.200.0.3"]},
+                      "zc-bob": {b: ["10.200.0.4"]}}
+    text = gw.authorized_keys(grants["zc-alice"])
+    assert text.splitlines() == sorted([
+        f'restrict,port-forwarding,permitopen="10.200.0.2:22",permitopen="10.200.0.3:22" {a1}',
+        f'restrict,port-forwarding,permitopen="10.200.0.3:22" {a2}'])
+    assert "bob" not in text and "10.200.0.4" not in text
+    assert gw.authorized_keys({}) == ""
+
+
+@pytest.mark.parametrize("line", [
+    'command="sh" ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIxxx',  # options are never copied
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIxxx\nrestrict ssh-rsa AAAAB3",  # no second line
+    "ssh-dss AAAAB3NzaC1kc3MAAACB",
+])
+def test_lines_that_are_not_plain_public_keys_grant_nothing(line):
+    assert gw.key_identity(line) is None
+    assert gw.key_grants([{"owner": "eve", "ipv4": "10.200.0.9", "keys": [line]}]) == {"zc-eve": {}}
+
+
+def test_sshd_config_allows_only_local_forwarding_to_port_22_for_the_gateway_group():
+    text = gw.sshd_config("/etc/zjusct-cloud/gateway", 2222)
+    options = dict(line.split(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    assert options["Port"] == "2222"
+    assert options["AuthorizedKeysFile"] == "/etc/zjusct-cloud/gateway/keys/%u"
+    assert options["AllowGroups"] == gw.GROUP
+    assert options["PermitOpen"] == "*:22"
+    assert options["AllowTcpForwarding"] == "local"
+    for key in ("PasswordAuthentication", "KbdInteractiveAuthentication", "PermitTTY", "X11Forwarding",
+                "AllowAgentForwarding", "AllowStreamLocalForwarding", "PermitTunnel", "PermitRootLogin",
+                "PermitUserRC"):
+        assert options[key] == "no", key
+    assert options["PermitListen"] == "none" and options["ForceCommand"] == gw.NOLOGIN
+
+
+def test_guard_lets_only_the_gateway_address_open_guests_port_22():
+    without = guard_ruleset("zjbr0", "zjup1")
+    assert not any("ct state new" in rule for rule in without)
+    rules = guard_ruleset("zjbr0", "zjup1", gateway_source="100.64.255.1")
+    (rule,) = [r for r in rules if "ct state new" in r]
+    assert rule.strip() == 'iifname "zjup1" oifname "zjbr0" ip saddr 100.64.255.1 tcp dport 22 ct state new accept'
+    assert rules.index(rule) < rules.index('  oifname "zjbr0" drop')
+    assert not any("ct state new" in r for r in guard_ruleset("zjbr0", "zjup1", forward=False,
+                                                              gateway_source="100.64.255.1"))
+
+
+def test_outer_side_opens_guest_connections_only_for_root_and_the_gateway_group():
+    assert uplink_outer_ruleset("10.200.0.0/24", "100.64.255.0/30") == \
+        uplink_outer_ruleset("10.200.0.0/24", "100.64.255.0/30", None)
+    rules = uplink_outer_ruleset("10.200.0.0/24", "100.64.255.0/30", gateway_gid=997)
+    assert '  oifname "zjup0" ip daddr 10.200.0.0/24 ct state new meta skuid 0 accept' in rules
+    assert '  oifname "zjup0" ip daddr 10.200.0.0/24 ct state new meta skgid 997 tcp dport 22 accept' in rules
+    assert rules.count('  oifname "zjup0" ip daddr 10.200.0.0/24 ct state new drop') == 2  # output and forward
+
+
+def test_host_config_gateway_keys(tmp_path):
+    path = tmp_path / "host.json"
+    path.write_text(json.dumps({"node": "hv1", "gateway_dir": "/etc/zjusct-cloud/gateway",
+                                "uplink_cidr": "100.64.9.0/30"}))
+    cfg = _hostconfig.load(str(path))
+    assert cfg.gateway_source() == "100.64.9.1"
+    assert cfg.gateway_jump("zc-alice") == "zc-alice@hv1:2222"
+    assert _hostconfig.HostConfig().gateway_jump("zc-alice") is None
+    for bad, named in (({"gateway_port": 0}, "gateway_port: 0"), ({"gateway_port": "22"}, "gateway_port: '22'"),
+                       ({"gateway_dir": "/g", "nat": False}, "needs nat: true"),
+                       ({"gateway_dir": "/g", "netns": ""}, "needs nat: true"),
+                       ({"gateway_dir": "gw"}, "not an absolute path")):
+        path.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=named):
+            _hostconfig.load(str(path))
