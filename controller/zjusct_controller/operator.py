@@ -46,8 +46,8 @@ def install(reconciler: Reconciler, resync_s: float) -> None:
     @kopf.on.event("", "v1", "pods", labels={LABEL_VM: kopf.PRESENT})
     def _pod(namespace: Optional[str], name: Optional[str], labels: Any, meta: Any, **_: Any) -> None:
         vm = (labels or {}).get(LABEL_VM)
-        if namespace and vm and not reconciler.own_write("pod", namespace, name or "",
-                                                          (meta or {}).get("resourceVersion")):
+        version = (meta or {}).get("resourceVersion")
+        if namespace and vm and not reconciler.own_write("pod", namespace, name or "", version):
             reconciler.reconcile(namespace, vm)
 
     ready_seen: dict[str, Optional[bool]] = {}

@@ -459,7 +459,9 @@ def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, 
                                   launcher_alive=f"a launcher of {ns}/{name} (pid {live[1]})" if live else None,
                                   check_mode=check_mode)
         status = (existing or {}).get("status") or {}
-        if restart and existing is not None and status.get("phase") not in ("Stopped", "Failed", None):
+        # restart of a VM that runs: stop it first, wait Stopped, then start (below); one that is off just starts
+        stop_first = restart and existing is not None and status.get("phase") not in ("Stopped", "Failed", None)
+        if stop_first:
             planned = dict(desired, powerState="Stopped")
         else:
             planned = plan_power(desired, status, power)
@@ -509,7 +511,7 @@ def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, 
             sync_gateway(cfg, store)  # the gateway's keys follow the spec at once, not at the next boot
     wait, timeout = params.get("wait", True), int(params.get("wait_timeout") or 600)
     warnings: list[str] = []
-    if restart:
+    if stop_first:
         off = off_but_failed(ns, name, _wait(cfg, store, ns, name, "Stopped", timeout).get("status"))
         warnings += [off] if off else []
         with _vm_lock(cfg, ns, name):

@@ -64,3 +64,26 @@ def test_delete_of_a_vm_whose_boot_crashed_ends_with_a_warning(tmp_path: Path) -
     assert result["changed"] is True and "cloudvm" not in result
     assert result["warnings"] == ["default/vm1 is off, but boot 1 ended in phase Failed (reason GuestPanic):"
                                   " kernel panic"]
+
+
+def test_restart_of_a_stopped_vm_starts_it_and_never_waits_for_stopped(tmp_path: Path, monkeypatch) -> None:
+    """Restart of a VM that is off: one start (bootID + 1) and a wait for Running only. It used to start the VM
+    and then wait for Stopped, which a booting VM never reaches (seen through the AWX restart job: a 900 s
+    timeout "waiting for default/alice to be Stopped: last phase Running"). The waits are recorded instead of
+    run (no guest here); tests/e2e/awx/test_awx_jobs.py restarts a stopped real guest."""
+    config = _cloud_with_a_crashed_boot(tmp_path, "Stopped", "guest powered off")
+    cfg = load(str(config))
+    with HostStore(cfg.store_path) as store:
+        store.update_vm("default", "vm1", spec={"owner": "alice", "rootVolumeClaim": "vm1-root",
+                                                "powerState": "Stopped", "bootID": 1},
+                        status={"phase": "Stopped", "reason": "Stopped", "bootID": 1})
+    waited: list[str] = []
+
+    def fake_wait(cfg, store, ns, name, target, timeout):
+        waited.append(target)
+        return store.get_vm(ns, name)
+
+    monkeypatch.setattr(host, "_wait", fake_wait)
+    result = host.ensure(_params(config, restart=True, owner="alice"))
+    assert waited == ["Running"]
+    assert result["cloudvm"]["spec"]["powerState"] == "Running" and result["cloudvm"]["spec"]["bootID"] == 2
