@@ -31,8 +31,8 @@ STARTS = 12
 def cloud(tmp_path):
     cfg = HostConfig(netns=f"zjc-ic-{uuid.uuid4().hex[:6]}", state_dir=str(tmp_path / "state"),
                      store_path=str(tmp_path / "store.db"), subnet=SUBNET, bridge="zjbr0")
-    net.ensure_bridge(cfg.netns, cfg.bridge, cfg.subnet)
     try:
+        net.ensure_bridge(cfg.netns, cfg.bridge, cfg.subnet)
         yield cfg
     finally:
         subprocess.run(["ip", "netns", "del", cfg.netns], capture_output=True, check=False)
