@@ -14,12 +14,11 @@ Only named fields go into a record, never the connection options (``ceph_key`` i
 
 from __future__ import annotations
 
-import contextlib
 import sqlite3
 from typing import Any, Callable, Dict, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import load
-from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore, StoreError
+from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore, StoreError, audited
 
 ACTIONS = {"present": "backup", "restored": "restore"}
 
@@ -57,15 +56,7 @@ def run_audited(p: Dict[str, Any], body: Callable[[], Dict[str, Any]], check_mod
     except (OSError, ValueError, StoreError, sqlite3.Error) as exc:
         raise ValueError(f"host_config: {exc}") from exc
     try:
-        try:
-            result = body()
-        except Exception as exc:
-            with contextlib.suppress(StoreError, sqlite3.Error):  # never hide the failure itself
-                _record(store, p, action, error=exc)
-            raise
-        if result.get("changed"):
-            _record(store, p, action, result=result)
-        return result
+        return audited(body, lambda **outcome: _record(store, p, action, **outcome))
     finally:
         store.close()
 

@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import shutil
-import sqlite3
 import time
 from typing import Callable, Iterator, Optional
 
@@ -49,7 +48,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils._spec import (
     validate_spec,
     validate_update,
 )
-from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore, StoreError, now
+from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore, StoreError, audited, now
 from ansible_collections.zjusct.cloud.plugins.module_utils._volume import (
     VolumeError,
     create_from_image,
@@ -345,20 +344,14 @@ def ensure(params: dict, check_mode: bool = False, diff: bool = False) -> dict:
     store = HostStore(cfg.store_path)
     try:
         existing = store.get_vm(ns, name)
-        try:
+
+        def body() -> dict:
             authorize(existing, params)  # spec.owner is immutable: no lock needed
             if params["state"] == "absent":
-                result = _absent(cfg, store, params, check_mode, diff)
-            else:
-                result = _present(cfg, store, params, check_mode, diff)
-        except Exception as exc:
-            if not check_mode:
-                with contextlib.suppress(StoreError, sqlite3.Error):  # never hide the failure itself
-                    _audit(store, params, existing, error=exc)
-            raise
-        if result["changed"] and not check_mode:
-            _audit(store, params, existing, result=result)
-        return result
+                return _absent(cfg, store, params, check_mode, diff)
+            return _present(cfg, store, params, check_mode, diff)
+
+        return audited(body, lambda **outcome: _audit(store, params, existing, **outcome), check_mode)
     finally:
         store.close()
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sqlite3
 from dataclasses import replace
 from typing import Any, Optional
 
@@ -21,7 +20,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils import _quota as quot
 from ansible_collections.zjusct.cloud.plugins.module_utils import _volume_rbd as rbdvol
 from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import DEFAULT_PATH, HostConfig, load
 from ansible_collections.zjusct.cloud.plugins.module_utils._spec import is_dns_label
-from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore, StoreError
+from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore, audited
 from ansible_collections.zjusct.cloud.plugins.module_utils._volume import VolumeError, resolve_image
 
 
@@ -109,16 +108,10 @@ def adopt_volume(params: dict, check_mode: bool = False) -> dict:
     settings = rbdvol.settings(cfg.rbd)
     wanted = params["rbd_image"] if "/" in params["rbd_image"] else f"{settings.pool}/{params['rbd_image']}"
     with HostStore(cfg.store_path) as store:
-        try:
-            result = _adopt(cfg, store, params, wanted, check_mode)
-        except Exception as exc:
-            if not check_mode:
-                with contextlib.suppress(StoreError, sqlite3.Error):  # never hide the failure itself
-                    _audit(store, params, wanted, error=exc)
-            raise
-        if result["changed"] and not check_mode:
-            _audit(store, params, wanted, volume=result["volume"])
-        return result
+        return audited(lambda: _adopt(cfg, store, params, wanted, check_mode),
+                       lambda result=None, error=None: _audit(store, params, wanted,
+                                                              (result or {}).get("volume"), error),
+                       check_mode)
 
 
 def _adopt(cfg: HostConfig, store: HostStore, params: dict, wanted: str, check_mode: bool) -> dict:

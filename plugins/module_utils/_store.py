@@ -16,12 +16,13 @@ newer than this code is refused rather than damaged.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
 import urllib.parse
 import uuid
-from typing import Any, ContextManager, Optional
+from typing import Any, Callable, ContextManager, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils._qos_store import SCHEMA as QOS_SCHEMA
 from ansible_collections.zjusct.cloud.plugins.module_utils._quota import LIMITS as QUOTA_LIMITS
@@ -150,6 +151,32 @@ def schema_version(path: str) -> Optional[int]:
             conn.close()
     except sqlite3.Error as exc:
         raise StoreError(f"cannot read host store {path}: {exc}") from exc
+
+
+def audited(body: Callable[[], dict], record: Callable[..., None], check_mode: bool = False) -> dict:
+    """Run a mutating module body and audit its outcome (docs/security.md, "Audit").
+
+    ``record(result=...)`` is called when the body's result has ``changed``, ``record(error=...)`` when the body
+    raises (a refusal or a failure), never in check mode and never for a run that changed nothing. A record that
+    cannot be written after a failure never hides the failure itself.
+
+    Returns:
+        ``body()``'s result.
+
+    Raises:
+        Whatever ``body`` raises (after recording it); StoreError / sqlite3.Error when recording a success fails.
+    """
+    if check_mode:
+        return body()
+    try:
+        result = body()
+    except Exception as exc:
+        with contextlib.suppress(StoreError, sqlite3.Error):
+            record(error=exc)
+        raise
+    if result.get("changed"):
+        record(result=result)
+    return result
 
 
 class HostStore:

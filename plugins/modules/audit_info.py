@@ -32,9 +32,8 @@ options:
     description: At most this many records (the newest), returned oldest first.
     type: int
     default: 100
-  host_config:
-    description: Host configuration file (default C(ZJUSCT_CLOUD_CONFIG), else C(/etc/zjusct-cloud/host.json)).
-    type: path
+extends_documentation_fragment:
+  - zjusct.cloud.host_config
 attributes:
   check_mode:
     support: full

@@ -52,9 +52,8 @@ options:
     description: Who is setting the quota, as recorded in the audit trail.
     type: str
     default: operator
-  host_config:
-    description: Host configuration file (default C(ZJUSCT_CLOUD_CONFIG), else C(/etc/zjusct-cloud/host.json)).
-    type: path
+extends_documentation_fragment:
+  - zjusct.cloud.host_config
 attributes:
   check_mode:
     support: full
