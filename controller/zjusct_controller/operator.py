@@ -1,6 +1,8 @@
-"""The kopf handlers: every event of a CloudVM or of a launcher Pod, and every change of a Node's readiness, leads to
-:meth:`Reconciler.reconcile` of the CloudVMs concerned; a resync thread reconciles every CloudVM each ``resync``
-seconds as a safety net.
+"""The kopf handlers: every watch event of a CloudVM, Pod, PersistentVolumeClaim or Node is first put into the
+reconciler's caches (:mod:`.cache`); then every event of a CloudVM or of a launcher Pod, every change of a Node's
+readiness, a claim's change and a non-launcher Pod letting go of a claim lead to :meth:`Reconciler.reconcile` of the
+CloudVMs concerned; a resync thread relists the caches and reconciles every CloudVM each ``resync`` seconds as a
+safety net.
 
 The handlers are stateless ``on.event`` handlers: kopf writes no annotations or finalizers of its own; the
 controller's finalizer (:data:`.decide.FINALIZER`) is managed by the reconcile itself.
@@ -14,6 +16,7 @@ from typing import Any, Optional
 
 import kopf
 
+from .cache import plain, pod_claims
 from .decide import GROUP, LABEL_VM, PLURAL, VERSION, node_ready
 from .reconcile import Reconciler
 
@@ -31,6 +34,8 @@ def install(reconciler: Reconciler, resync_s: float) -> None:
     def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.posting.enabled = False  # our own Events (per transition), not kopf's per-handler ones
         settings.watching.server_timeout = 300
+        settings.execution.max_workers = 16  # reconciles wait on the API server, not on CPU
+        reconciler.relist()  # the caches are complete before the first event's reconcile
         threading.Thread(target=_resync_loop, name="resync", daemon=True).start()
 
     @kopf.on.cleanup()
@@ -38,32 +43,54 @@ def install(reconciler: Reconciler, resync_s: float) -> None:
         _state["stop"].set()
 
     @kopf.on.event(GROUP, VERSION, PLURAL)
-    def _cloudvm(namespace: Optional[str], name: Optional[str], type: Optional[str], meta: Any, **_: Any) -> None:
+    def _cloudvm(namespace: Optional[str], name: Optional[str], event: Any, **_: Any) -> None:
+        obj = plain(event["object"])
+        reconciler.observe("cloudvm", event.get("type"), obj)
         if namespace and name and not reconciler.own_write("cloudvm", namespace, name,
-                                                           (meta or {}).get("resourceVersion")):
+                                                           obj["metadata"].get("resourceVersion")):
             reconciler.reconcile(namespace, name)
 
-    @kopf.on.event("", "v1", "pods", labels={LABEL_VM: kopf.PRESENT})
-    def _pod(namespace: Optional[str], name: Optional[str], labels: Any, meta: Any, **_: Any) -> None:
-        vm = (labels or {}).get(LABEL_VM)
-        version = (meta or {}).get("resourceVersion")
-        if namespace and vm and not reconciler.own_write("pod", namespace, name or "", version):
-            reconciler.reconcile(namespace, vm)
+    # every Pod (not only launcher Pods): the cache's claim index needs the Pods that mount a claim
+    @kopf.on.event("", "v1", "pods")
+    def _pod(namespace: Optional[str], name: Optional[str], event: Any, **_: Any) -> None:
+        obj = plain(event["object"])
+        if not reconciler.observe("pod", event.get("type"), obj) or not namespace:
+            return
+        vm = (obj["metadata"].get("labels") or {}).get(LABEL_VM)
+        if vm:
+            if not reconciler.own_write("pod", namespace, name or "", obj["metadata"].get("resourceVersion")):
+                reconciler.reconcile(namespace, vm)
+            return
+        ended = event.get("type") == "DELETED" or (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        if ended:  # a Pod that held a root volume claim let go of it: the VMs blocked on it may start
+            for claim in pod_claims(obj):
+                for ns, vm_name in reconciler.vms_using_claim(namespace, claim):
+                    reconciler.reconcile(ns, vm_name)
+
+    @kopf.on.event("", "v1", "persistentvolumeclaims")
+    def _claim(namespace: Optional[str], name: Optional[str], event: Any, **_: Any) -> None:
+        obj = plain(event["object"])
+        if (reconciler.observe("claim", event.get("type"), obj) and namespace and name
+                and not reconciler.own_write("claim", namespace, name, obj["metadata"].get("resourceVersion"))):
+            for ns, vm_name in reconciler.vms_using_claim(namespace, name):
+                reconciler.reconcile(ns, vm_name)
 
     ready_seen: dict[str, Optional[bool]] = {}
 
     @kopf.on.event("", "v1", "nodes")
-    def _node(name: Optional[str], type: Optional[str], body: Any, **_: Any) -> None:
+    def _node(name: Optional[str], type: Optional[str], event: Any, **_: Any) -> None:
         # Node status heartbeats are frequent; only a change of readiness (or a deleted Node) concerns the VMs.
         if not name:
             return
-        ready = None if type == "DELETED" else node_ready(dict(body))
+        body = plain(event["object"])
+        reconciler.observe("node", type, body)
+        ready = None if type == "DELETED" else node_ready(body)
         if name in ready_seen and ready_seen[name] == ready:
             return
         first = name not in ready_seen
         ready_seen[name] = ready
         if first and ready:
-            return  # a Ready node seen for the first time changes nothing (each reconcile reads Nodes itself)
+            return  # a Ready node seen for the first time changes nothing
         for ns, vm in reconciler.vms_on_node(name):
             reconciler.reconcile(ns, vm)
 
@@ -72,6 +99,7 @@ def _resync_loop() -> None:
     reconciler: Reconciler = _state["reconciler"]
     while not _state["stop"].wait(_state["resync_s"]):
         try:
+            reconciler.relist()  # repairs the caches (a missed DELETED event), as an informer's relist
             for ns, name in reconciler.all_vms():
                 reconciler.reconcile(ns, name)
         except Exception as exc:  # the next round retries; kopf's watch keeps running

@@ -1,11 +1,14 @@
 """The Kubernetes adapter: read what exists, call :func:`.decide.decide`, carry out the :class:`.decide.Plan`.
 
-Every reconcile reads fresh from the API server (no cache), so a decision is never made on an object older than
-the last write of this process: the CloudVM, its launcher Pods (label selector), their Nodes, its root volume
-claim, and - only when a Pod is about to be created - the namespace's Pods that mount that claim. Concurrent
-reconciles of one VM in this process are serialised by a per-VM lock.
-Launcher Pods have deterministic names (:func:`.decide.pod_name`), so a second controller process or a retry
-gets ``409 AlreadyExists`` and never makes a second Pod.
+A reconcile reads the watch-fed caches of :mod:`.cache` (no API read per reconcile): the CloudVM, its launcher
+Pods, their Nodes, its root volume claim, and - only when a Pod is about to be created - the claim index (Pods
+that mount that claim). The caches are primed with one LIST per kind before the first reconcile and relisted at
+each resync; every write's response goes back into them, so a reconcile never sees an object older than this
+process's own last write of it. Why no fresh read is needed before a create is explained in docs/controller.md
+(Reconciliation: stale caches): launcher Pods have deterministic names (:func:`.decide.pod_name`), so a second
+controller process or a retry gets ``409 AlreadyExists`` and never makes a second Pod; the claim mark is written
+with the claim's resourceVersion (a stale cache gets ``409 Conflict``). Concurrent reconciles of one VM in this
+process are serialised by a per-VM lock.
 """
 
 from __future__ import annotations
@@ -20,11 +23,11 @@ from typing import Any, Optional
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from .cache import Store
 from .decide import (
     CLAIMED_BY,
     FINALIZER,
     GROUP,
-    LABEL_VM,
     PLURAL,
     VERSION,
     Config,
@@ -37,6 +40,7 @@ from .metrics import Metrics
 
 log = logging.getLogger("zjusct_controller")
 REQUEST_TIMEOUT = 30  # seconds, every API call
+CONFLICT_RETRIES = 3  # reconciles of one VM in a row after a 409 Conflict on a stale cached object
 COMPONENT = "zjusct-controller"
 
 
@@ -63,6 +67,8 @@ class Reconciler:
         self._locks: dict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
         self._locks_guard = threading.Lock()
         self.metrics = metrics or Metrics()
+        self.store = Store()
+        self._prime_lock = threading.Lock()
         self._count_requests(api_client)
 
     def _count_requests(self, api_client: Any) -> None:
@@ -76,97 +82,149 @@ class Reconciler:
 
         api_client.call_api = call_api
 
-    def _plain(self, obj: Any) -> Any:
-        return self.api_client.sanitize_for_serialization(obj)
-
     def _lock(self, ns: str, name: str) -> threading.Lock:
         with self._locks_guard:
             return self._locks[(ns, name)]
 
-    # ------------------------------------------------------------------ reads
+    # ------------------------------------------------------------------ reads (the caches)
 
-    def _get_vm(self, ns: str, name: str) -> Optional[dict]:
-        try:
-            return dict(self.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name,
-                                                                 _request_timeout=REQUEST_TIMEOUT))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+    def _raw(self, call: Any, *args: Any, **kwargs: Any) -> dict:
+        """``call(*args, **kwargs)`` answered as a plain dict (JSON parsed, no typed-model deserialization)."""
+        resp = call(*args, _request_timeout=REQUEST_TIMEOUT, _preload_content=False, **kwargs)
+        return json.loads(resp.data)
+
+    def relist(self) -> None:
+        """LIST every kind the reconciles read (in the watched namespaces; Nodes cluster-wide) into the caches:
+        at start-up, before the first reconcile, and at each resync (drops objects whose DELETED event was
+        missed). Four to ``3 * namespaces + 1`` requests, not per VM.
+
+        Raises:
+            ApiException: a LIST failed.
+        """
+        lists: list[tuple[str, Any, tuple]] = [("node", self.core.list_node, ())]
+        scopes: list[Optional[str]] = [*sorted(self.namespaces)] or [None]
+        for ns in scopes:
+            if ns is None:
+                lists += [("cloudvm", self.custom.list_cluster_custom_object, (GROUP, VERSION, PLURAL)),
+                          ("pod", self.core.list_pod_for_all_namespaces, ()),
+                          ("claim", self.core.list_persistent_volume_claim_for_all_namespaces, ())]
+            else:
+                lists += [("cloudvm", self.custom.list_namespaced_custom_object, (GROUP, VERSION, ns, PLURAL)),
+                          ("pod", self.core.list_namespaced_pod, (ns,)),
+                          ("claim", self.core.list_namespaced_persistent_volume_claim, (ns,))]
+        got: dict[str, list] = defaultdict(list)
+        versions: dict[str, Optional[str]] = {}
+        for kind, call, args in lists:
+            doc = self._raw(call, *args)
+            got[kind] += doc.get("items") or []
+            versions[kind] = min((v for v in (versions.get(kind), (doc.get("metadata") or {}).get(
+                "resourceVersion")) if v), key=lambda v: int(v) if v.isdigit() else 0, default=None)
+        for kind, items in got.items():
+            self.store.replace(kind, items, versions.get(kind),
+                               None if kind == "node" or not self.namespaces else self.namespaces)
+        log.info("caches listed: %s", self.store.sizes())
+
+    def _ensure_primed(self) -> None:
+        with self._prime_lock:
+            if not all(self.store.primed(k) for k in ("cloudvm", "pod", "claim", "node")):
+                self.relist()
+
+    def observe(self, kind: str, event_type: Optional[str], obj: dict) -> bool:
+        """Feed one watch event (``kind`` one of :data:`.cache.KINDS`) into the caches; True when it changed
+        them. Objects of namespaces this controller does not watch are ignored."""
+        ns = (obj.get("metadata") or {}).get("namespace")
+        if kind != "node" and ns and not self._watched(ns):
+            return False
+        return self.store.apply(kind, event_type, obj)
 
     def _read(self, vm: dict) -> tuple[list, dict, Optional[dict]]:
-        """The VM's launcher Pods (label selector), their Nodes and its root volume claim."""
+        """The VM's launcher Pods, their Nodes and its root volume claim, from the caches."""
         ns, name = vm["metadata"]["namespace"], vm["metadata"]["name"]
         claim_name = (vm.get("spec") or {}).get("rootVolumeClaim")
-        pods = [self._plain(p) for p in self.core.list_namespaced_pod(
-            ns, label_selector=f"{LABEL_VM}={name}", _request_timeout=REQUEST_TIMEOUT).items]
+        pods = self.store.launcher_pods(ns, name)
         nodes: dict[str, Optional[dict]] = {}
         for p in pods:
             node = (p.get("spec") or {}).get("nodeName")
             if node and node not in nodes:
-                try:
-                    nodes[node] = self._plain(self.core.read_node(node, _request_timeout=REQUEST_TIMEOUT))
-                except ApiException as exc:
-                    if exc.status != 404:
-                        raise
-                    nodes[node] = None
-        claim = None
-        if claim_name:
-            try:
-                claim = self._plain(self.core.read_namespaced_persistent_volume_claim(
-                    claim_name, ns, _request_timeout=REQUEST_TIMEOUT))
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
+                nodes[node] = self.store.get("node", "", node)
+        claim = self.store.get("claim", ns, claim_name) if claim_name else None
         return pods, nodes, claim
 
     def _claim_writers(self, vm: dict) -> list[str]:
         """Names of Pods in the VM's namespace, not its own launchers, that mount its root volume claim and have
-        not ended. One namespace-wide list, made only when a launcher Pod is about to be created."""
-        ns, name = vm["metadata"]["namespace"], vm["metadata"]["name"]
+        not ended: a lookup in the claim index kept from the Pod watch."""
         claim_name = (vm.get("spec") or {}).get("rootVolumeClaim")
-        writers = []
-        # raw JSON: the typed models' deserialization costs ~10x the transfer for a namespace of many Pods
-        resp = self.core.list_namespaced_pod(ns, _request_timeout=REQUEST_TIMEOUT, _preload_content=False)
-        for p in json.loads(resp.data).get("items", []):
-            md, spec, st = p.get("metadata") or {}, p.get("spec") or {}, p.get("status") or {}
-            if (md.get("labels") or {}).get(LABEL_VM) == name or st.get("phase") in ("Succeeded", "Failed"):
-                continue
-            for vol in spec.get("volumes") or []:
-                if (vol.get("persistentVolumeClaim") or {}).get("claimName") == claim_name:
-                    writers.append(md.get("name", ""))
-        return writers
+        if not claim_name:
+            return []
+        return self.store.claim_users(vm["metadata"]["namespace"], claim_name, except_vm=vm["metadata"]["name"])
 
     # ------------------------------------------------------------------ one reconcile
 
     def _remember(self, kind: str, ns: str, name: str, written: Any) -> None:
-        rv = written["metadata"]["resourceVersion"] if isinstance(written, dict) else written.metadata.resource_version
+        rv = written["metadata"]["resourceVersion"]
         seen = self._own_rv[(kind, ns, name)]
         if len(seen) >= 8:
             seen.clear()
         seen.add(rv)
 
     def own_write(self, kind: str, ns: str, name: str, resource_version: Optional[str]) -> bool:
-        """True when a watch event of a CloudVM (``kind`` ``cloudvm``) or launcher Pod (``pod``) shows exactly an
-        object one of our own writes produced: nothing new to observe (any other change has its own event)."""
+        """True when a watch event of a CloudVM (``kind`` ``cloudvm``), launcher Pod (``pod``) or claim
+        (``claim``) shows exactly an object one of our own writes produced: nothing new to observe (any other
+        change has its own event)."""
         return resource_version is not None and resource_version in self._own_rv.get((kind, ns, name), set())
 
     def reconcile(self, ns: str, name: str) -> Optional[Plan]:
         """Reconcile one CloudVM; returns the plan carried out (None when the CloudVM does not exist).
 
+        A ``409 Conflict`` on a write made with a cached object's resourceVersion (the cache was behind) reads
+        that object fresh into the cache and reconciles again, up to :data:`CONFLICT_RETRIES` times.
+
         Raises:
             ApiException: an API call failed (kopf logs it; the next event or resync retries).
         """
+        self._ensure_primed()
         with self._lock(ns, name):
             self.metrics.reconciles.inc()
             try:
-                return self._reconcile(ns, name)
+                for attempt in range(CONFLICT_RETRIES):
+                    try:
+                        return self._reconcile(ns, name)
+                    except _Stale as stale:
+                        if attempt == CONFLICT_RETRIES - 1:
+                            raise stale.exc from None
+                        self._refresh(stale.kind, ns, stale.name)
+                return None  # not reached
             except Exception:
                 self.metrics.errors.inc()
                 raise
 
+    def _refresh(self, kind: str, ns: str, name: str) -> None:
+        """Read one CloudVM or claim fresh into the cache (after a Conflict)."""
+        try:
+            if kind == "cloudvm":
+                obj = self._raw(self.custom.get_namespaced_custom_object, GROUP, VERSION, ns, PLURAL, name)
+            else:
+                obj = self._raw(self.core.read_namespaced_persistent_volume_claim, name, ns)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self.store.forget(kind, ns, name)
+            return
+        self.store.apply(kind, None, obj)
+
+    def _patch_vm(self, ns: str, name: str, body: dict) -> dict:
+        try:
+            vm = self._raw(self.custom.patch_namespaced_custom_object, GROUP, VERSION, ns, PLURAL, name, body)
+        except ApiException as exc:
+            if exc.status == 409:
+                raise _Stale("cloudvm", name, exc) from exc
+            raise
+        self.store.apply("cloudvm", None, vm)
+        self._remember("cloudvm", ns, name, vm)
+        return vm
+
     def _reconcile(self, ns: str, name: str) -> Optional[Plan]:
-        vm = self._get_vm(ns, name)
+        vm = self.store.get("cloudvm", ns, name)
         if vm is None:
             self.metrics.set_phase((ns, name), None)
             self._own_rv.pop(("cloudvm", ns, name), None)
@@ -177,72 +235,76 @@ class Reconciler:
             writers = self._claim_writers(vm)
             if writers:
                 plan = decide(vm, pods, nodes, claim, writers, self.cfg, now_rfc3339())
-        rv = vm["metadata"]["resourceVersion"]
         if plan.add_finalizer:
             finalizers = [*(vm["metadata"].get("finalizers") or []), FINALIZER]
-            vm = self.custom.patch_namespaced_custom_object(
-                GROUP, VERSION, ns, PLURAL, name, {"metadata": {"finalizers": finalizers, "resourceVersion": rv}},
-                _request_timeout=REQUEST_TIMEOUT)
-            self._remember("cloudvm", ns, name, vm)
+            vm = self._patch_vm(ns, name, {"metadata": {"finalizers": finalizers,
+                                                        "resourceVersion": vm["metadata"]["resourceVersion"]}})
         for pod, grace in plan.delete_pods:
             log.info("deleting launcher Pod %s/%s (grace %d s)", ns, pod, grace)
             try:
                 self.core.delete_namespaced_pod(pod, ns, grace_period_seconds=grace,
-                                                _request_timeout=REQUEST_TIMEOUT)
+                                                _request_timeout=REQUEST_TIMEOUT, _preload_content=False)
             except ApiException as exc:
                 if exc.status != 404:
                     raise
         if plan.mark_claim and claim is not None:
-            self.core.patch_namespaced_persistent_volume_claim(
-                claim["metadata"]["name"], ns,
-                {"metadata": {"annotations": {CLAIMED_BY: vm["metadata"]["uid"]},
-                              "resourceVersion": claim["metadata"]["resourceVersion"]}},
-                _request_timeout=REQUEST_TIMEOUT)
+            claim_name = claim["metadata"]["name"]
+            try:  # the claim's resourceVersion makes this a compare-and-swap: the lock among CloudVMs
+                marked = self._raw(self.core.patch_namespaced_persistent_volume_claim, claim_name, ns,
+                                   {"metadata": {"annotations": {CLAIMED_BY: vm["metadata"]["uid"]},
+                                                 "resourceVersion": claim["metadata"]["resourceVersion"]}})
+            except ApiException as exc:
+                if exc.status == 409:
+                    raise _Stale("claim", claim_name, exc) from exc
+                raise
+            self.store.apply("claim", None, marked)
+            self._remember("claim", ns, claim_name, marked)
         if plan.create_pod is not None:
+            pod_name = plan.create_pod["metadata"]["name"]
             try:
-                created = self.core.create_namespaced_pod(ns, plan.create_pod, _request_timeout=REQUEST_TIMEOUT)
-                self._remember("pod", ns, plan.create_pod["metadata"]["name"], created)
-                log.info("created launcher Pod %s/%s", ns, plan.create_pod["metadata"]["name"])
+                created = self._raw(self.core.create_namespaced_pod, ns, plan.create_pod)
+                self.store.apply("pod", None, created)
+                self._remember("pod", ns, pod_name, created)
+                log.info("created launcher Pod %s/%s", ns, pod_name)
                 self.metrics.pods_created.inc()
             except ApiException as exc:
                 if exc.status != 409:
                     raise
-                log.info("launcher Pod %s/%s exists already", ns, plan.create_pod["metadata"]["name"])
+                log.info("launcher Pod %s/%s exists already", ns, pod_name)
         if plan.status is not None:
             prev = dict(vm.get("status") or {})
             patch = status_patch(prev, plan.status)
             if patch is not None:
-                written = self.custom.patch_namespaced_custom_object_status(
-                    GROUP, VERSION, ns, PLURAL, name, {"status": patch}, _request_timeout=REQUEST_TIMEOUT)
+                written = self._raw(self.custom.patch_namespaced_custom_object_status, GROUP, VERSION, ns, PLURAL,
+                                    name, {"status": patch})
+                self.store.apply("cloudvm", None, written)
                 self._remember("cloudvm", ns, name, written)
                 event = transition_event(prev, plan.status)
                 if event is not None:
                     self._event(vm, *event)
                 if plan.status.get("phase") == "Running" and (prev.get("phase"), prev.get("bootID")) != (
                         "Running", plan.status.get("bootID")):
-                    created = next((p["metadata"].get("creationTimestamp") for p in pods
-                                    if p["metadata"]["name"] == plan.status.get("pod")), None)
-                    self.metrics.became_running(vm, int(plan.status.get("bootID") or 0), created)
+                    created_at = next((p["metadata"].get("creationTimestamp") for p in pods
+                                       if p["metadata"]["name"] == plan.status.get("pod")), None)
+                    self.metrics.became_running(vm, int(plan.status.get("bootID") or 0), created_at)
             self.metrics.set_phase((ns, name), plan.status.get("phase"))
         if plan.remove_finalizer:
             finalizers = [f for f in vm["metadata"].get("finalizers") or [] if f != FINALIZER]
-            self.custom.patch_namespaced_custom_object(
-                GROUP, VERSION, ns, PLURAL, name,
-                {"metadata": {"finalizers": finalizers, "resourceVersion": vm["metadata"]["resourceVersion"]}},
-                _request_timeout=REQUEST_TIMEOUT)
+            self._patch_vm(ns, name, {"metadata": {"finalizers": finalizers,
+                                                   "resourceVersion": vm["metadata"]["resourceVersion"]}})
         return plan
 
     def _event(self, vm: dict, kind: str, reason: str, message: str) -> None:
         md = vm["metadata"]
-        now = datetime.datetime.now(datetime.UTC)
-        body = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(generate_name=f"{md['name']}.", namespace=md["namespace"]),
-            involved_object=client.V1ObjectReference(api_version=f"{GROUP}/{VERSION}", kind="CloudVM",
-                                                     name=md["name"], namespace=md["namespace"], uid=md["uid"]),
-            reason=reason, message=message, type=kind, first_timestamp=now, last_timestamp=now, count=1,
-            source=client.V1EventSource(component=COMPONENT), reporting_component=COMPONENT)
+        now = now_rfc3339()
+        body = {"metadata": {"generateName": f"{md['name']}.", "namespace": md["namespace"]},
+                "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CloudVM", "name": md["name"],
+                                   "namespace": md["namespace"], "uid": md["uid"]},
+                "reason": reason, "message": message, "type": kind, "firstTimestamp": now, "lastTimestamp": now,
+                "count": 1, "source": {"component": COMPONENT}, "reportingComponent": COMPONENT}
         try:
-            self.core.create_namespaced_event(md["namespace"], body, _request_timeout=REQUEST_TIMEOUT)
+            self.core.create_namespaced_event(md["namespace"], body, _request_timeout=REQUEST_TIMEOUT,
+                                              _preload_content=False)
         except ApiException as exc:  # an Event is best effort; the status is the record
             log.warning("event for %s/%s not written: %s", md["namespace"], md["name"], exc.reason)
 
@@ -252,14 +314,25 @@ class Reconciler:
         return not self.namespaces or ns in self.namespaces
 
     def all_vms(self) -> list[tuple[str, str]]:
-        """``(namespace, name)`` of every CloudVM in the watched namespaces (for the periodic resync)."""
-        got = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, _request_timeout=REQUEST_TIMEOUT)
-        return [(o["metadata"]["namespace"], o["metadata"]["name"]) for o in got.get("items", [])
-                if self._watched(o["metadata"]["namespace"])]
+        """``(namespace, name)`` of every cached CloudVM in the watched namespaces (for the periodic resync,
+        after :meth:`relist`)."""
+        self._ensure_primed()
+        return [k for k in self.store.keys("cloudvm") if self._watched(k[0])]
 
     def vms_on_node(self, node: str) -> list[tuple[str, str]]:
-        """``(namespace, VM name)`` of the launcher Pods bound to ``node`` in the watched namespaces."""
-        pods = self.core.list_pod_for_all_namespaces(label_selector=LABEL_VM, field_selector=f"spec.nodeName={node}",
-                                                     _request_timeout=REQUEST_TIMEOUT).items
-        return sorted({(p.metadata.namespace, p.metadata.labels[LABEL_VM]) for p in pods
-                       if self._watched(p.metadata.namespace)})
+        """``(namespace, VM name)`` of the cached launcher Pods bound to ``node`` in the watched namespaces."""
+        self._ensure_primed()
+        return [k for k in self.store.launchers_on_node(node) if self._watched(k[0])]
+
+    def vms_using_claim(self, ns: str, claim: str) -> list[tuple[str, str]]:
+        """``(namespace, name)`` of the cached CloudVMs in ``ns`` whose ``spec.rootVolumeClaim`` is ``claim``."""
+        return [(n, v) for n, v in self.store.keys("cloudvm") if n == ns and (
+            (self.store.get("cloudvm", n, v) or {}).get("spec") or {}).get("rootVolumeClaim") == claim]
+
+
+class _Stale(Exception):
+    """A write made with a cached resourceVersion got 409 Conflict: the cache of ``kind``/``name`` was behind."""
+
+    def __init__(self, kind: str, name: str, exc: ApiException) -> None:
+        super().__init__(f"{kind} {name}: {exc.reason}")
+        self.kind, self.name, self.exc = kind, name, exc

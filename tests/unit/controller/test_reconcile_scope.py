@@ -1,40 +1,196 @@
-"""A controller started with ``--namespace`` acts only there: the resync and the Node fan-out skip other
-namespaces (a stub stands in for the list calls; the real API path is tests/integration/k8s_node)."""
+"""The Kubernetes adapter (zjusct_controller.reconcile) against a stub API: it reads the watch-fed caches, not the
+API server, per reconcile; writes go back into the caches; a stale cache meets 409 Conflict and is refreshed; a
+controller started with ``--namespace`` acts only there. The real API path is tests/integration/k8s_node."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 from typing import Any
 
 from kubernetes import client
-from zjusct_controller.decide import Config
+from kubernetes.client.exceptions import ApiException
+from zjusct_controller.decide import CLAIMED_BY, FINALIZER, Config
 from zjusct_controller.reconcile import Reconciler
 
 CFG = Config(launcher_image="x", image_dir="/x", cmdline="c")
+UID = "0b7c1f4e-0000-4000-8000-000000000001"
 
 
-class _Custom:
-    def list_cluster_custom_object(self, *_: Any, **__: Any) -> dict[str, Any]:
-        return {"items": [{"metadata": {"namespace": ns, "name": "vm"}} for ns in ("a", "b")]}
+def _resp(doc: dict) -> Any:
+    return SimpleNamespace(data=json.dumps(doc).encode())
 
 
-class _Core:
+class _Api:
+    """CustomObjectsApi and CoreV1Api in one stub: a dict of objects, a resourceVersion counter, a call log."""
+
+    def __init__(self, namespaces: tuple[str, ...] = ("alice",)) -> None:
+        self.rv = 100
+        self.calls: list[str] = []
+        self.vms = {(ns, "web"): {"metadata": {"name": "web", "namespace": ns, "uid": UID, "generation": 1,
+                                               "resourceVersion": "1"},
+                                  "spec": {"owner": "alice", "rootVolumeClaim": "web-root", "powerState": "Running",
+                                           "bootID": 1}} for ns in namespaces}
+        self.claims = {(ns, "web-root"): {"metadata": {"name": "web-root", "namespace": ns, "resourceVersion": "2"},
+                                          "status": {"phase": "Bound"}} for ns in namespaces}
+        self.pods: dict[tuple[str, str], dict] = {}
+
+    def _next(self, obj: dict) -> dict:
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        return obj
+
+    @staticmethod
+    def _list(objs: Any) -> Any:
+        return _resp({"metadata": {"resourceVersion": "50"}, "items": list(objs)})
+
+    # lists (relist)
+    def list_node(self, **_: Any) -> Any:
+        self.calls.append("LIST nodes")
+        return self._list([{"metadata": {"name": "n1", "resourceVersion": "3"},
+                            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}])
+
+    def list_cluster_custom_object(self, *_: Any, **__: Any) -> Any:
+        self.calls.append("LIST cloudvms")
+        return self._list(self.vms.values())
+
+    def list_namespaced_custom_object(self, _g: str, _v: str, ns: str, _p: str, **__: Any) -> Any:
+        self.calls.append("LIST cloudvms")
+        return self._list(v for k, v in self.vms.items() if k[0] == ns)
+
     def list_pod_for_all_namespaces(self, **_: Any) -> Any:
-        pods = [SimpleNamespace(metadata=SimpleNamespace(namespace=ns, labels={"cloud.zjusct.io/vm": "vm"}))
-                for ns in ("a", "b")]
-        return SimpleNamespace(items=pods)
+        self.calls.append("LIST pods")
+        return self._list(self.pods.values())
+
+    def list_namespaced_pod(self, ns: str, **_: Any) -> Any:
+        self.calls.append("LIST pods")
+        return self._list(v for k, v in self.pods.items() if k[0] == ns)
+
+    def list_persistent_volume_claim_for_all_namespaces(self, **_: Any) -> Any:
+        self.calls.append("LIST claims")
+        return self._list(self.claims.values())
+
+    def list_namespaced_persistent_volume_claim(self, ns: str, **_: Any) -> Any:
+        self.calls.append("LIST claims")
+        return self._list(v for k, v in self.claims.items() if k[0] == ns)
+
+    # reads and writes
+    def get_namespaced_custom_object(self, _g: str, _v: str, ns: str, _p: str, name: str, **_: Any) -> Any:
+        self.calls.append("GET cloudvm")
+        return _resp(self.vms[(ns, name)])
+
+    def patch_namespaced_custom_object(self, _g: str, _v: str, ns: str, _p: str, name: str, body: dict,
+                                       **_: Any) -> Any:
+        self.calls.append("PATCH cloudvm")
+        vm = self.vms[(ns, name)]
+        if body["metadata"].get("resourceVersion") != vm["metadata"]["resourceVersion"]:
+            raise ApiException(status=409, reason="Conflict")
+        vm["metadata"]["finalizers"] = body["metadata"]["finalizers"]
+        return _resp(self._next(vm))
+
+    def patch_namespaced_custom_object_status(self, _g: str, _v: str, ns: str, _p: str, name: str, body: dict,
+                                              **_: Any) -> Any:
+        self.calls.append("PATCH cloudvm/status")
+        vm = self.vms[(ns, name)]
+        vm["status"] = {k: v for k, v in {**(vm.get("status") or {}), **body["status"]}.items() if v is not None}
+        return _resp(self._next(vm))
+
+    def patch_namespaced_persistent_volume_claim(self, name: str, ns: str, body: dict, **_: Any) -> Any:
+        self.calls.append("PATCH claim")
+        claim = self.claims[(ns, name)]
+        if body["metadata"]["resourceVersion"] != claim["metadata"]["resourceVersion"]:
+            raise ApiException(status=409, reason="Conflict")
+        claim["metadata"]["annotations"] = body["metadata"]["annotations"]
+        return _resp(self._next(claim))
+
+    def read_namespaced_persistent_volume_claim(self, name: str, ns: str, **_: Any) -> Any:
+        self.calls.append("GET claim")
+        return _resp(self.claims[(ns, name)])
+
+    def create_namespaced_pod(self, ns: str, body: dict, **_: Any) -> Any:
+        self.calls.append("POST pod")
+        key = (ns, body["metadata"]["name"])
+        if key in self.pods:
+            raise ApiException(status=409, reason="AlreadyExists")
+        self.pods[key] = self._next(json.loads(json.dumps(body)))
+        return _resp(self.pods[key])
+
+    def create_namespaced_event(self, *_: Any, **__: Any) -> Any:
+        self.calls.append("POST event")
+        return _resp({})
 
 
-def _reconciler(namespaces: tuple[str, ...]) -> Reconciler:
+def _reconciler(api: _Api, namespaces: tuple[str, ...] = ()) -> Reconciler:
     r = Reconciler(client.ApiClient(), CFG, namespaces=namespaces)
-    r.custom, r.core = _Custom(), _Core()
+    r.custom = r.core = api
     return r
 
 
+def test_first_reconcile_lists_once_then_reads_only_caches_five_writes_the_binding_one_and_then_nothing() -> None:
+    api = _Api()
+    r = _reconciler(api)
+    plan = r.reconcile("alice", "web")
+    assert plan is not None and plan.create_pod is not None
+    assert api.calls == ["LIST nodes", "LIST cloudvms", "LIST pods", "LIST claims", "PATCH cloudvm", "PATCH claim",
+                         "POST pod", "PATCH cloudvm/status", "POST event"]
+    assert api.vms[("alice", "web")]["metadata"]["finalizers"] == [FINALIZER]
+    assert api.claims[("alice", "web-root")]["metadata"]["annotations"] == {CLAIMED_BY: UID}
+    assert list(api.pods) == [("alice", "web-boot-1")]
+    api.calls.clear()
+    bound = api.pods[("alice", "web-boot-1")]
+    bound["spec"]["nodeName"] = "n1"  # the scheduler's binding, as the Pod watch shows it
+    assert r.observe("pod", "MODIFIED", api._next(bound))
+    plan = r.reconcile("alice", "web")  # one status write (the node), nothing read
+    assert plan is not None and plan.create_pod is None
+    assert api.calls == ["PATCH cloudvm/status"]
+    assert api.vms[("alice", "web")]["status"]["node"] == "n1"
+    api.calls.clear()
+    r.reconcile("alice", "web")  # the caches hold every write's response: nothing to do, no request
+    assert api.calls == []
+
+
+def test_a_stale_cached_cloudvm_meets_409_conflict_is_read_fresh_and_the_reconcile_goes_on() -> None:
+    api = _Api()
+    r = _reconciler(api)
+    r.relist()
+    api.vms[("alice", "web")]["metadata"]["resourceVersion"] = "77"  # changed behind the cache
+    api.calls.clear()
+    plan = r.reconcile("alice", "web")
+    assert plan is not None
+    assert api.calls[:3] == ["PATCH cloudvm", "GET cloudvm", "PATCH cloudvm"]
+    assert list(api.pods) == [("alice", "web-boot-1")]
+
+
+def test_a_pod_mounting_the_claim_in_the_index_blocks_the_create_without_any_pod_list() -> None:
+    api = _Api()
+    api.pods[("alice", "backup")] = {"metadata": {"name": "backup", "namespace": "alice", "resourceVersion": "3"},
+                                     "spec": {"volumes": [{"name": "v",
+                                                           "persistentVolumeClaim": {"claimName": "web-root"}}]},
+                                     "status": {"phase": "Running"}}
+    r = _reconciler(api)
+    r.relist()
+    api.calls.clear()
+    plan = r.reconcile("alice", "web")
+    assert plan is not None and plan.create_pod is None
+    assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == ("Blocked", "VolumeInUse")
+    assert "backup" in plan.status["message"]
+    assert not any(c.startswith(("LIST", "GET")) for c in api.calls)
+    r.observe("pod", "DELETED", api.pods.pop(("alice", "backup")))  # the watch shows it gone
+    plan = r.reconcile("alice", "web")
+    assert plan is not None and plan.create_pod is not None and list(api.pods) == [("alice", "web-boot-1")]
+
+
 def test_namespaced_controller_resyncs_and_fans_out_only_its_namespaces() -> None:
-    assert _reconciler(("a",)).all_vms() == [("a", "vm")]
-    assert _reconciler(("a",)).vms_on_node("n1") == [("a", "vm")]
-    assert _reconciler(()).all_vms() == [("a", "vm"), ("b", "vm")]
+    api = _Api(("a", "b"))
+    for ns in ("a", "b"):
+        api.pods[(ns, "web-boot-1")] = {"metadata": {"name": "web-boot-1", "namespace": ns, "resourceVersion": "4",
+                                                     "labels": {"cloud.zjusct.io/vm": "web"}},
+                                        "spec": {"nodeName": "n1"}, "status": {}}
+    assert _reconciler(api, ("a",)).all_vms() == [("a", "web")]
+    assert _reconciler(api, ("a",)).vms_on_node("n1") == [("a", "web")]
+    assert _reconciler(api).all_vms() == [("a", "web"), ("b", "web")]
+    r = _reconciler(api, ("a",))
+    assert not r.observe("cloudvm", "ADDED", api.vms[("b", "web")])  # another namespace's event is ignored
 
 
 def test_every_request_of_the_reconciler_client_is_counted_by_method() -> None:
