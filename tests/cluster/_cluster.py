@@ -525,6 +525,25 @@ class Cluster:
             )
         self.processes[name] = Process(name, argv, log, popen)
 
+    def restart_apiserver(self, timeout: float = 120.0) -> None:
+        """Stop kube-apiserver (SIGTERM, then SIGKILL after 30 s) and start it again with the same arguments;
+        returns once ``/readyz`` answers ok. Clients' watches break and must reconnect (a fault test's tool).
+
+        Raises:
+            ClusterError: it did not become ready within ``timeout`` seconds.
+        """
+        proc = self.processes["kube-apiserver"]
+        proc.popen.terminate()
+        try:
+            proc.popen.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.popen.kill()
+            proc.popen.wait(timeout=30)
+        self._spawn("kube-apiserver", proc.argv)
+        self._wait_https(f"{self.server}/readyz", "kube-apiserver after a restart", time.monotonic() + timeout,
+                         client_cert=True)
+        self._save_state()
+
     def _check_alive(self) -> None:
         for p in self.processes.values():
             if not p.alive():

@@ -411,6 +411,15 @@ class RealNode:
             self._core_api = self._core()
         return self._core_api
 
+    def kill_container(self, container_id: str, sig: str = "SIGKILL") -> None:
+        """Send ``sig`` to a container's main process through containerd (``ctr task kill``), as a crash would;
+        ``container_id`` as in a Pod's ``containerStatuses[].containerID`` (``containerd://`` prefix optional).
+
+        Raises:
+            subprocess.CalledProcessError: ``ctr`` failed (no such task).
+        """
+        self._ctr(["task", "kill", "--signal", sig, container_id.removeprefix("containerd://")])
+
     def _ctr(self, args: list[str], check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["ctr", "--address", str(self.sock), "-n", "k8s.io", *args], capture_output=True,
                               text=True, timeout=timeout, check=check)

@@ -104,6 +104,21 @@ class Env:
     def pods(self, name: str) -> list[Any]:
         return list(self.core.list_namespaced_pod(self.ns, label_selector=f"{LABEL_VM}={name}").items)
 
+    def launcher_running(self, name: str, timeout: float = 300) -> Any:
+        """Wait until the VM has exactly one launcher Pod and its container runs; return that Pod."""
+        def check() -> Any:
+            pods = self.pods(name)
+            if len(pods) != 1 or pods[0].status.phase != "Running":
+                return None
+            states = [c.state for c in pods[0].status.container_statuses or []]
+            return pods[0] if states and states[0].running is not None else None
+
+        try:
+            return wait_for(check, timeout, f"{name}: launcher container running", interval=1)
+        except BaseException:
+            print(self.controller.tail())
+            raise
+
     def status_when(self, name: str, pred: Callable[[dict[str, Any]], bool], timeout: float, what: str,
                     ) -> dict[str, Any]:
         def check() -> dict[str, Any] | None:
@@ -313,11 +328,7 @@ def test_launcher_pod_deleted_behind_the_controller_is_failed_never_running(env:
     pubkey = env.key.with_suffix(".pub").read_text().strip()
     env.custom.create_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL, _cloudvm("vm1", pubkey, "Running", 1))
 
-    def launcher_running() -> Any:
-        pods = env.pods("vm1")
-        return pods[0] if pods and pods[0].status.phase == "Running" else None
-
-    pod = wait_for(launcher_running, 300, "launcher Pod Running")
+    pod = env.launcher_running("vm1")
     env.core.delete_namespaced_pod(pod.metadata.name, env.ns)
     failed = env.status_when("vm1", lambda s: s.get("phase") in ("Failed", "Stopped", "Running"), 120,
                              "vm1 Failed")
@@ -336,11 +347,7 @@ def test_node_not_ready_makes_the_vm_unknown_with_no_second_pod_and_it_recovers(
     pubkey = env.key.with_suffix(".pub").read_text().strip()
     env.custom.create_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL, _cloudvm("vm1", pubkey, "Running", 1))
 
-    def launcher_running() -> Any:
-        pods = env.pods("vm1")
-        return pods[0] if pods and pods[0].status.phase == "Running" else None
-
-    pod = wait_for(launcher_running, 300, "launcher Pod Running")
+    pod = env.launcher_running("vm1")
     kubelet = real_node.popens["kubelet"]
     core: Any = client.CoreV1Api(k8s_api)
 
@@ -383,3 +390,118 @@ def test_root_volume_claim_used_by_another_pod_blocks_the_start_until_it_is_gone
     assert [p.metadata.name for p in env.pods("vm1")] == ["vm1-boot-1"]
     claim = env.core.read_namespaced_persistent_volume_claim("vm1-root", env.ns)
     assert claim.metadata.annotations["cloud.zjusct.io/claimed-by"] == pending["metadata"]["uid"]
+
+
+class PodWatch:
+    """Every launcher Pod event of one VM, from a watch of its own (reconnecting, also across an API server
+    restart): the names ever seen and the most launcher Pods alive at once (alive: not ended - no terminal phase,
+    no terminated container - and not deleted)."""
+
+    def __init__(self, core: Any, ns: str, vm: str) -> None:
+        self.core, self.ns, self.vm = core, ns, vm
+        self.names: list[str] = []
+        self.alive: dict[str, bool] = {}
+        self.max_alive = 0
+        self.overlaps: list[list[str]] = []
+        self._stop = threading.Event()
+        self._w = watch.Watch()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> PodWatch:
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._w.stop()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(Exception):
+                for ev in self._w.stream(self.core.list_namespaced_pod, self.ns,
+                                         label_selector=f"{LABEL_VM}={self.vm}", timeout_seconds=30):
+                    pod = ev["object"]
+                    name = pod.metadata.name
+                    if name not in self.names:
+                        self.names.append(name)
+                    ended = pod.status.phase in ("Succeeded", "Failed") or any(
+                        c.state and c.state.terminated for c in pod.status.container_statuses or [])
+                    self.alive[name] = ev["type"] != "DELETED" and not ended
+                    now = sorted(n for n, a in self.alive.items() if a)
+                    self.max_alive = max(self.max_alive, len(now))
+                    if len(now) > 1:
+                        self.overlaps.append(now)
+                    if self._stop.is_set():
+                        return
+            self._stop.wait(0.5)
+
+
+def test_launcher_process_killed_is_failed_launcher_lost_never_running(env: Env, real_node: RealNode) -> None:
+    """The launcher container's main process is killed (SIGKILL through containerd, as a crash): no
+    LauncherResult, so the boot is Failed/LauncherLost; no status ever says Running and no second Pod appears."""
+    pubkey = env.key.with_suffix(".pub").read_text().strip()
+    with PodWatch(env.core, env.ns, "vm1") as pods:
+        env.custom.create_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL,
+                                                   _cloudvm("vm1", pubkey, "Running", 1))
+        pod = env.launcher_running("vm1")
+        real_node.kill_container(pod.status.container_statuses[0].container_id)
+        failed = env.status_when("vm1", lambda s: s.get("phase") in ("Failed", "Stopped", "Running"), 180,
+                                 "vm1 ended")
+        assert (failed["status"]["phase"], failed["status"]["reason"]) == ("Failed", "LauncherLost"), failed
+        assert failed["status"]["bootID"] == 1 and failed["status"]["pod"] == pod.metadata.name
+        (after,) = env.pods("vm1")  # the ended Pod stays (restartPolicy Never) and is not replaced
+        assert after.metadata.uid == pod.metadata.uid and after.status.phase == "Failed"
+        term = after.status.container_statuses[0].state.terminated
+        assert term is not None and term.exit_code == 137 and not term.message
+    assert "Running" not in [s[1] for s in env.seen], env.seen
+    assert pods.names == ["vm1-boot-1"], pods.names
+
+
+def test_stop_and_immediate_start_never_has_two_launcher_pods_alive_and_ends_running_on_the_new_boot(
+        env: Env) -> None:
+    """powerState Stopped and, at once, Running with bootID 2 while boot 1's launcher runs: boot 2's Pod is
+    created only once boot 1's launcher has ended (one writer of the root disk at any time), and the VM ends
+    Running on boot 2 with its guest answering SSH."""
+    pubkey = env.key.with_suffix(".pub").read_text().strip()
+    with PodWatch(env.core, env.ns, "vm1") as pods:
+        env.custom.create_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL,
+                                                   _cloudvm("vm1", pubkey, "Running", 1))
+        first = env.launcher_running("vm1")
+        env.custom.patch_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL, "vm1",
+                                                  {"spec": {"powerState": "Stopped"}})
+        env.custom.patch_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL, "vm1",
+                                                  {"spec": {"powerState": "Running", "bootID": 2}})
+        running = env.status_when("vm1", lambda s: s.get("bootID") == 2 and s.get("phase") in (
+            "Running", "Failed", "Stopped"), BOOT_TIMEOUT + 300, "boot 2 Running")
+        st = running["status"]
+        assert (st["phase"], st["reason"], st["pod"]) == ("Running", "SSHReady", "vm1-boot-2"), st
+        assert ssh_banner(st["sshEndpoint"]["host"], st["sshEndpoint"]["port"]).startswith("SSH-2.0-OpenSSH")
+        wait_for(lambda: [p.metadata.name for p in env.pods("vm1")] == ["vm1-boot-2"], 300, "boot 1's Pod gone")
+    assert pods.names == [first.metadata.name, "vm1-boot-2"], pods.names
+    assert pods.max_alive == 1, pods.overlaps
+    assert "Running" not in [s[1] for s in env.seen if s[0] == 1], env.seen
+
+
+def test_api_server_restart_while_booting_the_controller_recovers_without_a_duplicate_pod(
+        env: Env, k8s_cluster: Cluster) -> None:
+    """kube-apiserver is restarted while the launcher boots the guest: the controller's watches reconnect, the
+    status converges on what the Pod shows (container running on the node), no second Pod is ever created, and
+    a change after the restart (the launcher Pod deleted behind its back) is seen: Failed/LauncherLost."""
+    pubkey = env.key.with_suffix(".pub").read_text().strip()
+    with PodWatch(env.core, env.ns, "vm1") as pods:
+        env.custom.create_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL,
+                                                   _cloudvm("vm1", pubkey, "Running", 1))
+        env.status_when("vm1", lambda s: s.get("pod") == "vm1-boot-1", 120, "launcher Pod created")
+        k8s_cluster.restart_apiserver()
+        pod = env.launcher_running("vm1")
+        converged = env.status_when("vm1", lambda s: s.get("node") == pod.spec.node_name and bool(
+            s.get("startedAt")) and s.get("phase") in ("Pending", "Running"), 180, "status shows the launcher started")
+        assert converged["status"]["pod"] == "vm1-boot-1", converged["status"]
+        assert converged["status"]["startedAt"] == pod.status.container_statuses[0].state.running.started_at.strftime(
+            "%Y-%m-%dT%H:%M:%SZ"), converged["status"]
+        env.core.delete_namespaced_pod(pod.metadata.name, env.ns)
+        failed = env.status_when("vm1", lambda s: s.get("phase") in ("Failed", "Stopped"), 180, "vm1 Failed")
+        assert (failed["status"]["phase"], failed["status"]["reason"]) == ("Failed", "LauncherLost"), failed
+        wait_for(lambda: not env.pods("vm1"), 300, "launcher Pod gone")
+    assert pods.names == ["vm1-boot-1"], pods.names
+    assert pods.max_alive == 1, pods.overlaps
