@@ -180,7 +180,8 @@ class Reconciler:
         that object fresh into the cache and reconciles again, up to :data:`CONFLICT_RETRIES` times.
 
         Raises:
-            ApiException: an API call failed (kopf logs it; the next event or resync retries).
+            ApiException: an API call failed (kopf logs it; the next event or resync retries). A CloudVM
+                deleted since the cache saw it (404 on its patch) is not an error: None is returned.
         """
         self._ensure_primed()
         with self._lock(ns, name):
@@ -189,6 +190,9 @@ class Reconciler:
                 for attempt in range(CONFLICT_RETRIES):
                     try:
                         return self._reconcile(ns, name)
+                    except _Gone:
+                        self.metrics.set_phase((ns, name), None)
+                        return None
                     except _Stale as stale:
                         if attempt == CONFLICT_RETRIES - 1:
                             raise stale.exc from None
@@ -218,6 +222,9 @@ class Reconciler:
         except ApiException as exc:
             if exc.status == 409:
                 raise _Stale("cloudvm", name, exc) from exc
+            if exc.status == 404:  # deleted since the cache saw it: its DELETED event follows
+                self.store.forget("cloudvm", ns, name)
+                raise _Gone(name) from exc
             raise
         self.store.apply("cloudvm", None, vm)
         self._remember("cloudvm", ns, name, vm)
@@ -275,8 +282,14 @@ class Reconciler:
             prev = dict(vm.get("status") or {})
             patch = status_patch(prev, plan.status)
             if patch is not None:
-                written = self._raw(self.custom.patch_namespaced_custom_object_status, GROUP, VERSION, ns, PLURAL,
-                                    name, {"status": patch})
+                try:
+                    written = self._raw(self.custom.patch_namespaced_custom_object_status, GROUP, VERSION, ns,
+                                        PLURAL, name, {"status": patch})
+                except ApiException as exc:
+                    if exc.status == 404:
+                        self.store.forget("cloudvm", ns, name)
+                        raise _Gone(name) from exc
+                    raise
                 self.store.apply("cloudvm", None, written)
                 self._remember("cloudvm", ns, name, written)
                 event = transition_event(prev, plan.status)
@@ -328,6 +341,10 @@ class Reconciler:
         """``(namespace, name)`` of the cached CloudVMs in ``ns`` whose ``spec.rootVolumeClaim`` is ``claim``."""
         return [(n, v) for n, v in self.store.keys("cloudvm") if n == ns and (
             (self.store.get("cloudvm", n, v) or {}).get("spec") or {}).get("rootVolumeClaim") == claim]
+
+
+class _Gone(Exception):
+    """The CloudVM was deleted since the cache saw it (404 on a write)."""
 
 
 class _Stale(Exception):

@@ -104,7 +104,7 @@ class Env:
     def pods(self, name: str) -> list[Any]:
         return list(self.core.list_namespaced_pod(self.ns, label_selector=f"{LABEL_VM}={name}").items)
 
-    def launcher_running(self, name: str, timeout: float = 300) -> Any:
+    def launcher_running(self, name: str, timeout: float = 900) -> Any:
         """Wait until the VM has exactly one launcher Pod and its container runs; return that Pod."""
         def check() -> Any:
             pods = self.pods(name)

@@ -82,6 +82,8 @@ class _Api:
     def patch_namespaced_custom_object(self, _g: str, _v: str, ns: str, _p: str, name: str, body: dict,
                                        **_: Any) -> Any:
         self.calls.append("PATCH cloudvm")
+        if (ns, name) not in self.vms:
+            raise ApiException(status=404, reason="Not Found")
         vm = self.vms[(ns, name)]
         if body["metadata"].get("resourceVersion") != vm["metadata"]["resourceVersion"]:
             raise ApiException(status=409, reason="Conflict")
@@ -159,6 +161,16 @@ def test_a_stale_cached_cloudvm_meets_409_conflict_is_read_fresh_and_the_reconci
     assert plan is not None
     assert api.calls[:3] == ["PATCH cloudvm", "GET cloudvm", "PATCH cloudvm"]
     assert list(api.pods) == [("alice", "web-boot-1")]
+
+
+def test_a_cloudvm_deleted_since_the_cache_saw_it_ends_the_reconcile_quietly() -> None:
+    api = _Api()
+    r = _reconciler(api)
+    r.relist()
+    del api.vms[("alice", "web")]
+    assert r.reconcile("alice", "web") is None
+    assert r.store.get("cloudvm", "alice", "web") is None and not api.pods
+    assert r.metrics.registry.get_sample_value("zjusct_controller_reconcile_errors_total") == 0
 
 
 def test_a_pod_mounting_the_claim_in_the_index_blocks_the_create_without_any_pod_list() -> None:
