@@ -122,7 +122,7 @@ class Reconciler:
         for kind, items in got.items():
             self.store.replace(kind, items, versions.get(kind),
                                None if kind == "node" or not self.namespaces else self.namespaces)
-        log.info("caches listed: %s", self.store.sizes())
+        log.debug("caches listed: %s", self.store.sizes())
 
     def _ensure_primed(self) -> None:
         with self._prime_lock:

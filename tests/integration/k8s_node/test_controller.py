@@ -449,8 +449,10 @@ def test_launcher_process_killed_is_failed_launcher_lost_never_running(env: Env,
                                  "vm1 ended")
         assert (failed["status"]["phase"], failed["status"]["reason"]) == ("Failed", "LauncherLost"), failed
         assert failed["status"]["bootID"] == 1 and failed["status"]["pod"] == pod.metadata.name
-        (after,) = env.pods("vm1")  # the ended Pod stays (restartPolicy Never) and is not replaced
-        assert after.metadata.uid == pod.metadata.uid and after.status.phase == "Failed"
+        # the ended Pod stays (restartPolicy Never) and is not replaced; its phase follows the container's end
+        (after,) = wait_for(lambda: (p := env.pods("vm1")) and p[0].status.phase == "Failed" and p, 120,
+                            "launcher Pod phase Failed")
+        assert after.metadata.uid == pod.metadata.uid
         term = after.status.container_statuses[0].state.terminated
         assert term is not None and term.exit_code == 137 and not term.message
     assert "Running" not in [s[1] for s in env.seen], env.seen
