@@ -26,10 +26,12 @@ from .decide import (
     GROUP,
     LABEL_VM,
     PLURAL,
+    ROOT_CLAIM,
     VERSION,
     Config,
     Plan,
     decide,
+    needs_volume,
     status_patch,
     transition_event,
 )
@@ -120,9 +122,23 @@ class Reconciler:
                     raise
         return pods, nodes, claim
 
+    def _root_volume(self, claim: Optional[dict]) -> Optional[dict]:
+        """The PersistentVolume a Bound claim names (``spec.volumeName``), or None when it has none or is gone.
+        Read only when :func:`.decide.needs_volume` says so (a Block claim about to get a launcher Pod)."""
+        pv_name = ((claim or {}).get("spec") or {}).get("volumeName")
+        if not pv_name:
+            return None
+        try:
+            return dict(self._plain(self.core.read_persistent_volume(pv_name, _request_timeout=REQUEST_TIMEOUT)))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     def _claim_writers(self, vm: dict) -> list[str]:
-        """Names of Pods in the VM's namespace, not its own launchers, that mount its root volume claim and have
-        not ended. One namespace-wide list, made only when a launcher Pod is about to be created."""
+        """Names of Pods in the VM's namespace, not its own launchers, that have not ended and mount its root volume
+        claim or name it in their ``cloud.zjusct.io/root-claim`` annotation (launchers of RBD root disks, which
+        do not mount the claim). One namespace-wide list, made only when a launcher Pod is about to be created."""
         ns, name = vm["metadata"]["namespace"], vm["metadata"]["name"]
         claim_name = (vm.get("spec") or {}).get("rootVolumeClaim")
         writers = []
@@ -132,9 +148,10 @@ class Reconciler:
             md, spec, st = p.get("metadata") or {}, p.get("spec") or {}, p.get("status") or {}
             if (md.get("labels") or {}).get(LABEL_VM) == name or st.get("phase") in ("Succeeded", "Failed"):
                 continue
-            for vol in spec.get("volumes") or []:
-                if (vol.get("persistentVolumeClaim") or {}).get("claimName") == claim_name:
-                    writers.append(md.get("name", ""))
+            mounted = any((vol.get("persistentVolumeClaim") or {}).get("claimName") == claim_name
+                          for vol in spec.get("volumes") or [])
+            if mounted or (md.get("annotations") or {}).get(ROOT_CLAIM) == claim_name:
+                writers.append(md.get("name", ""))
         return writers
 
     # ------------------------------------------------------------------ one reconcile
@@ -172,11 +189,12 @@ class Reconciler:
             self._own_rv.pop(("cloudvm", ns, name), None)
             return None
         pods, nodes, claim = self._read(vm)
-        plan = decide(vm, pods, nodes, claim, [], self.cfg, now_rfc3339())
-        if plan.create_pod is not None:  # only now: is the claim mounted by any other Pod?
+        volume = self._root_volume(claim) if needs_volume(vm, claim) else None
+        plan = decide(vm, pods, nodes, claim, [], self.cfg, now_rfc3339(), volume)
+        if plan.create_pod is not None:  # only now: is the claim used by any other Pod?
             writers = self._claim_writers(vm)
             if writers:
-                plan = decide(vm, pods, nodes, claim, writers, self.cfg, now_rfc3339())
+                plan = decide(vm, pods, nodes, claim, writers, self.cfg, now_rfc3339(), volume)
         rv = vm["metadata"]["resourceVersion"]
         if plan.add_finalizer:
             finalizers = [*(vm["metadata"].get("finalizers") or []), FINALIZER]
