@@ -54,6 +54,7 @@ CEPH_IF = "cni-zjusct0"  # tests/cluster/_realnode.py BRIDGE
 CEPH_ADDR = "10.233.0.1"  # its host side (POD_GATEWAY), on-link for every Pod
 CEPH_USER = "zjusct-vm"
 SECRET = "ceph-vm"
+PUBKEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl unused"  # never booted
 
 
 def _bridge_has_address() -> bool:
@@ -291,7 +292,7 @@ def test_block_claim_writers_and_non_rbd_pvs_block_the_start_naming_them(
             raise
 
     try:
-        custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _cloudvm("bad", "ssh-ed25519 AAAA x",
+        custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _cloudvm("bad", PUBKEY,
                                                                                       "Running", 1))
         bad = status_when(lambda s: s.get("phase") == "Blocked", 60, "bad Blocked on its PV", "bad")
         assert bad["status"]["reason"] == "VolumeNotSupported", bad["status"]
@@ -304,7 +305,7 @@ def test_block_claim_writers_and_non_rbd_pvs_block_the_start_naming_them(
         squatter = busybox_pod(real_node, "squatter", "exec sleep 3600")
         squatter["metadata"]["annotations"] = {"cloud.zjusct.io/root-claim": "vm1-root"}
         core.create_namespaced_pod(ns, squatter)
-        custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _cloudvm("vm1", "ssh-ed25519 AAAA x",
+        custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _cloudvm("vm1", PUBKEY,
                                                                                       "Running", 1))
         busy = status_when(lambda s: s.get("reason") == "VolumeInUse", 120, "vm1 Blocked by the squatter")
         assert busy["status"]["phase"] == "Blocked" and "squatter" in busy["status"]["message"], busy["status"]
