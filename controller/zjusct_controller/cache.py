@@ -28,7 +28,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any, Optional
 
-from .decide import LABEL_VM
+from .decide import LABEL_VM, ROOT_CLAIM
 
 Key = tuple[str, str]  # (namespace or "" for cluster-scoped, name)
 KINDS = ("cloudvm", "pod", "claim", "node")
@@ -47,9 +47,12 @@ def _key(obj: dict) -> Key:
 
 
 def pod_claims(pod: dict) -> frozenset[str]:
-    """Names of the PersistentVolumeClaims a Pod's volumes mount."""
-    return frozenset(c for c in ((v.get("persistentVolumeClaim") or {}).get("claimName")
-                                 for v in (pod.get("spec") or {}).get("volumes") or []) if c)
+    """Names of the PersistentVolumeClaims a Pod uses: those its volumes mount, and the one its
+    ``cloud.zjusct.io/root-claim`` annotation names (a launcher of an RBD root disk, which mounts no claim)."""
+    mounted = {(v.get("persistentVolumeClaim") or {}).get("claimName")
+               for v in (pod.get("spec") or {}).get("volumes") or []}
+    mounted.add(((pod.get("metadata") or {}).get("annotations") or {}).get(ROOT_CLAIM))
+    return frozenset(c for c in mounted if c)
 
 
 def slim_pod(pod: dict) -> dict:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -30,6 +31,13 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "zjusct-controller"
 CONFIG_ANNOTATION = "cloud.zjusct.io/launcher-config"
 CLAIMED_BY = "cloud.zjusct.io/claimed-by"  # PVC annotation: uid of the CloudVM using the root volume
+ROOT_CLAIM = "cloud.zjusct.io/root-claim"  # launcher Pod annotation: the root volume claim it writes
+CEPH_CONF_ANNOTATION = "cloud.zjusct.io/ceph-conf"  # launcher Pod annotation: ceph.conf (monitors only, no key)
+RBD_DRIVER = "rbd.csi.ceph.com"  # the CSI driver name an RBD PV carries (Ceph-CSI's, no driver needed on nodes)
+CEPH_CONF_PATH = "/etc/zjusct/ceph.conf"
+KEYRING_DIR = "/etc/zjusct-ceph"
+KEYRING_PATH = f"{KEYRING_DIR}/keyring"
+KEYRING_SECRET_KEY = "keyring"  # noqa: S105 - the key of the Secret holding the Ceph keyring file
 CONTAINER = "launcher"
 SSH_PORT = 22
 
@@ -55,6 +63,63 @@ exec python3 -m zjusct_launcher run --config /etc/zjusct/launcher.json
 """
 
 
+_CEPH_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")  # the launcher's rootDisk.rbd pool/image/user rule
+_MONITOR_RE = re.compile(r"^[][A-Za-z0-9_.:/,-]{1,256}$")  # host:port, [v2:ip:port/0,v1:ip:port/0], names
+_SECRET_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")  # DNS subdomain
+
+
+@dataclass(frozen=True)
+class CephConfig:
+    """The Ceph cluster of RBD root disks (``ceph`` in the controller's JSON config, docs/controller.md).
+
+    Attributes:
+        monitors: ``mon_host`` entries (``10.0.0.1:6789`` or ``[v2:10.0.0.1:3300/0,v1:10.0.0.1:6789/0]``), joined
+            with ``,`` into the ``ceph.conf`` the launcher Pod gets.
+        user: the cephx user QEMU's librbd connects as, without ``client.`` (rule of the launcher's
+            ``rootDisk.rbd.user``).
+        secret_name: a Secret in each VM's namespace whose key ``keyring`` holds a Ceph keyring file with
+            ``[client.<user>]`` and its ``key``; mounted read-only into the launcher Pod, never read by the
+            controller.
+    """
+
+    monitors: tuple
+    user: str
+    secret_name: str
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> CephConfig:
+        """Build from ``{"monitors": [...], "user": ..., "secretName": ...}``.
+
+        Raises:
+            ValueError: not an object, unknown or missing keys, or a value outside its rule (named).
+        """
+        keys = ("monitors", "user", "secretName")
+        if not isinstance(raw, dict):
+            raise ValueError(f"controller config: ceph: must be an object with keys {', '.join(keys)}")
+        unknown = sorted(set(raw) - set(keys))
+        if unknown:
+            raise ValueError(f"controller config: ceph: unknown keys {', '.join(unknown)} (allowed: {', '.join(keys)})")
+        missing = [k for k in keys if not raw.get(k)]
+        if missing:
+            raise ValueError(f"controller config: ceph: required keys missing: {', '.join(missing)}")
+        mons = raw["monitors"]
+        if not isinstance(mons, list) or not all(isinstance(m, str) and _MONITOR_RE.match(m) for m in mons):
+            raise ValueError(f"controller config: ceph.monitors: {mons!r} is not a list of monitor addresses "
+                             "(host:port or [v2:ip:port/0,v1:ip:port/0]; no spaces)")
+        user = raw["user"]
+        if not isinstance(user, str) or not _CEPH_NAME_RE.match(user) or user.startswith("client."):
+            raise ValueError(f"controller config: ceph.user: {user!r} is not a cephx user name without 'client.' "
+                             "(1-128 of A-Z a-z 0-9 _ . -)")
+        secret = raw["secretName"]
+        if not isinstance(secret, str) or not _SECRET_NAME_RE.match(secret):
+            raise ValueError(f"controller config: ceph.secretName: {secret!r} is not a Secret name (DNS subdomain)")
+        return cls(monitors=tuple(mons), user=user, secret_name=secret)
+
+    def conf_text(self) -> str:
+        """The ``ceph.conf`` of the launcher Pod: the monitors and cephx, nothing secret."""
+        return f"[global]\nmon_host = {','.join(self.monitors)}\nauth_client_required = cephx\n"
+
+
 @dataclass(frozen=True)
 class Config:
     """What the controller puts into every launcher Pod (the launcher defaults; JSON file, docs/controller.md).
@@ -74,6 +139,7 @@ class Config:
         overhead_cpu_m, overhead_memory_mib: per-VM overhead added to the requests (launcher, QEMU, TAP).
         node_selector: merged under the CloudVM's ``spec.nodeSelector`` (the VM's own entries win).
         tolerations: copied into every launcher Pod.
+        ceph: the Ceph cluster of RBD root disks (:class:`CephConfig`); None: Block claims are refused.
     """
 
     launcher_image: str
@@ -89,6 +155,7 @@ class Config:
     overhead_memory_mib: int = 64
     node_selector: dict = field(default_factory=dict)
     tolerations: list = field(default_factory=list)
+    ceph: Optional[CephConfig] = None
 
     @classmethod
     def from_dict(cls, raw: dict) -> Config:
@@ -102,7 +169,7 @@ class Config:
                 "readinessTimeoutSeconds": "readiness_timeout_s", "stopTimeoutSeconds": "stop_timeout_s",
                 "cpuOvercommit": "cpu_ratio", "memoryOvercommit": "memory_ratio",
                 "overheadCPUMillis": "overhead_cpu_m", "overheadMemoryMiB": "overhead_memory_mib",
-                "nodeSelector": "node_selector", "tolerations": "tolerations"}
+                "nodeSelector": "node_selector", "tolerations": "tolerations", "ceph": "ceph"}
         unknown = sorted(set(raw) - set(keys))
         if unknown:
             raise ValueError(f"controller config: unknown keys {', '.join(unknown)} (allowed: {', '.join(keys)})")
@@ -111,10 +178,95 @@ class Config:
             raise ValueError(f"controller config: required keys missing: {', '.join(missing)}")
         if raw.get("accel", "tcg") not in ("tcg", "kvm", "auto"):
             raise ValueError(f"controller config: accel: {raw['accel']!r} is not one of tcg, kvm, auto")
-        return cls(**{keys[k]: v for k, v in raw.items()})
+        args = {keys[k]: v for k, v in raw.items()}
+        if "ceph" in raw:
+            args["ceph"] = CephConfig.from_dict(raw["ceph"])
+        return cls(**args)
 
 
 GRACE_MARGIN_S = 30
+
+
+# --------------------------------------------------------------------------- the root volume
+
+
+class VolumeProblem(Exception):
+    """A root volume claim the controller cannot start a VM on.
+
+    Attributes:
+        reason: the status reason (``VolumeClaimNotReady`` or ``VolumeNotSupported``).
+        message: names the object (claim or PersistentVolume), the field, its value and what is allowed.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def is_block_claim(claim: Optional[dict]) -> bool:
+    """True when the claim asks for a raw block volume (``spec.volumeMode: Block``): an RBD root disk."""
+    return ((claim or {}).get("spec") or {}).get("volumeMode") == "Block"
+
+
+def needs_volume(vm: dict, claim: Optional[dict]) -> bool:
+    """True when the adapter must read the claim's PersistentVolume before deciding: the claim is a Bound Block
+    claim and a launcher Pod of ``spec.bootID`` may be created (``powerState`` Running, the VM not being
+    deleted, no Pod of this boot recorded in the status). Otherwise the PV is not needed (no extra API call)."""
+    if not is_block_claim(claim) or ((claim or {}).get("status") or {}).get("phase") != "Bound":
+        return False
+    spec, prev = with_defaults(vm.get("spec") or {}), vm.get("status") or {}
+    if spec["powerState"] != "Running" or (vm.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    return not (prev.get("bootID") == int(spec["bootID"]) and prev.get("pod"))
+
+
+def rbd_root_disk(claim: dict, volume: Optional[dict], cfg: Config) -> dict:
+    """The launcher's ``rootDisk.rbd`` for a Bound Block claim, from its PersistentVolume.
+
+    The PV must be bound to this claim (``spec.claimRef``), ``volumeMode: Block`` and name the image the way
+    Ceph-CSI does: ``spec.csi.driver`` :data:`RBD_DRIVER`, ``spec.csi.volumeAttributes.pool`` and ``.imageName``
+    (1-128 of ``A-Z a-z 0-9 _ . -``, the launcher's rule). No CSI driver runs: the launcher Pod does not mount
+    the claim, QEMU opens the image through librbd with :attr:`Config.ceph`.
+
+    Returns:
+        ``{"pool", "image", "conf", "user", "keyringPath"}`` (paths inside the launcher Pod).
+
+    Raises:
+        VolumeProblem: ``VolumeNotSupported`` (no ``ceph`` in the controller config, the PV is not an RBD PV or
+            not Block) or ``VolumeClaimNotReady`` (the PV is missing or bound to another claim), naming the
+            object and the field.
+    """
+    md, spec = claim.get("metadata") or {}, claim.get("spec") or {}
+    name, pv_name = md.get("name", ""), spec.get("volumeName") or ""
+    if cfg.ceph is None:
+        raise VolumeProblem("VolumeNotSupported", f"the root volume claim {name} is a Block volume (spec.volumeMode)"
+                            " but the controller config has no ceph section (docs/controller.md)")
+    if volume is None:
+        raise VolumeProblem("VolumeClaimNotReady", f"PersistentVolume {pv_name or '(none)'} of the root volume "
+                            f"claim {name} (spec.volumeName) does not exist")
+    vspec = volume.get("spec") or {}
+    ref = vspec.get("claimRef") or {}
+    if (ref.get("namespace"), ref.get("name")) != (md.get("namespace"), name) or (
+            ref.get("uid") and md.get("uid") and ref["uid"] != md["uid"]):
+        raise VolumeProblem("VolumeClaimNotReady", f"PersistentVolume {pv_name}: spec.claimRef is "
+                            f"{ref.get('namespace')}/{ref.get('name')}, not the root volume claim "
+                            f"{md.get('namespace')}/{name}")
+    if vspec.get("volumeMode") != "Block":
+        raise VolumeProblem("VolumeNotSupported", f"PersistentVolume {pv_name}: spec.volumeMode is "
+                            f"{vspec.get('volumeMode') or 'Filesystem'}, an RBD root disk needs Block")
+    csi = vspec.get("csi") or {}
+    if csi.get("driver") != RBD_DRIVER:
+        raise VolumeProblem("VolumeNotSupported", f"PersistentVolume {pv_name}: spec.csi.driver is "
+                            f"{csi.get('driver') or '(none)'}, an RBD root disk needs {RBD_DRIVER}")
+    attrs = csi.get("volumeAttributes") or {}
+    for key in ("pool", "imageName"):
+        value = attrs.get(key)
+        if not isinstance(value, str) or not _CEPH_NAME_RE.match(value):
+            raise VolumeProblem("VolumeNotSupported", f"PersistentVolume {pv_name}: spec.csi.volumeAttributes."
+                                f"{key} is {value!r}, not an RBD name (1-128 of A-Z a-z 0-9 _ . -)")
+    return {"pool": attrs["pool"], "image": attrs["imageName"], "conf": CEPH_CONF_PATH, "user": cfg.ceph.user,
+            "keyringPath": KEYRING_PATH}
 
 
 # --------------------------------------------------------------------------- names and the Pod
@@ -143,11 +295,12 @@ def pod_resources(spec: dict, cfg: Config) -> dict:
     return {"requests": {"cpu": f"{cpu_m}m", "memory": f"{mem}Mi"}}
 
 
-def launcher_config(vm: dict, cfg: Config) -> dict:
+def launcher_config(vm: dict, cfg: Config, rbd: Optional[dict] = None) -> dict:
     """LauncherConfig v1 (docs/launcher-protocol.md) of the VM's current boot, paths as the Pod sees them.
 
-    Root disk ``/vm/root.raw`` on the root volume claim (mounted at ``/vm``), serial log and per-boot result file
-    beside it; the TAP is created by the launcher on the Pod's bridge.
+    Root disk ``/vm/root.raw`` on the root volume claim (mounted at ``/vm``), or ``rbd`` (from
+    :func:`rbd_root_disk`) opened by QEMU's librbd (``/vm`` is then a Pod-local emptyDir); serial log and
+    per-boot result file in ``/vm``; the TAP is created by the launcher on the Pod's bridge.
     """
     md, spec = vm["metadata"], with_defaults(vm.get("spec") or {})
     boot = int(spec["bootID"])
@@ -156,7 +309,8 @@ def launcher_config(vm: dict, cfg: Config) -> dict:
         "vm": {"namespace": md["namespace"], "name": md["name"], "uid": md["uid"], "bootID": boot},
         "machine": {"vcpus": int(spec["vcpus"]), "memoryMiB": int(spec["memoryMiB"])},
         "boot": {"kernel": "/images/vmlinuz", "initrd": "/images/initrd.img", "cmdline": cfg.cmdline},
-        "rootDisk": {"path": "/vm/root.raw", "cache": "Writeback"},
+        "rootDisk": {"rbd": dict(rbd), "cache": "Writeback"} if rbd else {"path": "/vm/root.raw",
+                                                                           "cache": "Writeback"},
         "identity": {"sshAuthorizedKeys": list(spec.get("sshAuthorizedKeys") or [])},
         "network": {"mode": "tap", "tap": "tap0", "createTap": True, "bridge": "br0", "mac": "52:54:00:0a:00:02",
                     "ipv4": f"{GUEST_IP}/30", "gateway": POD_SIDE_IP, "dns": []},
@@ -175,8 +329,13 @@ def owner_reference(vm: dict) -> dict:
             "controller": True, "blockOwnerDeletion": True}
 
 
-def launcher_pod(vm: dict, cfg: Config) -> dict:
+def launcher_pod(vm: dict, cfg: Config, rbd: Optional[dict] = None) -> dict:
     """The launcher Pod of the VM's current boot (``spec.bootID``).
+
+    The annotation :data:`ROOT_CLAIM` names the root volume claim (the writer check reads it). With ``rbd``
+    (:func:`rbd_root_disk`) the claim is not mounted: ``ceph.conf`` (monitors only) is the annotation
+    :data:`CEPH_CONF_ANNOTATION` projected to :data:`CEPH_CONF_PATH`, the keyring is the ``keyring`` key of the
+    Secret ``ceph.secretName`` mounted read-only (0400) at :data:`KEYRING_DIR`; no key is in the manifest.
 
     restartPolicy Never (a Pod is one boot); the LauncherConfig is an annotation projected into
     ``/etc/zjusct/launcher.json`` by a downwardAPI volume (one object, created atomically); the LauncherResult is
@@ -188,6 +347,24 @@ def launcher_pod(vm: dict, cfg: Config) -> dict:
     boot = int(spec["bootID"])
     name = pod_name(md["name"], boot)
     node_selector = {**cfg.node_selector, **(spec.get("nodeSelector") or {})}
+    vm_volume: dict[str, Any] = {"name": "vm", "persistentVolumeClaim": {"claimName": spec["rootVolumeClaim"]}}
+    config_items = [{"path": "launcher.json",
+                     "fieldRef": {"fieldPath": f"metadata.annotations['{CONFIG_ANNOTATION}']"}}]
+    annotations = {CONFIG_ANNOTATION: json.dumps(launcher_config(vm, cfg, rbd), sort_keys=True),
+                   ROOT_CLAIM: spec["rootVolumeClaim"]}
+    extra_mounts: list[dict] = []
+    extra_volumes: list[dict] = []
+    if rbd:
+        if cfg.ceph is None:
+            raise ValueError("launcher_pod: an RBD root disk needs the controller config's ceph section")
+        vm_volume = {"name": "vm", "emptyDir": {}}
+        config_items.append({"path": "ceph.conf",
+                             "fieldRef": {"fieldPath": f"metadata.annotations['{CEPH_CONF_ANNOTATION}']"}})
+        annotations[CEPH_CONF_ANNOTATION] = cfg.ceph.conf_text()
+        extra_mounts.append({"name": "ceph-keyring", "mountPath": KEYRING_DIR, "readOnly": True})
+        extra_volumes.append({"name": "ceph-keyring", "secret": {
+            "secretName": cfg.ceph.secret_name, "defaultMode": 0o400,
+            "items": [{"key": KEYRING_SECRET_KEY, "path": KEYRING_PATH.rsplit("/", 1)[1]}]}})
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": int(cfg.stop_timeout_s) + GRACE_MARGIN_S,
@@ -214,16 +391,16 @@ def launcher_pod(vm: dict, cfg: Config) -> dict:
                 {"name": "config", "mountPath": "/etc/zjusct", "readOnly": True},
                 {"name": "tun", "mountPath": "/dev/net/tun"},
                 {"name": "run", "mountPath": "/run/zjusct"},
+                *extra_mounts,
             ],
         }],
         "volumes": [
             {"name": "images", "hostPath": {"path": cfg.image_dir, "type": "Directory"}},
-            {"name": "vm", "persistentVolumeClaim": {"claimName": spec["rootVolumeClaim"]}},
-            {"name": "config", "downwardAPI": {"items": [
-                {"path": "launcher.json",
-                 "fieldRef": {"fieldPath": f"metadata.annotations['{CONFIG_ANNOTATION}']"}}]}},
+            vm_volume,
+            {"name": "config", "downwardAPI": {"items": config_items}},
             {"name": "tun", "hostPath": {"path": "/dev/net/tun", "type": "CharDevice"}},
             {"name": "run", "emptyDir": {"medium": "Memory"}},
+            *extra_volumes,
         ],
     }
     if node_selector:
@@ -236,7 +413,7 @@ def launcher_pod(vm: dict, cfg: Config) -> dict:
             "name": name, "namespace": md["namespace"],
             "labels": {"app.kubernetes.io/name": "zjusct-launcher", LABEL_MANAGED_BY: MANAGED_BY,
                        LABEL_VM: md["name"], LABEL_BOOT: str(boot)},
-            "annotations": {CONFIG_ANNOTATION: json.dumps(launcher_config(vm, cfg), sort_keys=True)},
+            "annotations": annotations,
             "ownerReferences": [owner_reference(vm)],
         },
         "spec": pod_spec,
@@ -344,28 +521,36 @@ class Plan:
     status: Optional[dict] = None
 
 
-def _claim_problem(vm: dict, claim: Optional[dict], writers: list[str]) -> tuple[Optional[str], bool, str]:
-    """``(problem, mark, reason)``: why the root volume claim cannot be used (None: it can), whether to mark it.
+def _claim_problem(vm: dict, claim: Optional[dict], writers: list[str], volume: Optional[dict], cfg: Config,
+                   ) -> tuple[Optional[str], bool, str, Optional[dict]]:
+    """``(problem, mark, reason, rbd)``: why the root volume claim cannot be used (None: it can), whether to mark
+    it, and for a Block claim the launcher's ``rootDisk.rbd`` (:func:`rbd_root_disk`).
 
-    ``reason``: ``VolumeClaimNotReady`` (missing or not Bound yet) or ``VolumeInUse`` (claimed by another
-    CloudVM uid, or mounted by a Pod that is not this VM's launcher).
+    ``reason``: ``VolumeClaimNotReady`` (missing or not Bound yet, its PV missing), ``VolumeInUse`` (claimed by
+    another CloudVM uid, or used by a Pod that is not this VM's launcher) or ``VolumeNotSupported``.
     """
     spec = with_defaults(vm.get("spec") or {})
     name = spec["rootVolumeClaim"]
     if claim is None:
-        return f"the root volume claim {name} does not exist", False, "VolumeClaimNotReady"
+        return f"the root volume claim {name} does not exist", False, "VolumeClaimNotReady", None
     phase = (claim.get("status") or {}).get("phase")
     if phase != "Bound":
         return (f"the root volume claim {name} is {phase or 'not bound'} (waiting until it is Bound)", False,
-                "VolumeClaimNotReady")
+                "VolumeClaimNotReady", None)
     holder = ((claim.get("metadata") or {}).get("annotations") or {}).get(CLAIMED_BY)
     uid = vm["metadata"]["uid"]
     if holder and holder != uid:
         return (f"the root volume claim {name} is claimed by CloudVM uid {holder} ({CLAIMED_BY})", False,
-                "VolumeInUse")
+                "VolumeInUse", None)
     if writers:
-        return f"Pod {', '.join(sorted(writers))} uses the root volume claim {name}", False, "VolumeInUse"
-    return None, holder != uid, ""
+        return f"Pod {', '.join(sorted(writers))} uses the root volume claim {name}", False, "VolumeInUse", None
+    rbd = None
+    if is_block_claim(claim):
+        try:
+            rbd = rbd_root_disk(claim, volume, cfg)
+        except VolumeProblem as exc:
+            return exc.message, False, exc.reason, None
+    return None, holder != uid, "", rbd
 
 
 def _conditions(prev: list, phase: str, reason: str, message: str, generation: int, now: str) -> list:
@@ -379,7 +564,7 @@ def _conditions(prev: list, phase: str, reason: str, message: str, generation: i
 
 
 def decide(vm: dict, pods: list, nodes: dict, claim: Optional[dict], claim_writers: list, cfg: Config,
-           now: str) -> Plan:
+           now: str, volume: Optional[dict] = None) -> Plan:
     """The next step for one CloudVM.
 
     Args:
@@ -387,9 +572,12 @@ def decide(vm: dict, pods: list, nodes: dict, claim: Optional[dict], claim_write
         pods: every launcher Pod labelled with this VM (:data:`LABEL_VM`), any boot.
         nodes: node name -> Node dict (or None when the Node does not exist) for the Pods' nodes.
         claim: the PVC named by ``spec.rootVolumeClaim`` in the VM's namespace, or None.
-        claim_writers: names of Pods not belonging to this VM that mount the claim and have not ended.
+        claim_writers: names of Pods not belonging to this VM that mount the claim or name it in their
+            :data:`ROOT_CLAIM` annotation, and have not ended.
         cfg: the launcher defaults.
         now: the current time (RFC 3339), for condition transition times.
+        volume: the claim's PersistentVolume when :func:`needs_volume` says it is needed (a Block claim: the RBD
+            image, :func:`rbd_root_disk`), else None.
 
     Returns:
         A :class:`Plan`. Rules: one launcher Pod per (VM, bootID), created only when ``powerState`` is Running,
@@ -460,13 +648,13 @@ def decide(vm: dict, pods: list, nodes: dict, claim: Optional[dict], claim_write
                 boot, "lost", node=prev.get("node"), started_at=prev.get("startedAt"),
                 detail=f"launcher Pod {prev['pod']} of boot {boot} is gone without a result"), others)
     elif want:
-        problem, mark, why = _claim_problem(vm, claim, claim_writers)
+        problem, mark, why, rbd = _claim_problem(vm, claim, claim_writers, volume, cfg)
         status = derive_status(spec, None, others, volume_writer=problem)
         if status.phase == "Blocked" and status.reason == "VolumeInUse" and problem:
             status.reason, status.message = why, problem
         if status.phase == "Pending":
             plan.mark_claim = mark
-            plan.create_pod = launcher_pod(vm, cfg)
+            plan.create_pod = launcher_pod(vm, cfg, rbd)
             extra["pod"] = name
     else:
         alive = [o for o in others if o.state in ("alive", "starting", "unknown")]
@@ -513,5 +701,7 @@ def transition_event(prev: dict, new: dict) -> Optional[tuple[str, str, str]]:
     return kind, new.get("reason") or new.get("phase") or "Unknown", message[:1024]
 
 
-__all__ = ["CLAIMED_BY", "FINALIZER", "GROUP", "LABEL_BOOT", "LABEL_VM", "PLURAL", "VERSION", "Config", "Plan",
-           "decide", "launcher_pod", "observe", "pod_name", "pod_resources", "status_patch", "transition_event"]
+__all__ = ["CEPH_CONF_ANNOTATION", "CLAIMED_BY", "FINALIZER", "GROUP", "LABEL_BOOT", "LABEL_VM", "PLURAL",
+           "RBD_DRIVER", "ROOT_CLAIM", "VERSION", "CephConfig", "Config", "Plan", "VolumeProblem", "decide",
+           "is_block_claim", "launcher_pod", "needs_volume", "observe", "pod_name", "pod_resources",
+           "rbd_root_disk", "status_patch", "transition_event"]

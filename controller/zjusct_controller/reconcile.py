@@ -33,6 +33,7 @@ from .decide import (
     Config,
     Plan,
     decide,
+    needs_volume,
     status_patch,
     transition_event,
 )
@@ -150,9 +151,23 @@ class Reconciler:
         claim = self.store.get("claim", ns, claim_name) if claim_name else None
         return pods, nodes, claim
 
+    def _root_volume(self, claim: Optional[dict]) -> Optional[dict]:
+        """The PersistentVolume a Bound claim names (``spec.volumeName``), or None when it has none or is gone.
+        Read only when :func:`.decide.needs_volume` says so (a Block claim about to get a launcher Pod)."""
+        pv_name = ((claim or {}).get("spec") or {}).get("volumeName")
+        if not pv_name:
+            return None
+        try:
+            return self._raw(self.core.read_persistent_volume, pv_name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     def _claim_writers(self, vm: dict) -> list[str]:
         """Names of Pods in the VM's namespace, not its own launchers, that mount its root volume claim and have
-        not ended: a lookup in the claim index kept from the Pod watch."""
+        not ended: a lookup in the claim index kept from the Pod watch (a Pod uses a claim when it mounts it or
+        names it in its ``cloud.zjusct.io/root-claim`` annotation, as launchers of RBD root disks do)."""
         claim_name = (vm.get("spec") or {}).get("rootVolumeClaim")
         if not claim_name:
             return []
@@ -237,11 +252,12 @@ class Reconciler:
             self._own_rv.pop(("cloudvm", ns, name), None)
             return None
         pods, nodes, claim = self._read(vm)
-        plan = decide(vm, pods, nodes, claim, [], self.cfg, now_rfc3339())
-        if plan.create_pod is not None:  # only now: is the claim mounted by any other Pod?
+        volume = self._root_volume(claim) if needs_volume(vm, claim) else None
+        plan = decide(vm, pods, nodes, claim, [], self.cfg, now_rfc3339(), volume)
+        if plan.create_pod is not None:  # only now: is the claim used by any other Pod?
             writers = self._claim_writers(vm)
             if writers:
-                plan = decide(vm, pods, nodes, claim, writers, self.cfg, now_rfc3339())
+                plan = decide(vm, pods, nodes, claim, writers, self.cfg, now_rfc3339(), volume)
         if plan.add_finalizer:
             finalizers = [*(vm["metadata"].get("finalizers") or []), FINALIZER]
             vm = self._patch_vm(ns, name, {"metadata": {"finalizers": finalizers,

@@ -2,11 +2,14 @@
 
 Everything lives under one state directory D: ``ceph.conf``, keyrings, mon/mgr/osd data, pid files, admin
 sockets, logs and the sparse file backing the OSD. The monitor listens on two free TCP ports of 127.0.0.1
-(msgr2 and msgr1) chosen at start; mgr and OSD bind ephemeral ports on 127.0.0.1. Nothing is written to
-/etc/ceph or /var/lib/ceph. Shape and gotchas are measured in ``shared/recipes/ceph.md``.
+(msgr2 and msgr1) chosen at start; mgr and OSD bind ephemeral ports on 127.0.0.1. ``address`` replaces 127.0.0.1
+by another address of this host (one that Pods can route to, e.g. the host side of the Pods' bridge; it must
+exist before the start). Nothing is written to /etc/ceph or /var/lib/ceph. Shape and gotchas are measured in
+``shared/recipes/ceph.md``.
 
 Public API:
-    start_cluster(base=None, timeout=120.0) -> Cluster     start, wait for all PGs active+clean, pool ``rbd``
+    start_cluster(base=None, timeout=120.0, address="127.0.0.1") -> Cluster
+                                                            start, wait for all PGs active+clean, pool ``rbd``
     stop_cluster(state_dir)                                stop daemons by pid and remove the directory
     Cluster                                                 conf path, keyring path, env(), stop()
 """
@@ -44,7 +47,8 @@ class Cluster:
         conf: path of ``ceph.conf`` (pass as ``CEPH_CONF`` or ``-c``).
         keyring: path of the client.admin keyring.
         fsid: the cluster fsid.
-        mon_ports: (msgr2 port, msgr1 port) on 127.0.0.1.
+        mon_ports: (msgr2 port, msgr1 port) on ``address``.
+        address: the IPv4 address every daemon binds (default 127.0.0.1).
         bootstrap_seconds: wall time from empty directory to all PGs active+clean.
     """
 
@@ -55,7 +59,13 @@ class Cluster:
     mon_ports: tuple[int, int]
     bootstrap_seconds: float = 0.0
     pool: str = "rbd"
+    address: str = "127.0.0.1"
     _stopped: bool = field(default=False, repr=False)
+
+    @property
+    def mon_host(self) -> str:
+        """The monitor's address vector as ``mon_host`` takes it: ``[v2:ADDR:P2/0,v1:ADDR:P1/0]``."""
+        return f"[v2:{self.address}:{self.mon_ports[0]}/0,v1:{self.address}:{self.mon_ports[1]}/0]"
 
     def env(self) -> dict[str, str]:
         """Environment for child processes that must reach this cluster (CEPH_CONF + LC_ALL=C)."""
@@ -76,9 +86,9 @@ class Cluster:
         self._stopped = True
 
 
-def _free_port() -> int:
+def _free_port(address: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((address, 0))
         return int(s.getsockname()[1])
 
 
@@ -95,13 +105,14 @@ def _run(cmd: list[str], timeout: float = 30.0, stdin: str | None = None) -> str
     return proc.stdout
 
 
-def _conf_text(d: Path, fsid: str, v2: int, v1: int) -> str:
+def _conf_text(d: Path, fsid: str, v2: int, v1: int, address: str = "127.0.0.1") -> str:
+    network = "127.0.0.0/8" if address.startswith("127.") else f"{address}/32"
     return f"""[global]
 fsid = {fsid}
-mon_host = [v2:127.0.0.1:{v2}/0,v1:127.0.0.1:{v1}/0]
+mon_host = [v2:{address}:{v2}/0,v1:{address}:{v1}/0]
 mon_initial_members = a
-public_addr = 127.0.0.1
-public_network = 127.0.0.0/8
+public_addr = {address}
+public_network = {network}
 ms_bind_ipv4 = true
 ms_bind_ipv6 = false
 auth_cluster_required = cephx
@@ -194,16 +205,16 @@ def _poll(what: str, check: Callable[[], object], timeout: float, interval: floa
     raise CephClusterError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
 
 
-def _start(d: Path, timeout: float) -> Cluster:
+def _start(d: Path, timeout: float, address: str = "127.0.0.1") -> Cluster:
     t0 = time.monotonic()
     fsid = str(uuid.uuid4())
-    v2, v1 = _free_port(), _free_port()
+    v2, v1 = _free_port(address), _free_port(address)
     while v1 == v2:
-        v1 = _free_port()
+        v1 = _free_port(address)
     for sub in ("run", "log", "crash", "mon/mon.a", "mgr/mgr.x", "osd/osd.0"):
         (d / sub).mkdir(parents=True, exist_ok=True)
     conf = d / "ceph.conf"
-    conf.write_text(_conf_text(d, fsid, v2, v1))
+    conf.write_text(_conf_text(d, fsid, v2, v1, address))
     c = str(conf)
     admin = d / "ceph.client.admin.keyring"
     monkr = d / "mon.keyring"
@@ -213,12 +224,12 @@ def _start(d: Path, timeout: float) -> Cluster:
     _run(["ceph-authtool", str(monkr), "--import-keyring", str(admin)])
     os.chmod(admin, 0o600)
     monmap = d / "monmap"
-    _run(["monmaptool", "--create", "--fsid", fsid, "--addv", "a", f"[v2:127.0.0.1:{v2},v1:127.0.0.1:{v1}]",
+    _run(["monmaptool", "--create", "--fsid", fsid, "--addv", "a", f"[v2:{address}:{v2},v1:{address}:{v1}]",
           str(monmap)])
     _run(["ceph-mon", "-c", c, "--mkfs", "-i", "a", "--monmap", str(monmap), "--keyring", str(monkr)], timeout=60)
     _run(["ceph-mon", "-c", c, "-i", "a"], timeout=60)
     _wait_pidfile(d / "run" / "mon.a.pid", 30)
-    cluster = Cluster(state_dir=d, conf=conf, keyring=admin, fsid=fsid, mon_ports=(v2, v1))
+    cluster = Cluster(state_dir=d, conf=conf, keyring=admin, fsid=fsid, mon_ports=(v2, v1), address=address)
     _poll("mon quorum", lambda: json.loads(cluster.ceph("quorum_status", "--format", "json", timeout=10))
           .get("quorum_names"), timeout)
 
@@ -259,13 +270,16 @@ def _all_clean(cluster: Cluster) -> bool:
     return total > 0 and clean == total
 
 
-def start_cluster(base: str | os.PathLike[str] | None = None, timeout: float = 120.0) -> Cluster:
+def start_cluster(base: str | os.PathLike[str] | None = None, timeout: float = 120.0,
+                  address: str = "127.0.0.1") -> Cluster:
     """Bootstrap a fresh single-node cluster in a new temporary directory and wait until it is settled.
 
     Args:
         base: parent directory for the state directory (default: ``$TMPDIR``). Short paths are better: admin
             socket paths must stay under 107 bytes.
         timeout: seconds allowed for each wait (quorum, OSD up, PGs clean).
+        address: IPv4 address of this host that mon, mgr and OSD bind (default 127.0.0.1, reachable only from
+            this network namespace); it must exist before the call.
 
     Returns:
         a running ``Cluster`` with pool ``rbd`` initialised and every PG active+clean.
@@ -277,7 +291,7 @@ def start_cluster(base: str | os.PathLike[str] | None = None, timeout: float = 1
     d = Path(tempfile.mkdtemp(prefix="zceph-", dir=base))
     (d / STATE_MARK).write_text(str(os.getpid()))
     try:
-        return _start(d, timeout)
+        return _start(d, timeout, address)
     except BaseException as exc:
         tails = "\n".join(f"--- {n} ---\n{_log_tail(d, n)}" for n in DAEMONS)
         stop_cluster(d)
