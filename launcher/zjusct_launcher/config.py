@@ -41,6 +41,7 @@ DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0
 UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 MAC_RE = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 CEPH_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+ROOT_FORMATS = ("raw", "qcow2")  # rootDisk.format: QEMU block format drivers of the root disk file
 INSTANCE_ID_RE = re.compile(r"^[A-Za-z0-9_.:/-]{1,128}$")
 MAX_SSH_KEYS = 64
 MAX_SSH_KEY_LEN = 16384
@@ -84,6 +85,7 @@ class RootDisk:
     path: str | None
     rbd: RbdSource | None
     cache: str  # "Writeback" | "None"
+    format: str = "raw"  # of the file at path: "raw" | "qcow2" (QEMU opens a qcow2's backing file itself)
 
 
 @dataclass(frozen=True)
@@ -331,7 +333,7 @@ def _parse_boot(c: _Checker, raw: Any) -> Boot:
 
 
 def _parse_root_disk(c: _Checker, raw: Any) -> RootDisk:
-    d = c.obj("rootDisk", raw, ("path", "rbd", "cache"), ())
+    d = c.obj("rootDisk", raw, ("path", "rbd", "cache", "format"), ())
     has_path, has_rbd = "path" in d, "rbd" in d
     if isinstance(raw, dict) and has_path == has_rbd:
         c.bad("rootDisk", "exactly one of path or rbd must be given" if has_path else
@@ -350,7 +352,10 @@ def _parse_root_disk(c: _Checker, raw: Any) -> RootDisk:
             keyring_path=c.optional("rootDisk.rbd.keyringPath", r.get("keyringPath"), c.abs_path),
         )
     cache = c.enum("rootDisk.cache", d.get("cache", "Writeback"), ("Writeback", "None"))
-    return RootDisk(path, rbd, cache)
+    fmt = c.enum("rootDisk.format", d.get("format", "raw"), ROOT_FORMATS)
+    if fmt != "raw" and has_rbd:
+        c.bad("rootDisk.format", f"{_show(fmt)} is only available with rootDisk.path (an RBD image is opened raw)")
+    return RootDisk(path, rbd, cache, fmt)
 
 
 def _parse_identity(c: _Checker, raw: Any, vm: VMRef) -> Identity:
@@ -545,6 +550,9 @@ def parse(doc: Any) -> LauncherConfig:
             c.bad("rootDisk.rbd", "is only available with hypervisor.type qemu (Firecracker has no librbd)")
         if root.cache == "None":
             c.bad("rootDisk.cache", '"None" (O_DIRECT) is only available with hypervisor.type qemu')
+        if root.format != "raw":
+            c.bad("rootDisk.format", f"{_show(root.format)} is only available with hypervisor.type qemu"
+                                     " (Firecracker opens raw files only)")
     stop = c.integer("stopTimeoutSeconds", d.get("stopTimeoutSeconds", 30), STOP_TIMEOUT_SECONDS)
     runtime_dir = c.abs_path("runtimeDir", d["runtimeDir"]) if "runtimeDir" in d else ""
     if len(runtime_dir) > RUNTIME_DIR_MAX:

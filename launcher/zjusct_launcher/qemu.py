@@ -67,7 +67,9 @@ def root_blockdev(cfg: LauncherConfig, paths: RuntimePaths, is_block_device: boo
     else:
         proto = {"driver": "host_device" if is_block_device else "file", "filename": cfg.root_disk.path,
                  "cache": cache}
-    return {"driver": "raw", "node-name": "root", "cache": cache, "discard": "unmap", "file": proto}
+    # rootDisk.format: raw, or qcow2 (no "backing" given: QEMU opens the backing file named in the image's header,
+    # read-only, with its image locking shared among the VMs reading it)
+    return {"driver": cfg.root_disk.format, "node-name": "root", "cache": cache, "discard": "unmap", "file": proto}
 
 
 def build_argv(cfg: LauncherConfig, binary: str, accel: str, paths: RuntimePaths,

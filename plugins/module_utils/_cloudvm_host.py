@@ -27,7 +27,6 @@ from ansible_collections.zjusct.cloud.plugins.module_utils import _gateway as gw
 from ansible_collections.zjusct.cloud.plugins.module_utils import _hostnet as net
 from ansible_collections.zjusct.cloud.plugins.module_utils import _quota as quota
 from ansible_collections.zjusct.cloud.plugins.module_utils import _supervisor as sup
-from ansible_collections.zjusct.cloud.plugins.module_utils import _volume_rbd as rbdvol
 from ansible_collections.zjusct.cloud.plugins.module_utils._host_network_module import (
     ensure_network,
     sync_gateway,
@@ -49,11 +48,8 @@ from ansible_collections.zjusct.cloud.plugins.module_utils._spec import (
     validate_update,
 )
 from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore, StoreError, audited, now
-from ansible_collections.zjusct.cloud.plugins.module_utils._volume import (
-    VolumeError,
-    create_from_image,
-    resolve_image,
-)
+from ansible_collections.zjusct.cloud.plugins.module_utils._voldriver import UnknownDriver, VolumeDriver, driver
+from ansible_collections.zjusct.cloud.plugins.module_utils._volume import VolumeError, resolve_image
 from ansible_collections.zjusct.cloud.plugins.module_utils._volume_claim import settle as settle_claim
 
 LAUNCHER_API = "launcher.cloud.zjusct.io/v1"
@@ -100,6 +96,14 @@ def _host_node(cfg: HostConfig) -> Node:
     return Node(cfg.node, physical, ratios)
 
 
+def _volume_driver(name: Optional[str], what: str = "volume driver") -> VolumeDriver:
+    """The registered driver ``name`` (a volume record's or the host config's), as :mod:`._voldriver`."""
+    try:
+        return driver(name, what)
+    except UnknownDriver as exc:
+        raise CloudVMError(str(exc)) from exc
+
+
 # --- reconcile ------------------------------------------------------------------------------------
 def _launcher_config(cfg: HostConfig, vm: dict, volume: dict, lease: dict) -> dict:
     meta, spec = vm["metadata"], vm["spec"]
@@ -116,8 +120,7 @@ def _launcher_config(cfg: HostConfig, vm: dict, volume: dict, lease: dict) -> di
         "boot": {"kernel": os.path.join(volume["image"], "vmlinuz"),
                  "initrd": os.path.join(volume["image"], "initrd.img"),
                  "cmdline": manifest["defaultCmdline"]},
-        "rootDisk": rbdvol.root_disk(cfg.rbd, volume) if volume["driver"] == "rbd"
-        else {"path": volume["location"], "cache": "Writeback"},
+        "rootDisk": _volume_driver(volume["driver"]).root_disk(cfg.volume_settings(), volume),
         "identity": {"hostname": name, "instanceID": meta["uid"],
                      "sshAuthorizedKeys": list(spec.get("sshAuthorizedKeys") or [])},
         "network": {"mode": "tap", "tap": lease["tap"], "createTap": False, "mac": lease["mac"],
@@ -164,8 +167,8 @@ def _start_boot(cfg: HostConfig, store: HostStore, vm: dict) -> None:
         if volume.get("claimed_by") != uid:
             volume["claimed_by"] = uid
             store.put_volume(volume)
-    if volume["driver"] == "rbd":
-        rbdvol.claim(cfg.rbd, volume, uid)  # the image-meta mark, for other hosts and the backup tools
+    # the storage's own mark (rbd: the image-meta, for other hosts and the backup tools; none for files)
+    _volume_driver(volume["driver"]).claim(cfg.volume_settings(), volume, uid)
     for alert in verdict.alerts:
         store.record_event("Warning", cfg.node, "WaterLevelHigh",
                            f"{alert} at {verdict.levels[alert]:.0%} of capacity after placing {subject}")
@@ -253,7 +256,9 @@ def reconcile(cfg: HostConfig, store: HostStore, vm: dict) -> dict:
     elif live is None and want and (latest is None or latest < boot):
         try:
             # Case V2: no launcher of this VM is alive, so any watcher of an RBD root volume is another writer.
-            volume_writer = rbdvol.writer(cfg.rbd, store.get_volume(spec["rootVolumeClaim"]))
+            claimed = store.get_volume(spec["rootVolumeClaim"])
+            volume_writer = None if claimed is None else \
+                _volume_driver(claimed["driver"]).boot_blocker(cfg.volume_settings(), claimed)
             if volume_writer is None:
                 _start_boot(cfg, store, vm)
                 latest = boot
@@ -472,12 +477,9 @@ def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, 
             if image is None:
                 raise AssertionError("image unexpectedly missing")
             try:
-                if cfg.volume_driver == "rbd":
-                    created = rbdvol.create_clone(cfg.rbd, desired["rootVolumeClaim"], image, desired["owner"],
-                                                  params.get("volume_size_mib"))
-                else:
-                    created = create_from_image(cfg.volumes_dir, desired["rootVolumeClaim"], image,
-                                                params.get("volume_size_mib"))
+                created = _volume_driver(cfg.volume_driver, "host_config: volume_driver").create(
+                    cfg.volume_settings(), desired["rootVolumeClaim"], image, desired["owner"],
+                    params.get("volume_size_mib"))
             except VolumeError as exc:
                 raise CloudVMError(str(exc)) from exc
             new_volume = {"name": desired["rootVolumeClaim"], "driver": cfg.volume_driver, "owner": desired["owner"],
@@ -531,14 +533,11 @@ def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, 
 
 
 def _remove_volume(cfg: HostConfig, volume: dict) -> None:
-    """Delete a root volume's data (file or RBD image); its record is the caller's."""
-    if volume["driver"] == "file" and os.path.exists(volume["location"]):
-        os.unlink(volume["location"])
-    if volume["driver"] == "rbd":
-        try:
-            rbdvol.delete(cfg.rbd, volume)
-        except VolumeError as exc:
-            raise CloudVMError(str(exc)) from exc
+    """Delete a root volume's data through its driver (file, RBD image, qcow2 overlay); its record is the caller's."""
+    try:
+        _volume_driver(volume["driver"]).delete(cfg.volume_settings(), volume)
+    except VolumeError as exc:
+        raise CloudVMError(str(exc)) from exc
 
 
 def _absent(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, diff: bool) -> dict:

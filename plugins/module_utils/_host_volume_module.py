@@ -5,8 +5,9 @@
 
 ``host_volume`` registers an existing RBD image (a restored backup, a migrated disk) as an owner's root volume,
 so that ``cloudvm`` with ``root_volume_claim: <name>`` creates a VM on it; the image is checked and marked by
-:func:`._volume_rbd.adopt`. ``host_volume_info`` lists volume records with, for rbd volumes, the connection
-settings the backup playbooks hand to ``rbd_backup`` (never a secret: the keyring is a path).
+:func:`._volume_rbd.adopt`. ``host_volume_info`` lists volume records with what their driver adds
+(:meth:`._voldriver.VolumeDriver.describe`): for rbd volumes the connection settings the backup playbooks hand
+to ``rbd_backup`` (never a secret: the keyring is a path), for qcow2 volumes their base.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils import _volume_rbd as
 from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import DEFAULT_PATH, HostConfig, load
 from ansible_collections.zjusct.cloud.plugins.module_utils._spec import is_dns_label
 from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore, audited
+from ansible_collections.zjusct.cloud.plugins.module_utils._voldriver import UnknownDriver, driver
 from ansible_collections.zjusct.cloud.plugins.module_utils._volume import VolumeError, resolve_image
 
 
@@ -55,11 +57,14 @@ def _rbd_settings(cfg: HostConfig) -> Optional[dict]:
 
 
 def _public(cfg: HostConfig, volume: dict) -> dict:
-    out = dict(volume)
-    if volume.get("driver") == "rbd":
-        ref = rbdvol.volume_ref(volume)
-        out["rbd"] = dict(_rbd_settings(cfg) or {}, pool=ref.pool, image=ref.image)
-    return out
+    """The record plus what its driver adds (:meth:`._voldriver.VolumeDriver.describe`: ``rbd`` settings for rbd
+    volumes, the ``base`` of qcow2 overlays)."""
+    try:
+        extra = driver(volume.get("driver"), f"volume {volume.get('name')!r}: driver").describe(
+            cfg.volume_settings(), volume)
+    except UnknownDriver as exc:
+        raise VolumeError(str(exc)) from exc
+    return dict(volume, **extra)
 
 
 class VolumeQuotaError(VolumeError):

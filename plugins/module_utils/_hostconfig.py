@@ -17,6 +17,8 @@ import socket
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
+from ansible_collections.zjusct.cloud.plugins.module_utils._voldriver import UnknownDriver, VolumeSettings, driver
+
 DEFAULT_PATH = "/etc/zjusct-cloud/host.json"
 # 0x60000000: far above the login.defs user/system ranges (<= 60000), the subordinate ids useradd hands out
 # (100000 + 65536 per user) and systemd's dynamic users (61184-65519), below 2^31 (signedness trouble above).
@@ -61,8 +63,9 @@ class HostConfig:
         nic_mbps: capacity of the guests' uplink (Mbit/s) used by QoS.
         bandwidth_pools: shared bandwidth pools, name -> capacity (Mbit/s); VMs borrow from them
             (docs/qos.md). Default: one pool ``default`` of ``nic_mbps``.
-        volume_driver: how new root volumes are made: ``file`` (a sparse copy under ``volumes_dir``)
-            or ``rbd`` (a Ceph RBD clone of the image set's template, :mod:`._volume_rbd`).
+        volume_driver: how new root volumes are made (:mod:`._voldriver`): ``file`` (a sparse copy under
+            ``volumes_dir``), ``rbd`` (a Ceph RBD clone of the image set's template, :mod:`._volume_rbd`) or
+            ``qcow2`` (a qcow2 overlay under ``volumes_dir`` on a read-only base, :mod:`._voldriver_qcow2`).
         rbd: Ceph settings of the ``rbd`` driver: ``pool`` (required for the driver), ``conf``
             (ceph.conf path), ``user`` (cephx id without ``client.``), ``keyring_path``, optional
             ``cluster``. Used by the host backend, the launcher (QEMU/librbd) and the backup playbooks.
@@ -151,6 +154,10 @@ class HostConfig:
             out["jailer"] = {"binary": self.jailer_binary or None, "chrootBaseDir": self.jailer_chroot_base_dir}
         return out
 
+    def volume_settings(self) -> VolumeSettings:
+        """What the volume drivers read (:class:`._voldriver.VolumeSettings`): ``volumes_dir`` and ``rbd``."""
+        return VolumeSettings(volumes_dir=self.volumes_dir, rbd=dict(self.rbd))
+
     def vm_state_dir(self, namespace: str, name: str) -> str:
         """Persistent per-VM directory (launcher configs, results)."""
         return os.path.join(self.state_dir, "vms", f"{namespace}_{name}")
@@ -190,11 +197,10 @@ def load(path: Optional[str] = None) -> HostConfig:
     for key in ("dns", "launcher_command"):
         if key in data:
             data[key] = tuple(data[key])
-    driver = data.get("volume_driver", "file")
-    if driver not in ("file", "rbd"):
-        raise ValueError(f"host_config: volume_driver: {driver!r} is not one of file, rbd")
-    if driver == "rbd" and not (data.get("rbd") or {}).get("pool"):
-        raise ValueError("host_config: rbd.pool: required when volume_driver is rbd")
+    try:  # a registered driver (hypervisor_volume_driver), with the keys it needs
+        driver(data.get("volume_driver", "file"), "host_config: volume_driver").check_config(data)
+    except UnknownDriver as exc:
+        raise ValueError(f"{exc} (hypervisor_volume_driver)") from exc
     base = data.get("vmm_uid_base", VMM_UID_BASE)
     if isinstance(base, bool) or not isinstance(base, int) or (base != 0 and base < VMM_UID_MIN_BASE):
         raise ValueError(f"host_config: vmm_uid_base: {base!r} is not 0 (no privilege drop) or an integer"

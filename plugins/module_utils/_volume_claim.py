@@ -13,8 +13,10 @@ CloudVM keeps the volume and its claim (ARCHITECTURE §5), so a claim can outliv
    ``spec.rootVolumeClaim`` names the volume) refuses every other CloudVM; the message names it.
 3. A claim whose CloudVM no longer exists is stale. It is taken over (released, then claimed by the new
    CloudVM at its first start) only when nothing still writes the volume: no process has the volume file
-   open (file driver), the RBD image has no watcher and no claimed-by mark of another uid (rbd driver), and
-   no launcher of the requesting VM's name is alive. Otherwise the writer is named and the request refused.
+   open (file and qcow2 drivers), the RBD image has no watcher and no claimed-by mark of another uid (rbd
+   driver), and no launcher of the requesting VM's name is alive. What counts as a writer and a mark is the
+   volume's driver's (:class:`._voldriver.VolumeDriver` ``writers`` and ``claim_mark``). Otherwise the writer
+   is named and the request refused.
 
 Every refusal happens before any record is written. Operator steps: docs/runbooks.md.
 """
@@ -25,9 +27,14 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from ansible_collections.zjusct.cloud.plugins.module_utils import _volume_rbd as rbdvol
 from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import CloudVMError
 from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore
+from ansible_collections.zjusct.cloud.plugins.module_utils._voldriver import (
+    UnknownDriver,
+    VolumeDriver,
+    VolumeSettings,
+    driver,
+)
 from ansible_collections.zjusct.cloud.plugins.module_utils._volume import VolumeError
 
 RUNBOOK = "docs/runbooks.md, 'Volume claims'"
@@ -74,15 +81,20 @@ def file_writers(path: str, proc: str = "/proc") -> list[str]:
 
 
 def volume_writers(volume: dict, rbd: dict) -> list[str]:
-    """Who has the volume open now: processes holding the file, or the RBD image's watchers.
+    """Who has the volume open now, as its driver sees it: processes holding the file, or the RBD image's watchers.
 
     Raises:
-        VolumeError: the RBD image is missing or its status cannot be read.
+        VolumeError: the volume's driver is unknown, the RBD image is missing or its status cannot be read.
     """
-    if volume.get("driver") == "rbd":
-        watcher = rbdvol.writer(rbd, volume)
-        return [watcher] if watcher else []
-    return file_writers(volume["location"])
+    return _driver(volume).writers(VolumeSettings(rbd=rbd), volume)
+
+
+def _driver(volume: dict) -> VolumeDriver:
+    """The driver of a volume record (:func:`._voldriver.driver`), a VolumeError naming the record if unknown."""
+    try:
+        return driver(volume.get("driver"), f"volume {volume.get('name')!r}: driver")
+    except UnknownDriver as exc:
+        raise VolumeError(str(exc)) from exc
 
 
 def _holders(store: HostStore, volume: dict, vm_uid: Optional[str], creating: bool) -> list[dict]:
@@ -107,7 +119,8 @@ def judge(store: HostStore, volume: dict, owner: str, vm_uid: Optional[str], *, 
         vm_uid: the requesting CloudVM's uid, or None at create.
         creating: True when no CloudVM record exists yet (then a record naming the volume also holds it).
         writers: returns who has the volume open (called only for a stale claim).
-        rbd_mark: returns the image's claimed-by mark (called only for rbd volumes with a stale claim).
+        rbd_mark: returns the claimed-by mark on the volume's storage (the RBD image-meta; None for drivers
+            without marks), called only for a stale claim without writer.
 
     Returns:
         A :class:`Verdict`; ``stale_uid`` set when a stale claim must be released first.
@@ -137,13 +150,12 @@ def judge(store: HostStore, volume: dict, owner: str, vm_uid: Optional[str], *, 
         raise CloudVMError(
             f"spec.rootVolumeClaim: volume {name!r} is claimed by CloudVM uid {stale}, which no longer exists,"
             f" but is still in use by {', '.join(busy)}; stop that writer first ({RUNBOOK})")
-    if volume.get("driver") == "rbd":
-        mark = rbd_mark()
-        if mark and mark != stale:
-            raise CloudVMError(
-                f"spec.rootVolumeClaim: volume {name!r} ({volume['location']}) is marked claimed by CloudVM uid"
-                f" {mark}, unknown to this host's store (another host?); release it there, or remove the mark"
-                f" once no host uses it ({RUNBOOK})")
+    mark = rbd_mark()
+    if mark and mark != stale:
+        raise CloudVMError(
+            f"spec.rootVolumeClaim: volume {name!r} ({volume['location']}) is marked claimed by CloudVM uid"
+            f" {mark}, unknown to this host's store (another host?); release it there, or remove the mark"
+            f" once no host uses it ({RUNBOOK})")
     return Verdict(stale_uid=stale)
 
 
@@ -158,7 +170,7 @@ def settle(store: HostStore, volume: dict, owner: str, vm_uid: Optional[str], *,
         The volume record as it is now (``claimed_by`` cleared when a stale claim was released).
 
     Raises:
-        CloudVMError: refused (see :func:`judge`), or the rbd mark could not be read/removed.
+        CloudVMError: refused (see :func:`judge`), or the driver's mark could not be read/removed.
     """
     def writers() -> list[str]:
         found = [launcher_alive] if launcher_alive else []
@@ -169,18 +181,17 @@ def settle(store: HostStore, volume: dict, owner: str, vm_uid: Optional[str], *,
 
     def mark() -> Optional[str]:
         try:
-            return rbdvol.claim_mark(rbd, volume)
+            return _driver(volume).claim_mark(VolumeSettings(rbd=rbd), volume)
         except VolumeError as exc:
             raise CloudVMError(str(exc)) from exc
 
     verdict = judge(store, volume, owner, vm_uid, creating=creating, writers=writers, rbd_mark=mark)
     if verdict.stale_uid is None or check_mode:
         return volume
-    if volume.get("driver") == "rbd":
-        try:
-            rbdvol.release(rbd, volume, verdict.stale_uid)
-        except VolumeError as exc:
-            raise CloudVMError(str(exc)) from exc
+    try:
+        _driver(volume).release(VolumeSettings(rbd=rbd), volume, verdict.stale_uid)
+    except VolumeError as exc:
+        raise CloudVMError(str(exc)) from exc
     with store.transaction():
         current = store.get_volume(volume["name"]) or volume
         if current.get("claimed_by") == verdict.stale_uid:

@@ -13,7 +13,8 @@ author: ZJUSCT cloud team (@zjusct)
 description:
   - Returns volume records from the host store (name, driver, location, size, owner, claim), and the host's
     volume driver and RBD connection settings. For rbd volumes each record has C(rbd) with the pool, image and
-    connection settings, ready to pass to M(zjusct.cloud.rbd_backup). Never changes anything.
+    connection settings, ready to pass to M(zjusct.cloud.rbd_backup); a qcow2 volume's record has C(base), the
+    read-only base image its overlay reads through. Never changes anything.
 options:
   name:
     description: Only the volume with this name.
@@ -48,8 +49,10 @@ volumes:
     - {name: alice-root, driver: rbd, location: rbd/alice-root, size_mib: 2048, owner: alice,
        claimed_by: 6c1f..., rbd: {pool: rbd, image: alice-root, conf: /etc/ceph/ceph.conf, user: cloud,
        keyring_path: /etc/ceph/ceph.client.cloud.keyring, cluster: ""}}
+    - {name: bob-root, driver: qcow2, location: /var/lib/zjusct-cloud/volumes/bob-root.qcow2, size_mib: 2048,
+       owner: bob, claimed_by: 9a2e..., base: /var/lib/zjusct-cloud/volumes/bases/debian-bookworm-1.qcow2}
 volume_driver:
-  description: The host configuration's C(volume_driver) (C(file) or C(rbd)) used for new root volumes.
+  description: The host configuration's C(volume_driver) (C(file), C(rbd) or C(qcow2)) used for new root volumes.
   returned: always
   type: str
 rbd:

@@ -201,6 +201,19 @@ def test_rootdisk_path_and_rbd_together_are_rejected() -> None:
     assert not schema_ok(doc)
 
 
+def test_rootdisk_format_is_optional_raw_by_default_qcow2_for_paths_only() -> None:
+    assert config.parse(example()).root_disk.format == "raw"  # a v1 document without the field
+    doc = example()
+    doc["rootDisk"]["format"] = "qcow2"
+    assert config.parse(doc).root_disk.format == "qcow2" and schema_ok(doc)
+    doc["rootDisk"]["format"] = "vmdk"
+    assert 'rootDisk.format: "vmdk" is not one of raw, qcow2' in problems(doc) and not schema_ok(doc)
+    rbd = example("config-qemu-rbd.json")
+    rbd["rootDisk"]["format"] = "qcow2"
+    assert any(p.startswith('rootDisk.format: "qcow2" is only available with rootDisk.path') for p in problems(rbd))
+    assert not schema_ok(rbd)
+
+
 @pytest.mark.parametrize(("mutate", "message"), [
     (lambda d: d["hypervisor"].update(accel="tcg"), 'hypervisor.accel: "tcg" is not available with firecracker'),
     (lambda d: d.update(network={"mode": "user", "hostForwardPort": 2222}),
@@ -208,6 +221,7 @@ def test_rootdisk_path_and_rbd_together_are_rejected() -> None:
     (lambda d: d["rootDisk"].update(cache="None"), 'rootDisk.cache: "None" (O_DIRECT) is only available'),
     (lambda d: d.update(rootDisk={"rbd": {"pool": "p", "image": "i", "conf": "/c", "user": "u"}}),
      "rootDisk.rbd: is only available with hypervisor.type qemu"),
+    (lambda d: d["rootDisk"].update(format="qcow2"), 'rootDisk.format: "qcow2" is only available with hypervisor'),
 ])
 def test_firecracker_specific_limits(mutate: Any, message: str) -> None:
     doc = example("config-firecracker-tap.json")

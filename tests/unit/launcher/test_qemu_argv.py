@@ -68,6 +68,15 @@ def test_root_disk_cache_honours_flushes_and_is_never_unsafe(mode: str, direct: 
                             "cache": {"direct": direct, "no-flush": False}}
 
 
+def test_root_disk_format_is_the_blockdev_format_driver() -> None:
+    assert blockdevs(argv(cfg()))["root"]["driver"] == "raw"
+    doc = json.loads((EXAMPLES / "config-qemu-tap.json").read_text())
+    doc["rootDisk"]["format"] = "qcow2"
+    root = blockdevs(argv(config.parse(doc)))["root"]
+    assert root["driver"] == "qcow2" and "backing" not in root  # QEMU opens the header's backing file itself
+    assert root["file"]["driver"] == "file"
+
+
 def test_block_device_root_uses_host_device_driver() -> None:
     assert blockdevs(argv(cfg(), blk=True))["root"]["file"]["driver"] == "host_device"
 
