@@ -1,17 +1,21 @@
 """Verify of the Molecule scenario ``cluster``: what roles/cluster promises (meta/argument_specs.yml).
 
 Runs under pytest-testinfra against the scenario's inventory (``--connection=ansible``); the one host is the
-test control plane's admin client on this machine, so commands run ``kubectl`` with the kubeconfig that
-create.yml left in the ephemeral directory. Each test reads the cluster's live state; none depends on another.
+test control plane's admin client on this machine, so the checks run kubernetes.core modules on it through
+testinfra's ``host.ansible`` with the kubeconfigs that create.yml left in the ephemeral directory; the two
+admission checks use the kubernetes Python client (server-side dry runs as the tenant). Each test
+reads the cluster's live state; none depends on another.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
+from kubernetes import config
+from kubernetes.client import CustomObjectsApi
+from kubernetes.client.exceptions import ApiException
 
 STATE = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "k8s"
 ADMIN = STATE / "kubeconfig" / "admin.kubeconfig"
@@ -20,23 +24,18 @@ CRD = "cloudvms.cloud.zjusct.io"
 POLICY = "cloudvm-owner.cloud.zjusct.io"
 
 
-def kubectl(host, *args: str, kubeconfig: Path = ADMIN, stdin: str | None = None):
-    """Run kubectl on the host; return testinfra's CommandResult (rc, stdout, stderr)."""
-    cmd = "kubectl --kubeconfig=%s" + " %s" * len(args)
-    if stdin is not None:
-        cmd = "printf %%s %s | " + cmd
-        return host.run(cmd, stdin, str(kubeconfig), *args)
-    return host.run(cmd, str(kubeconfig), *args)
-
-
-def get_json(host, *args: str) -> dict:
-    out = kubectl(host, "get", *args, "-o", "json")
-    assert out.rc == 0, out.stderr
-    return json.loads(out.stdout)
+def get(host, kind: str, name: str, api_version: str = "v1", namespace: str = "") -> dict:
+    """One object as kubernetes.core.k8s_info returns it (admin kubeconfig); fails the test if it is absent."""
+    args = f"kubeconfig={ADMIN} api_version={api_version} kind={kind} name={name}"
+    if namespace:
+        args += f" namespace={namespace}"
+    found = host.ansible("kubernetes.core.k8s_info", args, check=False)["resources"]
+    assert len(found) == 1, f"{kind} {name} not found"
+    return found[0]
 
 
 def test_crd_established(host) -> None:
-    crd = get_json(host, "crd", CRD)
+    crd = get(host, "CustomResourceDefinition", CRD, "apiextensions.k8s.io/v1")
     conditions = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
     assert conditions.get("Established") == "True"
     assert crd["spec"]["group"] == "cloud.zjusct.io"
@@ -46,43 +45,56 @@ def test_crd_established(host) -> None:
 @pytest.mark.parametrize("verb", ["view", "edit", "admin"])
 def test_aggregate_roles_reach_builtin_roles(host, verb: str) -> None:
     """config/rbac/aggregate-roles.yaml: the built-in admin/edit/view ClusterRoles now cover cloudvms."""
-    role = get_json(host, "clusterrole", verb)
+    role = get(host, "ClusterRole", verb, "rbac.authorization.k8s.io/v1")
     resources = {r for rule in role.get("rules", []) for r in rule.get("resources", [])
                  if "cloud.zjusct.io" in rule.get("apiGroups", [])}
     assert "cloudvms" in resources, f"ClusterRole {verb} has no cloudvms rule: {role.get('rules')}"
 
 
 def test_controller_identity(host) -> None:
-    """config/rbac/controller-role.yaml: the controller's ServiceAccount may write CloudVM status."""
-    sa = "system:serviceaccount:zjusct-cloud-system:cloudvm-controller"
-    out = kubectl(host, "auth", "can-i", "update", "cloudvms/status", "--all-namespaces", f"--as={sa}")
-    assert out.rc == 0 and out.stdout.strip() == "yes", out.stdout + out.stderr
+    """config/rbac/controller-role.yaml: the controller's ServiceAccount is bound to a role writing CloudVM status."""
+    get(host, "ServiceAccount", "cloudvm-controller", namespace="zjusct-cloud-system")
+    binding = get(host, "ClusterRoleBinding", "zjusct-cloud-cloudvm-controller", "rbac.authorization.k8s.io/v1")
+    assert {"kind": "ServiceAccount", "name": "cloudvm-controller", "namespace": "zjusct-cloud-system"} in [
+        {k: s.get(k) for k in ("kind", "name", "namespace")} for s in binding["subjects"]]
+    role = get(host, "ClusterRole", binding["roleRef"]["name"], "rbac.authorization.k8s.io/v1")
+    assert any("cloudvms/status" in rule.get("resources", []) and "update" in rule.get("verbs", [])
+               for rule in role["rules"]), role["rules"]
 
 
 def test_owner_policy_bound(host) -> None:
-    policy = get_json(host, "validatingadmissionpolicy", POLICY)
-    binding = get_json(host, "validatingadmissionpolicybinding", POLICY)
+    api = "admissionregistration.k8s.io/v1"
+    policy = get(host, "ValidatingAdmissionPolicy", POLICY, api)
+    binding = get(host, "ValidatingAdmissionPolicyBinding", POLICY, api)
     assert policy["spec"]["failurePolicy"] == "Fail"
     assert binding["spec"]["policyName"] == POLICY
 
 
-def _cloudvm(owner: str) -> str:
-    return json.dumps({
+def _dry_run_create_as_alice(owner: str) -> dict:
+    """Create a CloudVM in tenant-alice as alice with a server-side dry run: RBAC and admission decide, nothing
+    is stored. Returns the object the API server answered with; raises kubernetes' ApiException when refused.
+
+    The kubernetes Python client talks to the API server directly (the scenario's host is this machine):
+    kubernetes.core.k8s in check mode may decide client-side without asking the server."""
+    client = config.new_client_from_config(config_file=str(TENANT))
+    body = {
         "apiVersion": "cloud.zjusct.io/v1alpha1",
         "kind": "CloudVM",
         "metadata": {"name": f"molecule-{owner}", "namespace": "tenant-alice"},
         "spec": {"owner": owner, "rootVolumeClaim": f"molecule-{owner}-root"},
-    })
+    }
+    return CustomObjectsApi(client).create_namespaced_custom_object(
+        "cloud.zjusct.io", "v1alpha1", "tenant-alice", "cloudvms", body, dry_run="All")
 
 
-def test_tenant_may_create_own_cloudvm(host) -> None:
+def test_tenant_may_create_own_cloudvm() -> None:
     """alice has only the built-in edit role: creating her own CloudVM works through the aggregated rule."""
-    out = kubectl(host, "create", "--dry-run=server", "-f", "-", kubeconfig=TENANT, stdin=_cloudvm("alice"))
-    assert out.rc == 0, out.stderr
+    assert _dry_run_create_as_alice("alice")["spec"]["owner"] == "alice"
 
 
-def test_tenant_refused_for_other_owner(host) -> None:
+def test_tenant_refused_for_other_owner() -> None:
     """The owner admission policy refuses alice a CloudVM whose spec.owner is bob."""
-    out = kubectl(host, "create", "--dry-run=server", "-f", "-", kubeconfig=TENANT, stdin=_cloudvm("bob"))
-    assert out.rc != 0
-    assert "spec.owner: user alice may not create" in out.stderr, out.stderr
+    with pytest.raises(ApiException) as refused:
+        _dry_run_create_as_alice("bob")
+    assert refused.value.status == 403
+    assert "spec.owner: user alice may not create" in str(refused.value.body), refused.value.body
