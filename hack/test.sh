@@ -36,6 +36,9 @@ step "ansible-lint" ansible-lint --profile production --offline
 step "ansible-test sanity" hack/sanity.sh
 step "changelog" antsibull-changelog lint
 
+# Molecule scenarios of the roles (extensions/molecule/*, docs/testing.md#molecule); each prints its time.
+step "molecule" hack/molecule.sh
+
 if [ "$#" -eq 0 ]; then set -- tests; fi
 order=(--random-order-bucket=module)
 echo "==> pytest ${order[*]} $*"
