@@ -1,10 +1,13 @@
-"""``python -m zjusct_controller --config FILE [--kubeconfig FILE] [--namespace NS]`` (docs/controller.md)."""
+"""``python -m zjusct_controller --config FILE [--kubeconfig FILE] [--namespace NS] [--leader-elect NS/NAME]``
+(docs/controller.md)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
+import socket
 import sys
 from pathlib import Path
 
@@ -12,6 +15,7 @@ import kopf
 from kubernetes import client, config
 
 from .decide import Config
+from .leader import LeaderElector
 from .metrics import Metrics
 from .operator import install
 from .reconcile import Reconciler
@@ -29,6 +33,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="serve Prometheus metrics on /metrics of this port (default 0: off)")
     ap.add_argument("--metrics-address", default="127.0.0.1",
                     help="address of the metrics port (default 127.0.0.1; a Pod uses its own address)")
+    ap.add_argument("--leader-elect", metavar="NAMESPACE/NAME",
+                    help="reconcile only while holding this coordination.k8s.io Lease (default: no election)")
+    ap.add_argument("--identity", default=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
+                    help="this candidate's name in the Lease (default: $POD_NAME, else host-pid)")
+    ap.add_argument("--lease-seconds", type=int, default=15, help="Lease duration (default 15)")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
@@ -51,6 +60,19 @@ def main(argv: list[str] | None = None) -> int:
     metrics = Metrics()
     if args.metrics_port:
         metrics.serve(args.metrics_port, args.metrics_address)
+    elector = None
+    if args.leader_elect:
+        ns, _, lease = args.leader_elect.partition("/")
+        if not ns or not lease:
+            print(f"--leader-elect {args.leader_elect!r}: expected NAMESPACE/NAME", file=sys.stderr)
+            return 2
+        elector = LeaderElector(api, ns, lease, args.identity, lease_s=args.lease_seconds,
+                                renew_s=max(1.0, args.lease_seconds / 3))
+        logging.getLogger("zjusct_controller").info("leader election: %s waiting for lease %s",
+                                                     args.identity, args.leader_elect)
+        elector.acquire()
+        # Lost the Lease: stop reconciling at once (exit; a Pod restarts as a candidate).
+        elector.hold(on_lost=lambda: os._exit(1))
     install(Reconciler(api, cfg, metrics, tuple(args.namespace)), args.resync)
 
     @kopf.on.login()
@@ -60,12 +82,15 @@ def main(argv: list[str] | None = None) -> int:
         return kopf.login_via_client(**kwargs)  # type: ignore[arg-type]
 
     if args.kubeconfig:
-        import os
         os.environ["KUBECONFIG"] = args.kubeconfig
-    if args.namespace:
-        kopf.run(standalone=True, namespaces=args.namespace)
-    else:
-        kopf.run(standalone=True, clusterwide=True)
+    try:
+        if args.namespace:
+            kopf.run(standalone=True, namespaces=args.namespace)
+        else:
+            kopf.run(standalone=True, clusterwide=True)
+    finally:
+        if elector is not None:
+            elector.stop(release=True)
     return 0
 
 

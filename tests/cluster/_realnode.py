@@ -486,7 +486,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "plugins": [{
                 "type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": False, "hairpinMode": True,
                 "ipam": {"type": "host-local", "dataDir": str(self.work / "cni" / "ipam"),
-                         "ranges": [[{"subnet": POD_SUBNET, "gateway": POD_GATEWAY}]]},
+                         "ranges": [[{"subnet": POD_SUBNET, "gateway": POD_GATEWAY}]],
+                         # the Service range via the bridge: in-cluster clients reach 10.96.0.1 (the kubernetes
+                         # Service) through a DNAT the test installs (no kube-proxy here)
+                         "routes": [{"dst": "10.96.0.0/16"}]},
             }],
         }
         (self.work / "cni" / "net.d" / "10-zjusct.conflist").write_text(json.dumps(conf, indent=2) + "\n")

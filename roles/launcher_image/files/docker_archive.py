@@ -63,25 +63,35 @@ class _HashingWriter(io.RawIOBase):
         return len(b)
 
 
-def _sorted_walk(root: Path) -> list[tuple[str, Path]]:
-    out: list[tuple[str, Path]] = []
+def _sorted_walk(root: Path, overlays: tuple[Path, ...] = (), exclude: tuple[str, ...] = ()) -> list[tuple[str, Path]]:
+    """``(name, path)`` of every entry below ``root`` and then ``overlays`` (a later tree's entry replaces an
+    earlier one of the same name; directories merge), parents before children, minus ``exclude`` (names relative
+    to ``/`` and everything below them)."""
+    found: dict[str, Path] = {}
 
     def rec(prefix: str, directory: Path) -> None:
-        for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+        for entry in os.scandir(directory):
             name = f"{prefix}{entry.name}"
-            out.append((name, Path(entry.path)))
+            if name in exclude:
+                continue
+            found[name] = Path(entry.path)
             if entry.is_dir(follow_symlinks=False):
                 rec(f"{name}/", Path(entry.path))
 
-    rec("", root)
-    return out
+    for tree in (root, *overlays):
+        rec("", tree)
+    return [(name, found[name]) for name in sorted(found, key=lambda n: n.split("/"))]
 
 
-def write_layer(root: Path, out: BinaryIO, mtime: int = 0) -> tuple[str, int]:
-    """Write the uncompressed layer tar of ``root`` to ``out``.
+def write_layer(root: Path, out: BinaryIO, mtime: int = 0, overlays: tuple[Path, ...] = (),
+                exclude: tuple[str, ...] = ()) -> tuple[str, int]:
+    """Write the uncompressed layer tar of ``root`` (plus ``overlays``, minus ``exclude``) to ``out``.
 
     Args:
         root: the directory whose contents become the image's ``/``.
+        overlays: further trees added on top of ``root`` (same-named files replace ``root``'s).
+        exclude: entry names relative to ``/`` (e.g. ``usr/lib/python3/dist-packages/x``) left out with their
+            contents.
         out: binary file object written sequentially.
         mtime: seconds since the epoch; later modification times are clamped to it (reproducible layers).
 
@@ -91,7 +101,7 @@ def write_layer(root: Path, out: BinaryIO, mtime: int = 0) -> tuple[str, int]:
     hw = _HashingWriter(out)
     links: dict[tuple[int, int], str] = {}
     with tarfile.open(fileobj=hw, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-        for name, path in _sorted_walk(root):
+        for name, path in _sorted_walk(root, overlays, exclude):
             st = path.lstat()
             if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) or stat.S_ISSOCK(st.st_mode):
                 continue
@@ -133,7 +143,8 @@ def image_config(diff_id: str, entrypoint: list[str] | None, cmd: list[str] | No
 
 def write_archive(root: Path, tag: str | list[str], out: Path, *, entrypoint: list[str] | None = None,
                   cmd: list[str] | None = None, env: tuple[str, ...] | list[str] = DEFAULT_ENV,
-                  labels: dict[str, str] | None = None, workdir: str = "/", mtime: int = 0) -> dict[str, Any]:
+                  labels: dict[str, str] | None = None, workdir: str = "/", mtime: int = 0,
+                  overlays: tuple[Path, ...] = (), exclude: tuple[str, ...] = ()) -> dict[str, Any]:
     """Write ``out`` (docker-archive tar) holding one image tagged ``tag`` whose only layer is ``root``.
 
     ``tag`` may be a list: the image gets every tag (``RepoTags``), e.g. the version and a content-keyed tag.
@@ -149,6 +160,7 @@ def write_archive(root: Path, tag: str | list[str], out: Path, *, entrypoint: li
         labels: image labels.
         workdir: absolute working directory.
         mtime: clamp for entry modification times and the ``created`` stamp (0 = keep times, created = epoch).
+        overlays, exclude: see :func:`write_layer`.
 
     Returns:
         ``{"tag", "tags", "config_digest", "diff_id", "layer_size", "size"}`` (``tag`` the first tag, digests as
@@ -164,8 +176,9 @@ def write_archive(root: Path, tag: str | list[str], out: Path, *, entrypoint: li
     for t in tags:
         if not TAG_RE.match(t):
             raise ValueError(f"tag {t!r} is not a lowercase image name with an explicit :tag (e.g. localhost/x:1.0)")
-    if not root.is_dir():
-        raise ValueError(f"root {str(root)!r} is not a directory")
+    for tree in (root, *overlays):
+        if not tree.is_dir():
+            raise ValueError(f"root {str(tree)!r} is not a directory")
     if not workdir.startswith("/"):
         raise ValueError(f"workdir {workdir!r} is not an absolute path")
     created = "1970-01-01T00:00:00Z"
@@ -175,7 +188,7 @@ def write_archive(root: Path, tag: str | list[str], out: Path, *, entrypoint: li
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=".docker-archive-") as tmp:
         layer_path = Path(tmp) / "layer.tar"
         with layer_path.open("wb") as f:
-            diff_id, layer_size = write_layer(root, f, mtime)
+            diff_id, layer_size = write_layer(root, f, mtime, tuple(overlays), tuple(exclude))
         layer_hex = diff_id.split(":", 1)[1]
         config = image_config(diff_id, entrypoint, cmd, list(env), labels or {}, workdir, created)
         config_bytes = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
@@ -228,13 +241,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cmd", type=json.loads, help="JSON argv list")
     p.add_argument("--env", action="append", help="KEY=value (repeatable; default: a standard PATH)")
     p.add_argument("--label", action="append", default=[], help="KEY=value (repeatable)")
+    p.add_argument("--overlay", action="append", default=[], type=Path,
+                   help="directory tree added on top of --root (repeatable; later wins)")
+    p.add_argument("--exclude", action="append", default=[],
+                   help="entry name relative to / left out with its contents (repeatable)")
     p.add_argument("--workdir", default="/")
     p.add_argument("--mtime", type=int, default=0, help="clamp entry times to this epoch second (0: keep)")
     a = p.parse_args(argv)
     labels = dict(item.split("=", 1) for item in a.label)
     try:
         info = write_archive(a.root, a.tag, a.out, entrypoint=a.entrypoint, cmd=a.cmd,
-                             env=a.env or DEFAULT_ENV, labels=labels, workdir=a.workdir, mtime=a.mtime)
+                             env=a.env or DEFAULT_ENV, labels=labels, workdir=a.workdir, mtime=a.mtime,
+                             overlays=tuple(a.overlay), exclude=tuple(a.exclude))
     except ValueError as exc:
         print(f"docker_archive.py: {exc}", file=sys.stderr)
         return 2

@@ -8,6 +8,7 @@ links, modes, skipped device nodes, reproducibility and the errors for bad input
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import stat
@@ -139,3 +140,27 @@ def test_several_tags_name_the_same_image(tmp_path: Path) -> None:
     layer = info["diff_id"].split(":")[1]
     assert json.loads(got["repositories"]) == {"localhost/x": {"1.0": layer, "1.0-abc": layer}}
     assert info["tags"] == ["localhost/x:1.0", "localhost/x:1.0-abc"]
+
+
+def test_overlay_adds_and_replaces_files_and_exclude_leaves_a_subtree_out(tmp_path: Path) -> None:
+    root = make_root(tmp_path / "root")
+    (root / "etc" / "drop").mkdir()
+    (root / "etc" / "drop" / "x").write_text("x\n")
+    overlay = tmp_path / "overlay"
+    (overlay / "etc").mkdir(parents=True)
+    (overlay / "etc" / "hostname").write_text("overlay\n")
+    (overlay / "opt" / "lib").mkdir(parents=True)
+    (overlay / "opt" / "lib" / "m.py").write_text("pass\n")
+    out = tmp_path / "img.tar"
+    da.write_archive(root, "localhost/zjusct/test:1.0", out, overlays=(overlay,), exclude=("etc/drop",))
+    got = members(out)
+    (layer_name,) = json.loads(got["manifest.json"])[0]["Layers"]
+    with tarfile.open(fileobj=io.BytesIO(got[layer_name])) as layer:
+        names = [m.name for m in layer]
+        content = {m.name: layer.extractfile(m).read() for m in layer if m.isfile()}  # type: ignore[union-attr]
+    assert content["etc/hostname"] == b"overlay\n" and content["opt/lib/m.py"] == b"pass\n"
+    assert names.count("etc") == 1 and names.count("etc/hostname") == 1
+    assert not [n for n in names if n.startswith("etc/drop")]
+    assert names.index("opt") < names.index("opt/lib") < names.index("opt/lib/m.py")
+    with pytest.raises(ValueError, match="missing"):
+        da.write_archive(root, "localhost/zjusct/test:1.0", tmp_path / "b.tar", overlays=(tmp_path / "missing",))
