@@ -55,14 +55,14 @@ checks_pid=$!
 #
 # Without test paths in the arguments pytest runs as two lanes at once (a TCG guest keeps one core busy;
 # the other one mostly waits on it): lane "guests" takes the end-to-end modules (the two that run site.yml
-# install the launcher to the same /usr/local paths, so they stay in one process), the real node and the
-# host network tests -- the real node (tests/integration/k8s_node) changes the host's
-# net.ipv4.ip_forward, which tests/e2e/host/test_network_isolation.py and tests/integration/hostnet
-# assert unchanged, so they share its process and never run while it starts -- and lane "rest" the rest.
-# Each lane is an ordinary pytest session (its own session fixtures: control plane, Ceph, guest image
-# check); the tests and what they assert are the same as in one session. Set ZJUSCT_TEST_LANES=1 for a
-# single session.
-guest_lane=(tests/e2e tests/integration/k8s_node tests/integration/hostnet)
+# install the launcher to the same /usr/local paths, so they stay in one process), lane "rest" the rest.
+# The real node (tests/integration/k8s_node) changes the host's net.ipv4.ip_forward, which
+# tests/integration/hostnet and tests/e2e/host/test_network_isolation.py assert unchanged: that module runs in
+# lane "rest" with them, so none of them runs while the other lane starts the node. Each lane is an ordinary
+# pytest session (its own session fixtures: control plane, Ceph, guest image check); the tests and what
+# they assert are the same as in one session. Set ZJUSCT_TEST_LANES=1 for a single session.
+with_real_node=(tests/e2e/host/test_network_isolation.py)
+mapfile -t guest_lane < <(find tests/e2e -name 'test_*.py' | sort | grep -vxF -f <(printf '%s\n' "${with_real_node[@]}"))
 seed=""
 paths=0
 for arg in "$@"; do
@@ -95,7 +95,7 @@ if [ "$paths" -eq 1 ] || [ "${ZJUSCT_TEST_LANES:-2}" = 1 ]; then
 else
   ignores=()
   for d in "${guest_lane[@]}"; do ignores+=("--ignore=$d"); done
-  echo "==> pytest in two lanes, seed $seed: lane guests = ${guest_lane[*]}; lane rest = tests without them"
+  echo "==> pytest in two lanes, seed $seed: lane guests = tests/e2e except ${with_real_node[*]}; lane rest = the other tests"
   echo "==>   again: hack/test.sh --random-order-seed=$seed   (lane output is prefixed [guests] / [rest])"
   logs=$(mktemp -d)
   pytest "${common[@]}" "$@" "${guest_lane[@]}" > >(sed -u 's/^/[guests] /' | tee "$logs/guests") 2>&1 &
