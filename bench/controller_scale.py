@@ -44,24 +44,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster import Cluster, NodeSpec, wait_for
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import percentile, rss_mib, stop_process  # bench/benchlib.py
+
 REPO = Path(__file__).resolve().parent.parent
 GROUP, VERSION, PLURAL = "cloud.zjusct.io", "v1alpha1", "cloudvms"
 NS = "bench"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBenchBenchBenchBenchBenchBenchBenchBenchBen bench"
-
-
-def percentile(values: list[float], p: float) -> float:
-    """The ``p``-th percentile (nearest rank) of ``values`` (seconds)."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered)) - 1))]
-
-
-def rss_mib(pid: int) -> float:
-    """VmRSS of ``pid`` in MiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -175,12 +164,7 @@ def run(vms: int, nodes: int) -> dict[str, Any]:
                 "controller_rss_mib": round(rss_mib(ctl.pid), 1),
             }
         finally:
-            ctl.terminate()
-            try:
-                ctl.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                ctl.kill()
-                ctl.wait()
+            stop_process(ctl)
             log.close()
             with contextlib.suppress(ApiException):
                 core.delete_namespace(NS)

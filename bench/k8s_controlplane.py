@@ -23,20 +23,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchlib import rss_mib  # bench/benchlib.py
+
 from tests.cluster import Binaries, Cluster
-
-
-def rss_mib(pid: int) -> float:
-    """Resident set size of ``pid`` in MiB.
-
-    Raises:
-        OSError: the process does not exist.
-        ValueError: /proc/<pid>/status has no VmRSS line.
-    """
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise ValueError(f"no VmRSS for pid {pid}")
 
 
 def cold_build() -> dict[str, Any]:

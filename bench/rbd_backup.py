@@ -26,7 +26,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -34,17 +33,12 @@ sys.path.insert(0, os.path.join(REPO, ".collections"))
 
 from ansible_collections.zjusct.cloud.plugins.module_utils import _backup_io as bio  # noqa: E402
 from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import Connection, ImageRef, Rbd  # noqa: E402
+from benchlib import timed  # noqa: E402  (bench/benchlib.py)
 
 
 def sh(conf: str, *args: str, timeout: float = 1800) -> None:
     subprocess.run(["rbd", "-c", conf, *args], check=True, capture_output=True, timeout=timeout,
                    env=dict(os.environ, LC_ALL="C"))
-
-
-def timed(fn: Callable[[], object]) -> float:
-    t0 = time.monotonic()
-    fn()
-    return time.monotonic() - t0
 
 
 def main() -> int:

@@ -8,15 +8,14 @@ template changes nothing.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.awx_runner import Job, credential_type, inject_credential, job_template, launch_extra_vars, run_job
+from tests.e2e.host.site_helpers import private_host
 
 pytestmark = [pytest.mark.netns, pytest.mark.guest]
 
@@ -28,26 +27,15 @@ def changed_tasks(job: Job) -> list[str]:
 
 @pytest.mark.timeout(3600)
 def test_site_job_template_brings_the_host_up_and_a_second_launch_changes_nothing(guest_image, tmp_path: Path):
-    tag = uuid.uuid4().hex[:6]
-    netns = f"zjc-aws-{tag}"
-    config = tmp_path / "etc" / "host.json"
     inventory = tmp_path / "hosts.ini"
     inventory.write_text(f"[hypervisors]\nlocalhost ansible_connection=local "
                          f"ansible_python_interpreter={sys.executable}\n")
-    template_vars = {  # what the operator puts into the template's extra vars for this host
-        "zjusct_cloud_hosts": "hypervisors",
-        "hypervisor_config_path": str(config),
-        "hypervisor_state_dir": str(tmp_path / "state"),
-        "hypervisor_images_dir": str(Path(guest_image.dir).parent),
-        "hypervisor_runtime_dir": f"/run/zjc-aws-{tag}",
-        "hypervisor_log_dir": str(tmp_path / "log"),
-        "hypervisor_netns": netns,
-        "hypervisor_subnet": "10.215.0.0/24",
-        "hypervisor_nat": False,
-    }
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin"}
     jobs = []
-    try:
+    with private_host(guest_image, tmp_path, "zjc-aws", "10.215.0.0/24") as hypervisor_vars:
+        netns, config = hypervisor_vars["hypervisor_netns"], Path(hypervisor_vars["hypervisor_config_path"])
+        # what the operator puts into the template's extra vars for this host
+        template_vars = {"zjusct_cloud_hosts": "hypervisors", **hypervisor_vars}
         for job_id in (1, 2):
             private = tmp_path / f"job{job_id}"
             injected = inject_credential(credential_type(), {"backend": "host", "host_config": str(config)}, private)
@@ -64,6 +52,3 @@ def test_site_job_template_brings_the_host_up_and_a_second_launch_changes_nothin
                                text=True, check=True).stdout
         assert "10.215.0.1/24" in links
         assert second.stats["changed"].get("localhost", 0) == 0, changed_tasks(second)
-    finally:
-        subprocess.run(["ip", "netns", "del", netns], check=False, capture_output=True)
-        shutil.rmtree(f"/run/zjc-aws-{tag}", ignore_errors=True)

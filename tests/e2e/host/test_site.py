@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sqlite3
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
+
+from tests.e2e.host.site_helpers import private_host
 
 pytestmark = [pytest.mark.netns, pytest.mark.guest]
 
@@ -34,20 +34,9 @@ def run_site(extra: dict) -> dict:
 
 
 def test_site_brings_host_up_and_second_run_changes_nothing(guest_image, tmp_path):
-    tag = uuid.uuid4().hex[:6]
-    netns = f"zjc-site-{tag}"
-    extra = {
-        "hypervisor_config_path": str(tmp_path / "etc" / "host.json"),
-        "hypervisor_state_dir": str(tmp_path / "state"),
-        "hypervisor_images_dir": str(Path(guest_image.dir).parent),
-        "hypervisor_runtime_dir": f"/run/zjc-site-{tag}",
-        "hypervisor_log_dir": str(tmp_path / "log"),
-        "hypervisor_netns": netns,
-        "hypervisor_subnet": "10.216.0.0/24",
-        "hypervisor_nat": False,
-        "hypervisor_owner_quotas": {"alice": {"vms": 2, "vcpus": 4}},
-    }
-    try:
+    with private_host(guest_image, tmp_path, "zjc-site", "10.216.0.0/24",
+                      hypervisor_owner_quotas={"alice": {"vms": 2, "vcpus": 4}}) as extra:
+        netns = extra["hypervisor_netns"]
         first = run_site(extra)
         assert first["stats"]["localhost"]["changed"] > 0
         config = json.loads((tmp_path / "etc" / "host.json").read_text())
@@ -68,6 +57,3 @@ def test_site_brings_host_up_and_second_run_changes_nothing(guest_image, tmp_pat
         changed = [t["task"]["name"] for p in second["plays"] for t in p["tasks"]
                    if any(h.get("changed") for h in t["hosts"].values())]
         assert second["stats"]["localhost"]["changed"] == 0, changed
-    finally:
-        subprocess.run(["ip", "netns", "del", netns], check=False, capture_output=True)
-        shutil.rmtree(f"/run/zjc-site-{tag}", ignore_errors=True)
