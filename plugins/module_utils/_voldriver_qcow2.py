@@ -38,8 +38,8 @@ from typing import Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils import _flock
 from ansible_collections.zjusct.cloud.plugins.module_utils._voldriver import VolumeSettings
+from ansible_collections.zjusct.cloud.plugins.module_utils._voldriver_file import FileDriver
 from ansible_collections.zjusct.cloud.plugins.module_utils._volume import VolumeError
-from ansible_collections.zjusct.cloud.plugins.module_utils._volume_claim import file_writers
 
 BASES_DIR = "bases"
 CONVERT_TIMEOUT_SECONDS = 1800
@@ -113,8 +113,10 @@ def ensure_base(volumes_dir: str, image_set_dir: str) -> tuple[str, bool]:
         return target, True
 
 
-class Qcow2Driver:
-    """:class:`._voldriver.VolumeDriver` ``qcow2`` (module docstring)."""
+class Qcow2Driver(FileDriver):
+    """:class:`._voldriver.VolumeDriver` ``qcow2`` (module docstring). A local file like ``file``: claim, release,
+    mark, writers (processes holding the overlay open; the base is only read), boot blocker (QEMU's image locking)
+    and delete (the overlay only; the base stays) are :class:`._voldriver_file.FileDriver`'s."""
 
     name = "qcow2"
 
@@ -159,29 +161,6 @@ class Qcow2Driver:
                 os.unlink(tmp)
             raise
         return {"location": target, "size_mib": max(size_mib or 0, base_mib)}
-
-    def claim(self, settings: VolumeSettings, volume: dict, vm_uid: str) -> None:
-        """The store's ``claimed_by`` is the only claim."""
-
-    def release(self, settings: VolumeSettings, volume: dict, vm_uid: str) -> None:
-        """The store's ``claimed_by`` is the only claim."""
-
-    def claim_mark(self, settings: VolumeSettings, volume: dict) -> Optional[str]:
-        """No mark on the storage: None."""
-        return None
-
-    def writers(self, settings: VolumeSettings, volume: dict) -> list[str]:
-        """Processes holding the overlay open (:func:`._volume_claim.file_writers`; the base is only read)."""
-        return file_writers(volume["location"])
-
-    def boot_blocker(self, settings: VolumeSettings, volume: Optional[dict]) -> Optional[str]:
-        """None: QEMU's image locking refuses a second writer of the overlay."""
-        return None
-
-    def delete(self, settings: VolumeSettings, volume: dict) -> None:
-        """Unlink the overlay (a missing one is no error); the base stays (module docstring)."""
-        if os.path.exists(volume["location"]):
-            os.unlink(volume["location"])
 
     def root_disk(self, settings: VolumeSettings, volume: dict) -> dict:
         """``{"path": overlay, "format": "qcow2", "cache": "Writeback"}`` (QEMU opens the backing base itself)."""
