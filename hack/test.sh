@@ -30,7 +30,7 @@ if [ -x hack/build-k8s.sh ]; then
   step "build-k8s" hack/build-k8s.sh
 fi
 
-py_targets=(plugins launcher tests bench controller)
+py_targets=(plugins launcher tests bench controller extensions)
 # The static checks read only the checkout; they run in the background next to pytest (their output is
 # printed after it, each with its own time) instead of before it.
 checks_dir=$(mktemp -d)

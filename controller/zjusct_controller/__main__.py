@@ -62,14 +62,14 @@ def main(argv: list[str] | None = None) -> int:
         metrics.serve(args.metrics_port, args.metrics_address)
     elector = None
     if args.leader_elect:
-        ns, _, lease = args.leader_elect.partition("/")
+        ns, _sep, lease = args.leader_elect.partition("/")
         if not ns or not lease:
             print(f"--leader-elect {args.leader_elect!r}: expected NAMESPACE/NAME", file=sys.stderr)
             return 2
         elector = LeaderElector(api, ns, lease, args.identity, lease_s=args.lease_seconds,
                                 renew_s=max(1.0, args.lease_seconds / 3))
-        logging.getLogger("zjusct_controller").info("leader election: %s waiting for lease %s",
-                                                     args.identity, args.leader_elect)
+        logging.getLogger("zjusct_controller").info(
+            "leader election: %s waiting for lease %s", args.identity, args.leader_elect)
         elector.acquire()
         # Lost the Lease: stop reconciling at once (exit; a Pod restarts as a candidate).
         elector.hold(on_lost=lambda: os._exit(1))

@@ -211,7 +211,7 @@ class Store:
         """``(namespace, VM name)`` of the cached launcher Pods bound to ``node``."""
         with self._lock:
             return sorted({(ns, (p["metadata"].get("labels") or {})[LABEL_VM])
-                           for (ns, _), p in self._kinds["pod"].objects.items()
+                           for (ns, _name), p in self._kinds["pod"].objects.items()
                            if (p.get("spec") or {}).get("nodeName") == node
                            and (p["metadata"].get("labels") or {}).get(LABEL_VM)})
 

@@ -309,8 +309,8 @@ def launcher_config(vm: dict, cfg: Config, rbd: Optional[dict] = None) -> dict:
         "vm": {"namespace": md["namespace"], "name": md["name"], "uid": md["uid"], "bootID": boot},
         "machine": {"vcpus": int(spec["vcpus"]), "memoryMiB": int(spec["memoryMiB"])},
         "boot": {"kernel": "/images/vmlinuz", "initrd": "/images/initrd.img", "cmdline": cfg.cmdline},
-        "rootDisk": {"rbd": dict(rbd), "cache": "Writeback"} if rbd else {"path": "/vm/root.raw",
-                                                                           "cache": "Writeback"},
+        "rootDisk": ({"rbd": dict(rbd), "cache": "Writeback"} if rbd
+                     else {"path": "/vm/root.raw", "cache": "Writeback"}),
         "identity": {"sshAuthorizedKeys": list(spec.get("sshAuthorizedKeys") or [])},
         "network": {"mode": "tap", "tap": "tap0", "createTap": True, "bridge": "br0", "mac": "52:54:00:0a:00:02",
                     "ipv4": f"{GUEST_IP}/30", "gateway": POD_SIDE_IP, "dns": []},

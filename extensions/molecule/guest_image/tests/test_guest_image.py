@@ -45,7 +45,7 @@ def test_artifacts_match_manifest(host) -> None:
 
 
 def test_rootfs_is_ext4_labelled_root(host) -> None:
-    path, _ = image_set(host)
+    path = image_set(host)[0]
     out = host.run("blkid -o export %s", str(path / "rootfs.raw"))
     assert out.rc == 0, out.stderr
     fields = dict(line.split("=", 1) for line in out.stdout.split())
@@ -54,7 +54,7 @@ def test_rootfs_is_ext4_labelled_root(host) -> None:
 
 def test_rootfs_has_python_sshd_and_identity(host) -> None:
     """Inside the image (read with debugfs, no mount): Python for Ansible, sshd, the identity script and unit."""
-    path, _ = image_set(host)
+    path = image_set(host)[0]
     for inside in ("/usr/bin/python3", "/usr/sbin/sshd", "/usr/local/sbin/zjusct-identity",
                    "/etc/systemd/system/zjusct-identity.service"):
         out = host.run("debugfs -R %s %s", f"stat {inside}", str(path / "rootfs.raw"))
@@ -63,14 +63,14 @@ def test_rootfs_has_python_sshd_and_identity(host) -> None:
 
 def test_no_host_keys_in_image(host) -> None:
     """Each guest makes its own SSH host keys: the image ships none."""
-    path, _ = image_set(host)
+    path = image_set(host)[0]
     out = host.run("debugfs -R %s %s", "ls -l /etc/ssh", str(path / "rootfs.raw"))
     assert out.rc == 0, out.stderr
     assert "ssh_host_" not in out.stdout, out.stdout
 
 
 def test_initrd_is_gzip_cpio(host) -> None:
-    path, _ = image_set(host)
+    path = image_set(host)[0]
     out = host.run("gzip -dc %s | cpio -t --quiet", str(path / "initrd.img"))
     assert out.rc == 0, out.stderr
     assert {"init", "bin/busybox"} <= set(out.stdout.split()), out.stdout
