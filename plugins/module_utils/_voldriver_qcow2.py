@@ -66,6 +66,23 @@ def _qemu_img(argv: list, field: str, timeout: int = 600) -> str:
     return proc.stdout
 
 
+def _make_file(argv: list, tmp: str, target: str, mode: int, field: str, timeout: int = 600) -> None:
+    """Run ``qemu-img argv`` (which writes ``tmp``), then chmod ``tmp`` to ``mode`` and rename it to ``target``,
+    so ``target`` appears only complete; on any failure ``tmp`` is removed.
+
+    Raises:
+        VolumeError: qemu-img failed (message starts with ``field``).
+    """
+    try:
+        _qemu_img(argv, field, timeout)
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def image_info(path: str, field: str = "root_volume_claim") -> dict:
     """``qemu-img info --output=json`` of ``path`` (``-U``: readable while a VM has it open).
 
@@ -102,14 +119,8 @@ def ensure_base(volumes_dir: str, image_set_dir: str) -> tuple[str, bool]:
         if not os.path.isfile(source):
             raise VolumeError(f"image: {image_set_dir} has no rootfs.raw")
         tmp = f"{target}.converting-{uuid.uuid4().hex[:8]}"
-        try:
-            _qemu_img(["convert", "-f", "raw", "-O", "qcow2", source, tmp], "image", CONVERT_TIMEOUT_SECONDS)
-            os.chmod(tmp, 0o444)
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        _make_file(["convert", "-f", "raw", "-O", "qcow2", source, tmp], tmp, target, 0o444, "image",
+                   CONVERT_TIMEOUT_SECONDS)
         return target, True
 
 
@@ -152,14 +163,7 @@ class Qcow2Driver(FileDriver):
         argv = ["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", base, tmp]
         if size_mib is not None and size_mib > base_mib:
             argv.append(f"{size_mib}M")
-        try:
-            _qemu_img(argv, "root_volume_claim")
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        _make_file(argv, tmp, target, 0o600, "root_volume_claim")
         return {"location": target, "size_mib": max(size_mib or 0, base_mib)}
 
     def root_disk(self, settings: VolumeSettings, volume: dict) -> dict:
