@@ -68,15 +68,21 @@ def real_node(k8s_cluster: Cluster) -> Iterator[RealNode]:
         node.stop()
 
 
-@pytest.fixture(scope="session")
-def launcher_image(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """``{"tag", "archive", "key"}`` of the launcher image, imported into the real node."""
-    report = tmp_path_factory.mktemp("launcher-image") / "report.json"
-    argv = [ansible_playbook(), "playbooks/launcher_image.yml", "-e", '{"launcher_image_import": false}',
-            "-e", f"launcher_image_report_file={report}"]
+def build_image(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory, kind: str) -> dict[str, Any]:
+    """Run ``playbooks/<kind>_image.yml`` (``launcher`` or ``controller``) without its own import, then import the
+    archive into the real node. Returns the playbook's report, ``{"tag", "archive", "key"}``."""
+    report = tmp_path_factory.mktemp(f"{kind}-image") / "report.json"
+    argv = [ansible_playbook(), f"playbooks/{kind}_image.yml", "-e", f'{{"{kind}_image_import": false}}',
+            "-e", f"{kind}_image_report_file={report}"]
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=3600, check=False)
     if proc.returncode != 0:
         pytest.fail(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}")
     info: dict[str, Any] = json.loads(report.read_text())
     real_node.import_image(Path(info["archive"]))
     return info
+
+
+@pytest.fixture(scope="session")
+def launcher_image(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """``{"tag", "archive", "key"}`` of the launcher image, imported into the real node."""
+    return build_image(real_node, tmp_path_factory, "launcher")

@@ -24,7 +24,7 @@ import pytest
 from kubernetes import client
 
 from tests.cluster import Cluster, RealNode, wait_for
-from tests.guest_image_fixture import ansible_playbook
+from tests.integration.k8s_node.conftest import build_image
 
 pytestmark = [pytest.mark.k8s, pytest.mark.kubelet, pytest.mark.slow, pytest.mark.timeout(2400)]
 REPO = Path(__file__).resolve().parents[3]
@@ -35,15 +35,7 @@ NFT_TABLE = "zjusct_test_svc"
 
 @pytest.fixture(scope="module")
 def controller_image(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    report = tmp_path_factory.mktemp("controller-image") / "report.json"
-    argv = [ansible_playbook(), "playbooks/controller_image.yml", "-e", '{"controller_image_import": false}',
-            "-e", f"controller_image_report_file={report}"]
-    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=3600, check=False)
-    if proc.returncode != 0:
-        pytest.fail(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}")
-    info: dict[str, Any] = json.loads(report.read_text())
-    real_node.import_image(Path(info["archive"]))
-    return info
+    return build_image(real_node, tmp_path_factory, "controller")
 
 
 @pytest.fixture(scope="module")
