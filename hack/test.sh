@@ -9,7 +9,7 @@
 # pytest run that collected no test counts as a failure. Extra arguments go to pytest.
 # pytest runs the tests in a random order (pytest-random-order: modules shuffled, tests shuffled within
 # each module) with one seed, printed ("seed N"); pass it back to repeat the order:
-# `hack/test.sh --random-order-seed=N` (both lanes, see below; docs/testing.md).
+# `hack/test.sh --random-order-seed=N` (every lane, see below; docs/testing.md).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
@@ -53,16 +53,17 @@ checks_pid=$!
 # pytest: modules shuffled, tests shuffled within each module; one seed for the whole run (printed, and
 # accepted back as --random-order-seed=N). Every run prints the 40 slowest setups/calls/teardowns.
 #
-# Without test paths in the arguments pytest runs as two lanes at once (a TCG guest keeps one core busy;
-# the other one mostly waits on it): lane "guests" takes the end-to-end modules (the two that run site.yml
-# install the launcher to the same /usr/local paths, so they stay in one process), lane "rest" the rest.
-# The real node (tests/integration/k8s_node) changes the host's net.ipv4.ip_forward, which
-# tests/integration/hostnet and tests/e2e/host/test_network_isolation.py assert unchanged: that module runs in
-# lane "rest" with them, so none of them runs while the other lane starts the node. Each lane is an ordinary
-# pytest session (its own session fixtures: control plane, Ceph, guest image check); the tests and what
-# they assert are the same as in one session. Set ZJUSCT_TEST_LANES=1 for a single session.
-with_real_node=(tests/e2e/host/test_network_isolation.py)
-mapfile -t guest_lane < <(find tests/e2e -name 'test_*.py' | sort | grep -vxF -f <(printf '%s\n' "${with_real_node[@]}"))
+# Without test paths in the arguments pytest runs as three lanes at once (a TCG guest keeps one core busy; much of
+# the rest waits on guests, API servers and Ceph): lane "guests" takes the end-to-end modules (the two that run
+# site.yml install the launcher to the same /usr/local paths, so they stay in one process), lane "node" the real
+# node's tests (tests/integration/k8s_node: one node per machine, serialised by its lock anyway) together with the
+# tests that assert the host's net.ipv4.ip_forward unchanged (tests/integration/hostnet,
+# tests/e2e/host/test_network_isolation.py: the real node changes it, so none of them runs while the node is up),
+# lane "rest" the other tests. Each lane is an ordinary pytest session (its own session fixtures: control plane,
+# Ceph, guest image check); the tests and what they assert are the same as in one session. Set
+# ZJUSCT_TEST_LANES=1 for a single session.
+node_lane=(tests/integration/k8s_node tests/integration/hostnet tests/e2e/host/test_network_isolation.py)
+mapfile -t guest_lane < <(find tests/e2e -name 'test_*.py' | sort | grep -vxF -f <(printf '%s\n' "${node_lane[@]}"))
 seed=""
 paths=0
 for arg in "$@"; do
@@ -87,31 +88,37 @@ lane_rc() { # lane_rc NAME RC: record a lane's verdict
     *) failed+=("pytest $1") ;;
   esac
 }
-if [ "$paths" -eq 1 ] || [ "${ZJUSCT_TEST_LANES:-2}" = 1 ]; then
+if [ "$paths" -eq 1 ] || [ "${ZJUSCT_TEST_LANES:-3}" = 1 ]; then
   if [ "$paths" -eq 0 ]; then set -- tests "$@"; fi
   echo "==> pytest ${order[*]} $* (seed $seed)"
   pytest "${common[@]}" "$@"
   lane_rc "" $?
 else
   ignores=()
-  for d in "${guest_lane[@]}"; do ignores+=("--ignore=$d"); done
-  echo "==> pytest in two lanes, seed $seed: lane guests = tests/e2e except ${with_real_node[*]}; lane rest = the other tests"
-  echo "==>   again: hack/test.sh --random-order-seed=$seed   (lane output is prefixed [guests] / [rest])"
+  for d in "${guest_lane[@]}" "${node_lane[@]}"; do ignores+=("--ignore=$d"); done
+  echo "==> pytest in three lanes, seed $seed: lane guests = tests/e2e except ${node_lane[2]};"
+  echo "==>   lane node = ${node_lane[*]}; lane rest = the other tests"
+  echo "==>   again: hack/test.sh --random-order-seed=$seed   (lane output is prefixed [guests] / [node] / [rest])"
   logs=$(mktemp -d)
+  lanes=(guests node rest)
+  declare -A pid rc
   pytest "${common[@]}" "$@" "${guest_lane[@]}" > >(sed -u 's/^/[guests] /' | tee "$logs/guests") 2>&1 &
-  pid_guests=$!
+  pid[guests]=$!
+  pytest "${common[@]}" "$@" "${node_lane[@]}" > >(sed -u 's/^/[node] /' | tee "$logs/node") 2>&1 &
+  pid[node]=$!
   pytest "${common[@]}" "$@" "${ignores[@]}" tests > >(sed -u 's/^/[rest] /' | tee "$logs/rest") 2>&1 &
-  pid_rest=$!
-  wait "$pid_guests"; rc_guests=$?
-  wait "$pid_rest"; rc_rest=$?
+  pid[rest]=$!
+  for lane in "${lanes[@]}"; do wait "${pid[$lane]}"; rc[$lane]=$?; done
   sleep 1  # let the output filters drain
-  # a lane whose tests were all deselected (-k, -m) collected nothing: only both empty is a failure
-  if [ "$rc_guests" -eq 5 ] && [ "$rc_rest" -ne 5 ]; then rc_guests=0; fi
-  if [ "$rc_rest" -eq 5 ] && [ "$rc_guests" -ne 5 ]; then rc_rest=0; fi
-  lane_rc guests "$rc_guests"
-  lane_rc rest "$rc_rest"
+  # a lane whose tests were all deselected (-k, -m) collected nothing: only every lane empty is a failure
+  all_empty=1
+  for lane in "${lanes[@]}"; do [ "${rc[$lane]}" -ne 5 ] && all_empty=0; done
+  for lane in "${lanes[@]}"; do
+    if [ "${rc[$lane]}" -eq 5 ] && [ "$all_empty" -eq 0 ]; then rc[$lane]=0; fi
+    lane_rc "$lane" "${rc[$lane]}"
+  done
   echo "==> pytest lane summaries:"
-  for lane in guests rest; do grep -E "=+ .* in [0-9.]+s.* =+" "$logs/$lane" | tail -n 1; done
+  for lane in "${lanes[@]}"; do grep -E "=+ .* in [0-9.]+s.* =+" "$logs/$lane" | tail -n 1; done
   rm -rf "$logs"
 fi
 echo "==> pytest: $((SECONDS - t0)) s"
