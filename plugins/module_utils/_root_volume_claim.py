@@ -17,7 +17,10 @@ same).
 Owner marks: the image-meta ``cloud.zjusct.io/owner`` on the image, the label ``cloud.zjusct.io/owner`` on the PV
 and on the claim. An object that exists with another (or no) owner mark, a PV bound to another claim or naming
 another image, or a claim bound to another PV is refused before anything is created, naming the object and the
-field (:func:`plan`). Objects this run created are removed again when a later step fails.
+field (:func:`plan`). Objects this run created are removed again when a later step fails. The controller's claim
+mark (annotation ``cloud.zjusct.io/claimed-by`` on the claim) of a CloudVM that was deleted is removed, so the
+owner's next CloudVM can use the kept volume (the host backend's stale-claim release); the mark of a CloudVM that
+exists is left alone.
 
 Shapes: ``p`` is the module's parameter dict; Kubernetes objects are plain dicts as the API returns them.
 """
@@ -41,6 +44,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils._volume_rbd import (
 )
 
 OWNER_LABEL = "cloud.zjusct.io/owner"
+CLAIMED_BY = "cloud.zjusct.io/claimed-by"  # the controller's claim mark on the PVC (uid of the CloudVM using it)
 RBD_DRIVER = "rbd.csi.ceph.com"  # the controller's decide.RBD_DRIVER
 IMAGE_NAME_MAX = 128  # the controller's rule for volumeAttributes.imageName (1-128 of A-Z a-z 0-9 _ . -)
 FIELD_MANAGER = "zjusct.cloud.root_volume_claim"
@@ -91,7 +95,8 @@ def pvc_body(namespace: str, claim: str, pv: str, size_bytes: int, owner: str) -
 @dataclass
 class Observed:
     """What exists: the RBD image (``size`` bytes and ``meta``, or None), whether its pool exists, the template
-    snapshot's size (bytes, None when the template is not ready), the PV and the claim (dicts or None)."""
+    snapshot's size (bytes, None when the template is not ready), the PV and the claim (dicts or None), and the
+    CloudVM (``ns/name``) whose uid the claim's mark :data:`CLAIMED_BY` holds, None when no CloudVM has it."""
 
     image: Optional[dict]
     pool_exists: bool = True
@@ -99,6 +104,7 @@ class Observed:
     pv: Optional[dict] = None
     pvc: Optional[dict] = None
     image_set: Optional[dict] = field(default=None)
+    claim_holder: Optional[str] = None  # ``ns/name`` of the live CloudVM whose uid the claim mark holds
 
 
 def _owner_of(obj: dict) -> str:
@@ -111,7 +117,10 @@ def plan(p: dict, obs: Observed) -> list[str]:
     Returns:
         actions in order, among ``import template <spec>``, ``clone <template> <image>``, ``resize <image>
         <MiB>``, ``set image-meta cloud.zjusct.io/owner``, ``create PersistentVolume <pv>``, ``create
-        PersistentVolumeClaim <ns>/<claim>`` (empty: everything is there).
+        PersistentVolumeClaim <ns>/<claim>``, ``release the claim mark ...`` (the controller's :data:`CLAIMED_BY`
+        annotation holds the uid of a CloudVM that no longer exists: the CloudVM's finalizer let it go only after its
+        last launcher Pod had ended, so nothing it started writes the volume; the controller marks it again for
+        the next CloudVM) (empty: everything is there).
 
     Raises:
         ClaimRefused: an object exists with another owner mark, the PV is bound to another claim or names another
@@ -182,7 +191,14 @@ def plan(p: dict, obs: Observed) -> list[str]:
         acts.append(f"create PersistentVolume {pv_name}")
     if obs.pvc is None:
         acts.append(f"create PersistentVolumeClaim {ns}/{claim}")
+    elif _claim_mark(obs.pvc) and not obs.claim_holder:  # the controller's mark of a CloudVM that was deleted
+        acts.append(f"release the claim mark of deleted CloudVM uid {_claim_mark(obs.pvc)} on "
+                    f"PersistentVolumeClaim {ns}/{claim}")
     return acts
+
+
+def _claim_mark(pvc: Optional[dict]) -> str:
+    return str((((pvc or {}).get("metadata") or {}).get("annotations") or {}).get(CLAIMED_BY) or "")
 
 
 def validate(p: dict) -> None:
@@ -260,6 +276,30 @@ class CoreApi:
     def delete_pv(self, name: str) -> None:
         self._call(f"delete PersistentVolume {name}", self.core.delete_persistent_volume, name)
 
+    def release_claim_mark(self, pvc: dict, dry_run: bool) -> dict:
+        """Remove the claim's :data:`CLAIMED_BY` annotation, only if the claim is unchanged since it was read (its
+        resourceVersion goes with the patch: 409 Conflict otherwise)."""
+        md = pvc["metadata"]
+        body = {"metadata": {"annotations": {CLAIMED_BY: None}, "resourceVersion": md["resourceVersion"]}}
+        return self._call(f"patch PersistentVolumeClaim {md['namespace']}/{md['name']}",
+                          self.core.patch_namespaced_persistent_volume_claim, md["name"], md["namespace"], body,
+                          dry_run="All" if dry_run else None, field_manager=FIELD_MANAGER)
+
+    def cloudvm_named_by_uid(self, ns: str, uid: str) -> Optional[str]:
+        """``ns/name`` of the CloudVM of ``uid`` in ``ns``, or None."""
+        from ansible_collections.zjusct.cloud.plugins.module_utils._cloudvm_kubernetes import GROUP, PLURAL, VERSION
+
+        try:
+            from kubernetes.client import CustomObjectsApi
+        except ImportError as exc:  # pragma: no cover - the module checked it
+            raise ClaimRefused(f"the Python library 'kubernetes' is missing: {exc}") from exc
+        got = self._call(f"list CloudVMs in {ns}", CustomObjectsApi(self.core.api_client).list_namespaced_custom_object,
+                         GROUP, VERSION, ns, PLURAL)
+        for item in (got or {}).get("items", []):
+            if (item.get("metadata") or {}).get("uid") == uid:
+                return f"{ns}/{item['metadata']['name']}"
+        return None
+
 
 def observe(p: dict, rbd: Rbd, api: CoreApi) -> Observed:
     """Read the image (info, image-meta), its pool, the template when the image is missing, the PV and the claim.
@@ -287,6 +327,8 @@ def observe(p: dict, rbd: Rbd, api: CoreApi) -> Observed:
         raise ClaimRefused(f"cannot read RBD image {ref.spec}: {exc}") from exc
     obs.pv = api.get_pv(p["volume_name"])
     obs.pvc = api.get_pvc(p["namespace"], p["name"])
+    if _claim_mark(obs.pvc):
+        obs.claim_holder = api.cloudvm_named_by_uid(p["namespace"], _claim_mark(obs.pvc))
     return obs
 
 
@@ -294,7 +336,8 @@ def _summary(obs: Observed) -> dict:
     return {"rbd_image": None if obs.image is None else {"owner": (obs.image.get("meta") or {}).get(META_OWNER),
                                                          "size_mib": obs.image["size"] // MiB},
             "persistent_volume": obs.pv is not None,
-            "persistent_volume_claim": None if obs.pvc is None else (obs.pvc.get("status") or {}).get("phase")}
+            "persistent_volume_claim": None if obs.pvc is None else (obs.pvc.get("status") or {}).get("phase"),
+            "claimed_by": _claim_mark(obs.pvc) or None}
 
 
 def _make_image(p: dict, rbd: Rbd, obs: Observed) -> int:
@@ -368,6 +411,8 @@ def ensure(p: dict, rbd: Rbd, api: CoreApi, check_mode: bool, sleep: Callable[[f
                 made_pv = True
             if obs.pvc is None:
                 pvc = api.create_pvc(pvc_body(ns, claim, pv_name, int(size or 0), owner), dry_run=False)
+            elif _claim_mark(obs.pvc) and not obs.claim_holder:
+                pvc = api.release_claim_mark(obs.pvc, dry_run=False)
         except BaseException:
             if made_pv:
                 try:
@@ -382,6 +427,8 @@ def ensure(p: dict, rbd: Rbd, api: CoreApi, check_mode: bool, sleep: Callable[[f
             api.create_pv(pv_body(pv_name, ns, claim, ref, obs.image["size"], owner), dry_run=True)
         if obs.pvc is None:
             api.create_pvc(pvc_body(ns, claim, pv_name, obs.image["size"], owner), dry_run=True)
+        elif _claim_mark(obs.pvc) and not obs.claim_holder:
+            api.release_claim_mark(obs.pvc, dry_run=True)
     phase = ((pvc or {}).get("status") or {}).get("phase")
     if not check_mode and p.get("wait", True) and phase != "Bound":
         deadline = monotonic() + float(p.get("wait_timeout") or 0)
@@ -399,7 +446,8 @@ def ensure(p: dict, rbd: Rbd, api: CoreApi, check_mode: bool, sleep: Callable[[f
     if actions:
         after = {"rbd_image": {"owner": owner, "size_mib": int(size or 0) // MiB} if size is not None else
                  {"owner": owner, "size_mib": None},
-                 "persistent_volume": True, "persistent_volume_claim": phase or "Pending"}
+                 "persistent_volume": True, "persistent_volume_claim": phase or "Pending",
+                 "claimed_by": _claim_mark(obs.pvc) if obs.claim_holder else None}
     elif phase:
         after["persistent_volume_claim"] = phase
     return {
@@ -408,6 +456,6 @@ def ensure(p: dict, rbd: Rbd, api: CoreApi, check_mode: bool, sleep: Callable[[f
         "rbd_image": {"pool": ref.pool, "name": ref.image, "size_mib": None if size is None else int(size) // MiB,
                       "owner": owner},
         "persistent_volume": pv_name,
-        "claim": {"namespace": ns, "name": claim, "phase": phase},
+        "claim": {"namespace": ns, "name": claim, "phase": phase, "used_by": obs.claim_holder},
         "diff": {"before": before, "after": after},
     }

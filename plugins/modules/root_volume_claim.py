@@ -22,6 +22,9 @@ description:
     C(cloud.zjusct.io/owner).
   - The PersistentVolumeClaim O(namespace)/O(name) (C(volumeMode Block), C(spec.volumeName) the PV), labelled
     C(cloud.zjusct.io/owner); the task then waits until it is Bound.
+  - The controller's claim mark (annotation C(cloud.zjusct.io/claimed-by)) holding the uid of a CloudVM that no
+    longer exists is removed (compare-and-swap on the claim's resourceVersion), so a new CloudVM of the owner can
+    use the kept volume; the mark of a CloudVM that exists is left alone (returned as C(claim.used_by)).
   - Refuses, before creating anything, when the image, the PV or the claim exists with another (or no) owner mark,
     the PV is bound to another claim or names another image, or the claim is bound to another PV; the message names
     the object and the field. An object this task created is removed again when a later step fails.
@@ -118,12 +121,13 @@ persistent_volume:
   type: str
   sample: alice.web-root
 claim:
-  description: The claim (C(phase) its C(status.phase), null when it does not exist yet).
+  description: The claim (C(phase) its C(status.phase), null when it does not exist yet; C(used_by) the CloudVM
+    C(namespace/name) whose uid its claim mark holds, else null).
   returned: success
   type: dict
-  sample: {namespace: alice, name: web-root, phase: Bound}
+  sample: {namespace: alice, name: web-root, phase: Bound, used_by: alice/web}
 diff:
-  description: Before/after summary (image owner and size, PV exists, claim phase) for C(--diff).
+  description: Before/after summary (image owner and size, PV exists, claim phase and claim mark) for C(--diff).
   returned: always
   type: dict
 """

@@ -31,6 +31,7 @@ from tests.integration.cloudvm_k8s.cloudvm_helpers import REPO, VENV_BIN, CloudV
 
 pytestmark = [pytest.mark.k8s, pytest.mark.ceph, pytest.mark.timeout(900)]
 OWNER_LABEL = "cloud.zjusct.io/owner"
+CLAIMED_BY = "cloud.zjusct.io/claimed-by"
 MiB = 1 << 20
 MARKER = b"zjusct-root-volume-marker"
 PUBKEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl unused"
@@ -140,7 +141,7 @@ def test_creates_clone_pv_and_bound_claim_once_and_check_mode_creates_nothing(
     first = play([task], env=env).results[0]
     assert not first.get("failed"), first
     assert first["changed"] is True
-    assert first["claim"] == {"namespace": ns, "name": claim, "phase": "Bound"}
+    assert first["claim"] == {"namespace": ns, "name": claim, "phase": "Bound", "used_by": None}
     assert first["rbd_image"] == {"pool": "rbd", "name": pv_name, "size_mib": 8, "owner": "alice"}
     info = rbd.info(ref)
     assert info is not None
@@ -254,7 +255,7 @@ def k8s_env(k8s_cluster: Any, cloudvm_crd: dict[str, Any], ceph_cluster: CephClu
             **ceph_env(ceph_cluster)}
 
 
-def test_vm_start_makes_the_root_volume_then_the_vm_and_vm_delete_keeps_the_volume(
+def test_vm_start_makes_the_root_volume_then_the_vm_and_vm_delete_keeps_it_for_the_next_vm(
     k8s_env: dict[str, str], cvm_api: CloudVMs, fake_controller: Callable[..., FakeController], rbd: Rbd,
     core: Any, k8s_namespace: str, image_set: Path, pvs: list[str], tmp_path: Path,
 ) -> None:
@@ -287,6 +288,11 @@ def test_vm_start_makes_the_root_volume_then_the_vm_and_vm_delete_keeps_the_volu
     assert task_result(doc, "Ensure the new VM's root volume (RBD image, PersistentVolume, claim)").get("skipped")
     assert task_result(doc, "Start the VM and wait until its SSH answers")["changed"] is False
 
+    # the controller marks the claim with the uid of the VM at its first boot (no controller runs here)
+    old_uid = vm["metadata"]["uid"]
+    core.patch_namespaced_persistent_volume_claim("web-root", ns,
+                                                  {"metadata": {"annotations": {CLAIMED_BY: old_uid}}})
+
     rc, doc = run_playbook("vm_delete.yml", {"owner": "alice", "name": "web", "vm_namespace": ns,
                                              "delete_volume": True}, k8s_env, tmp_path)
     assert rc != 0 and "delete_volume: true is not supported on the kubernetes backend" in failure(doc)
@@ -297,7 +303,19 @@ def test_vm_start_makes_the_root_volume_then_the_vm_and_vm_delete_keeps_the_volu
     # the root volume stays: image (marked), PV, claim Bound
     assert rbd.meta(ref)[META_OWNER] == "alice"
     assert exists_pv(core, pv_name)
-    assert core.read_namespaced_persistent_volume_claim("web-root", ns).status.phase == "Bound"
+    kept = core.read_namespaced_persistent_volume_claim("web-root", ns)
+    assert (kept.status.phase, kept.metadata.annotations[CLAIMED_BY]) == ("Bound", old_uid)
+
+    # the same owner and name again: a new VM on the kept volume, the deleted VM's claim mark released
+    rc, doc = run_playbook("vm_start.yml", extra, k8s_env, tmp_path)
+    assert rc == 0, failure(doc)
+    volume = task_result(doc, "Ensure the new VM's root volume (RBD image, PersistentVolume, claim)")
+    assert volume["actions"] == [f"release the claim mark of deleted CloudVM uid {old_uid} on PersistentVolumeClaim "
+                                 f"{ns}/web-root"]
+    assert CLAIMED_BY not in (core.read_namespaced_persistent_volume_claim("web-root", ns).metadata.annotations or {})
+    again = cvm_api.get(ns, "web")
+    assert again is not None and again["metadata"]["uid"] != old_uid
+    assert again["spec"]["rootVolumeClaim"] == "web-root"
 
 
 def test_vm_backup_and_vm_restore_on_kubernetes_round_trip_the_data(

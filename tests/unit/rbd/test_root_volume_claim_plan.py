@@ -117,3 +117,11 @@ def test_bodies_are_what_the_controller_reads() -> None:
     claim = rvc.pvc_body(NS, CLAIM, PV, 2048 * MiB, "alice")
     assert claim["spec"]["volumeName"] == PV and claim["metadata"]["labels"] == {"cloud.zjusct.io/owner": "alice"}
 
+
+
+def test_the_claim_mark_of_a_deleted_cloudvm_is_released_and_a_live_ones_kept() -> None:
+    marked = pvc()
+    marked["metadata"]["annotations"] = {rvc.CLAIMED_BY: "uid-1"}
+    assert rvc.plan(params(), rvc.Observed(image(), pv=pv(), pvc=marked)) == [
+        "release the claim mark of deleted CloudVM uid uid-1 on PersistentVolumeClaim alice/web-root"]
+    assert rvc.plan(params(), rvc.Observed(image(), pv=pv(), pvc=marked, claim_holder="alice/web")) == []
