@@ -190,6 +190,15 @@ class KubernetesCloudVMApi:
 
 def _client(params: dict) -> KubernetesCloudVMApi:
     """The real adapter, authenticated the way kubernetes.core modules are (options, then K8S_AUTH_*)."""
+    return KubernetesCloudVMApi(CustomObjectsApi(api_client(params)))
+
+
+def api_client(params: dict) -> Any:
+    """A ``kubernetes.client.ApiClient`` authenticated from the module's kubernetes.core options (then K8S_AUTH_*).
+
+    Raises:
+        CloudVMError: the libraries are missing, the kubeconfig does not exist, or the client cannot be set up.
+    """
     if not HAS_KUBERNETES:
         raise CloudVMError("backend kubernetes: the Python library 'kubernetes' is not installed on the managed node")
     if not HAS_K8S_CORE:
@@ -209,7 +218,7 @@ def _client(params: dict) -> KubernetesCloudVMApi:
         what = "cannot reach the Kubernetes API" if "MaxRetryError" in type(exc).__name__ else \
             "cannot configure the API client"
         raise CloudVMError(f"backend kubernetes: {what}: {type(exc).__name__}: {exc}") from exc
-    return KubernetesCloudVMApi(CustomObjectsApi(k8s.client.client))
+    return k8s.client.client
 
 
 # --------------------------------------------------------------------------- pure helpers

@@ -1,0 +1,357 @@
+"""zjusct.cloud.root_volume_claim and the vm_* playbooks on Kubernetes with RBD root volumes.
+
+Real components: the shared test control plane (kube-apiserver and kube-controller-manager, whose PV controller
+binds the claim) and the session's real Ceph cluster; no controller runs (a stand-in writes status where a
+playbook waits for a phase). The image set is a small real one made per test (a manifest and an 8 MiB
+``rootfs.raw`` with a marker), so the template ``tmpl-<set>@base`` and its clones are real RBD images.
+"""
+# ruff: noqa: F811  (pytest fixtures take the imported fixtures as parameters of the same name)
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import META_OWNER, ImageRef, Rbd, RbdError
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from tests.ceph import Cluster as CephCluster
+from tests.cluster import wait_for
+from tests.e2e.playbook_results import failure, task_result
+from tests.integration.ceph.conftest import ceph_cluster, rbd, read_image, write_at  # noqa: F401
+from tests.integration.cloudvm_k8s.cloudvm_helpers import REPO, VENV_BIN, CloudVMs, FakeController, PlayRun
+
+pytestmark = [pytest.mark.k8s, pytest.mark.ceph, pytest.mark.timeout(900)]
+OWNER_LABEL = "cloud.zjusct.io/owner"
+CLAIMED_BY = "cloud.zjusct.io/claimed-by"
+MiB = 1 << 20
+MARKER = b"zjusct-root-volume-marker"
+PUBKEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl unused"
+
+
+def _remove(rbd: Rbd, ref: ImageRef) -> None:
+    with contextlib.suppress(RbdError):
+        rbd.snap_purge(ref)
+    with contextlib.suppress(RbdError):
+        rbd.remove(ref)
+
+
+@pytest.fixture
+def image_set(tmp_path: Path, rbd: Rbd, k8s_namespace: str) -> Iterator[Path]:
+    """A complete image set ``<tmp>/images/tiny-<hex>`` (manifest, 8 MiB rootfs.raw with MARKER at 1 MiB).
+
+    Afterwards the images of the test's namespace (``<namespace>.*``), every clone of the set's template and the
+    template are removed from the pool."""
+    d = tmp_path / "images" / f"tiny-{uuid.uuid4().hex[:8]}"
+    d.mkdir(parents=True)
+    (d / "manifest.json").write_text(json.dumps({"name": d.name, "version": "1", "builtAt": "2026-12-01T00:00:00Z"}))
+    with open(d / "rootfs.raw", "wb") as f:
+        f.truncate(8 * MiB)
+        f.seek(MiB)
+        f.write(MARKER)
+    yield d
+    for name in rbd.run(["ls", "rbd"]) or []:
+        if str(name).startswith(f"{k8s_namespace}."):
+            _remove(rbd, ImageRef("rbd", str(name)))
+    template = ImageRef("rbd", f"tmpl-{d.name}")
+    with contextlib.suppress(RbdError):
+        for child in rbd.children(template.at("base"), include_trash=True):
+            _remove(rbd, ImageRef(child["pool"], child["image"]))
+    with contextlib.suppress(RbdError):
+        rbd.snap_unprotect(template.at("base"))
+    _remove(rbd, template)
+
+
+@pytest.fixture
+def core(k8s_api: Any) -> Any:
+    return client.CoreV1Api(k8s_api)
+
+
+@pytest.fixture
+def pvs(core: Any) -> Iterator[list[str]]:
+    """PersistentVolume names a test made (cluster-scoped: deleted afterwards)."""
+    names: list[str] = []
+    yield names
+    for name in names:
+        with contextlib.suppress(ApiException):
+            core.delete_persistent_volume(name)
+
+
+def ceph_env(cluster: CephCluster) -> dict[str, str]:
+    """The ceph doc fragment's environment fallbacks (client.admin of the test cluster)."""
+    return {"CEPH_CONF": str(cluster.conf), "CEPH_KEYRING": str(cluster.keyring)}
+
+
+def claim_task(ns: str, name: str, owner: str, images: Path | None, image: str | None, **extra: Any) -> dict:
+    args = {"name": name, "namespace": ns, "owner": owner, "wait_timeout": 120, **extra}
+    if image is not None and images is not None:
+        args.update(image=image, images_dir=str(images))
+    return {"zjusct.cloud.root_volume_claim": args}
+
+
+def exists_pv(core: Any, name: str) -> bool:
+    try:
+        core.read_persistent_volume(name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+def exists_pvc(core: Any, ns: str, name: str) -> bool:
+    try:
+        core.read_namespaced_persistent_volume_claim(name, ns)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+def test_creates_clone_pv_and_bound_claim_once_and_check_mode_creates_nothing(
+    play: Callable[..., PlayRun], ceph_cluster: CephCluster, rbd: Rbd, core: Any, k8s_namespace: str,
+    image_set: Path, pvs: list[str],
+) -> None:
+    ns, claim = k8s_namespace, "web-root"
+    pv_name = f"{ns}.{claim}"
+    pvs.append(pv_name)
+    ref = ImageRef("rbd", pv_name)
+    task = claim_task(ns, claim, "alice", image_set.parent, image_set.name)
+    env = ceph_env(ceph_cluster)
+
+    dry = play([task], check=True, diff=True, env=env).results[0]
+    assert not dry.get("failed"), dry
+    assert dry["changed"] is True
+    assert dry["actions"] == [f"import template rbd/tmpl-{image_set.name}@base",
+                              f"clone rbd/tmpl-{image_set.name}@base {ref.spec}",
+                              f"set image-meta {META_OWNER} alice", f"create PersistentVolume {pv_name}",
+                              f"create PersistentVolumeClaim {ns}/{claim}"]
+    assert rbd.info(ref) is None and rbd.info(ImageRef("rbd", f"tmpl-{image_set.name}")) is None
+    assert not exists_pv(core, pv_name) and not exists_pvc(core, ns, claim)
+
+    first = play([task], env=env).results[0]
+    assert not first.get("failed"), first
+    assert first["changed"] is True
+    assert first["claim"] == {"namespace": ns, "name": claim, "phase": "Bound", "used_by": None}
+    assert first["rbd_image"] == {"pool": "rbd", "name": pv_name, "size_mib": 8, "owner": "alice"}
+    info = rbd.info(ref)
+    assert info is not None
+    assert info["parent"]["image"] == f"tmpl-{image_set.name}" and info["parent"]["snapshot"] == "base"
+    assert rbd.meta(ref)[META_OWNER] == "alice"
+    assert MARKER in read_image(ceph_cluster, ref, str(image_set.parent / "export.raw"))[MiB:MiB + 64]
+    pv = core.read_persistent_volume(pv_name)
+    assert pv.metadata.labels[OWNER_LABEL] == "alice"
+    assert (pv.spec.claim_ref.namespace, pv.spec.claim_ref.name) == (ns, claim)
+    assert (pv.spec.csi.driver, pv.spec.csi.volume_handle) == ("rbd.csi.ceph.com", ref.spec)
+    assert pv.spec.csi.volume_attributes == {"pool": "rbd", "imageName": pv_name}
+    assert (pv.spec.volume_mode, pv.spec.persistent_volume_reclaim_policy) == ("Block", "Retain")
+    assert not pv.spec.storage_class_name  # "" (the API server omits it)
+    pvc = core.read_namespaced_persistent_volume_claim(claim, ns)
+    assert pvc.metadata.labels[OWNER_LABEL] == "alice"
+    assert (pvc.spec.volume_name, pvc.spec.volume_mode, pvc.status.phase) == (pv_name, "Block", "Bound")
+
+    again = play([task], env=env).results[0]
+    assert not again.get("failed"), again
+    assert (again["changed"], again["actions"]) == (False, [])
+
+
+def _other_image(rbd: Rbd, ref: ImageRef, owner: str | None) -> None:
+    rbd.create(ref, 4)
+    if owner:
+        rbd.meta_set(ref, META_OWNER, owner)
+
+
+@pytest.mark.parametrize("case", ["image-owner", "pv-owner", "pv-claim", "pvc-owner", "pvc-volume"])
+def test_refuses_an_object_of_someone_else_naming_it_and_creates_nothing(
+    case: str, play: Callable[..., PlayRun], ceph_cluster: CephCluster, rbd: Rbd, core: Any, k8s_namespace: str,
+    image_set: Path, pvs: list[str],
+) -> None:
+    ns, claim = k8s_namespace, "web-root"
+    pv_name = f"{ns}.{claim}"
+    pvs.append(pv_name)
+    ref = ImageRef("rbd", pv_name)
+    pv = {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv_name, "labels": {OWNER_LABEL: "bob"}},
+          "spec": {"capacity": {"storage": "4Mi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                   "volumeMode": "Block", "persistentVolumeReclaimPolicy": "Retain",
+                   "claimRef": {"namespace": ns, "name": claim},
+                   "csi": {"driver": "rbd.csi.ceph.com", "volumeHandle": ref.spec,
+                           "volumeAttributes": {"pool": "rbd", "imageName": pv_name}}}}
+    pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+           "metadata": {"name": claim, "labels": {OWNER_LABEL: "bob"}},
+           "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeMode": "Block",
+                    "volumeName": pv_name, "resources": {"requests": {"storage": "4Mi"}}}}
+    if case == "image-owner":
+        _other_image(rbd, ref, "bob")
+        want = f"RBD image {ref.spec}: image-meta {META_OWNER} is bob, not alice"
+    elif case == "pv-owner":
+        _other_image(rbd, ref, "alice")
+        core.create_persistent_volume(pv)
+        want = f"PersistentVolume {pv_name}: metadata.labels[{OWNER_LABEL}] is bob, not alice"
+    elif case == "pv-claim":
+        _other_image(rbd, ref, "alice")
+        pv["metadata"]["labels"][OWNER_LABEL] = "alice"
+        pv["spec"]["claimRef"] = {"namespace": ns, "name": "other-root"}
+        core.create_persistent_volume(pv)
+        want = f"PersistentVolume {pv_name}: spec.claimRef is {ns}/other-root, not {ns}/{claim}"
+    elif case == "pvc-owner":
+        core.create_namespaced_persistent_volume_claim(ns, pvc)
+        want = f"PersistentVolumeClaim {ns}/{claim}: metadata.labels[{OWNER_LABEL}] is bob, not alice"
+    else:
+        pvc["metadata"]["labels"][OWNER_LABEL] = "alice"
+        pvc["spec"]["volumeName"] = "someone-elses-pv"
+        core.create_namespaced_persistent_volume_claim(ns, pvc)
+        want = f"PersistentVolumeClaim {ns}/{claim}: spec.volumeName is someone-elses-pv, not {pv_name}"
+    had_image, had_pv, had_pvc = rbd.info(ref) is not None, exists_pv(core, pv_name), exists_pvc(core, ns, claim)
+
+    got = play([claim_task(ns, claim, "alice", image_set.parent, image_set.name)], env=ceph_env(ceph_cluster))
+    res = got.results[0]
+    assert res.get("failed"), res
+    assert want in res["msg"], res["msg"]
+    # nothing was created: no template import, no clone, no PV, no claim beyond what the test made
+    assert rbd.info(ImageRef("rbd", f"tmpl-{image_set.name}")) is None
+    assert (rbd.info(ref) is not None, exists_pv(core, pv_name), exists_pvc(core, ns, claim)) == (
+        had_image, had_pv, had_pvc)
+    if had_image:
+        assert rbd.meta(ref).get(META_OWNER) == ("bob" if case == "image-owner" else "alice")
+
+
+# --------------------------------------------------------------------------- the playbooks
+
+
+def run_playbook(playbook: str, extra: dict[str, Any], env: dict[str, str], tmp_path: Path,
+                 check: bool = False) -> tuple[int, dict]:
+    """``ansible-playbook playbooks/<playbook> -e <json>`` with the ansible.posix.json callback."""
+    argv = [str(VENV_BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+            "-e", f"ansible_python_interpreter={VENV_BIN / 'python'}", "-e", json.dumps(extra),
+            str(REPO / "playbooks" / playbook)]
+    if check:
+        argv.append("--check")
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("K8S_AUTH_", "CEPH_", "ZJUSCT_CLOUD_"))}
+    full.update(ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+                ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", ANSIBLE_LOCAL_TEMP=str(tmp_path / "ansible-tmp"), **env)
+    out = subprocess.run(argv, cwd=REPO, env=full, capture_output=True, text=True, timeout=600, check=False)
+    try:
+        doc = json.loads(out.stdout[out.stdout.index("{"):])
+    except ValueError as exc:
+        raise AssertionError(f"no JSON from ansible-playbook (rc {out.returncode}):\n{out.stdout}\n{out.stderr}"
+                             ) from exc
+    doc["raw"], doc["stderr"] = out.stdout, out.stderr
+    return out.returncode, doc
+
+
+@pytest.fixture
+def k8s_env(k8s_cluster: Any, cloudvm_crd: dict[str, Any], ceph_cluster: CephCluster) -> dict[str, str]:
+    """What a playbook host needs for the Kubernetes backend: the backend switch, the kubeconfig, Ceph's env."""
+    return {"ZJUSCT_CLOUD_BACKEND": "kubernetes", "K8S_AUTH_KUBECONFIG": str(k8s_cluster.kubeconfigs["admin"]),
+            **ceph_env(ceph_cluster)}
+
+
+def test_vm_start_makes_the_root_volume_then_the_vm_and_vm_delete_keeps_it_for_the_next_vm(
+    k8s_env: dict[str, str], cvm_api: CloudVMs, fake_controller: Callable[..., FakeController], rbd: Rbd,
+    core: Any, k8s_namespace: str, image_set: Path, pvs: list[str], tmp_path: Path,
+) -> None:
+    ns = k8s_namespace
+    pv_name = f"{ns}.web-root"
+    pvs.append(pv_name)
+    ref = ImageRef("rbd", pv_name)
+    extra = {"owner": "alice", "name": "web", "vm_namespace": ns, "image": image_set.name,
+             "images_dir": str(image_set.parent), "ssh_public_key": PUBKEY, "wait_timeout": 120}
+
+    rc, doc = run_playbook("vm_start.yml", extra, k8s_env, tmp_path, check=True)
+    assert rc == 0, failure(doc)
+    assert rbd.info(ref) is None and not exists_pv(core, pv_name) and not exists_pvc(core, ns, "web-root")
+    assert cvm_api.get(ns, "web") is None
+
+    fake_controller(ns, "web")
+    rc, doc = run_playbook("vm_start.yml", extra, k8s_env, tmp_path)
+    assert rc == 0, failure(doc)
+    volume = task_result(doc, "Ensure the new VM's root volume (RBD image, PersistentVolume, claim)")
+    assert volume["changed"] is True and volume["claim"]["phase"] == "Bound"
+    vm = cvm_api.get(ns, "web")
+    assert vm is not None
+    assert (vm["spec"]["rootVolumeClaim"], vm["spec"]["owner"], vm["status"]["phase"]) == ("web-root", "alice",
+                                                                                           "Running")
+    assert rbd.meta(ref)[META_OWNER] == "alice"
+    assert core.read_namespaced_persistent_volume_claim("web-root", ns).spec.volume_name == pv_name
+
+    rc, doc = run_playbook("vm_start.yml", extra, k8s_env, tmp_path)
+    assert rc == 0, failure(doc)
+    assert task_result(doc, "Ensure the new VM's root volume (RBD image, PersistentVolume, claim)").get("skipped")
+    assert task_result(doc, "Start the VM and wait until its SSH answers")["changed"] is False
+
+    # the controller marks the claim with the uid of the VM at its first boot (no controller runs here)
+    old_uid = vm["metadata"]["uid"]
+    core.patch_namespaced_persistent_volume_claim("web-root", ns,
+                                                  {"metadata": {"annotations": {CLAIMED_BY: old_uid}}})
+
+    rc, doc = run_playbook("vm_delete.yml", {"owner": "alice", "name": "web", "vm_namespace": ns,
+                                             "delete_volume": True}, k8s_env, tmp_path)
+    assert rc != 0 and "delete_volume: true is not supported on the kubernetes backend" in failure(doc)
+    assert cvm_api.get(ns, "web") is not None
+    rc, doc = run_playbook("vm_delete.yml", {"owner": "alice", "name": "web", "vm_namespace": ns}, k8s_env, tmp_path)
+    assert rc == 0, failure(doc)
+    wait_for(lambda: cvm_api.get(ns, "web") is None, 60, "CloudVM web gone")
+    # the root volume stays: image (marked), PV, claim Bound
+    assert rbd.meta(ref)[META_OWNER] == "alice"
+    assert exists_pv(core, pv_name)
+    kept = core.read_namespaced_persistent_volume_claim("web-root", ns)
+    assert (kept.status.phase, kept.metadata.annotations[CLAIMED_BY]) == ("Bound", old_uid)
+
+    # the same owner and name again: a new VM on the kept volume, the deleted VM's claim mark released
+    rc, doc = run_playbook("vm_start.yml", extra, k8s_env, tmp_path)
+    assert rc == 0, failure(doc)
+    volume = task_result(doc, "Ensure the new VM's root volume (RBD image, PersistentVolume, claim)")
+    assert volume["actions"] == [f"release the claim mark of deleted CloudVM uid {old_uid} on PersistentVolumeClaim "
+                                 f"{ns}/web-root"]
+    assert CLAIMED_BY not in (core.read_namespaced_persistent_volume_claim("web-root", ns).metadata.annotations or {})
+    again = cvm_api.get(ns, "web")
+    assert again is not None and again["metadata"]["uid"] != old_uid
+    assert again["spec"]["rootVolumeClaim"] == "web-root"
+
+
+def test_vm_backup_and_vm_restore_on_kubernetes_round_trip_the_data(
+    k8s_env: dict[str, str], cvm_api: CloudVMs, ceph_cluster: CephCluster, rbd: Rbd, core: Any,
+    k8s_namespace: str, image_set: Path, pvs: list[str], tmp_path: Path, play: Callable[..., PlayRun],
+) -> None:
+    ns = k8s_namespace
+    pvs.extend([f"{ns}.web-root", f"{ns}.web2-root"])
+    ref = ImageRef("rbd", f"{ns}.web-root")
+    made = play([claim_task(ns, "web-root", "alice", image_set.parent, image_set.name)],
+                env=ceph_env(ceph_cluster)).results[0]
+    assert not made.get("failed"), made
+    cvm_api.create(ns, "web", powerState="Stopped", bootID=0)
+    cvm_api.set_status(ns, "web", phase="Stopped", reason="StopRequested", bootID=0)
+    write_at(ceph_cluster, ref, 3 * MiB, b"written-before-backup", str(tmp_path))
+    backups = tmp_path / "backups"
+    backups.mkdir()
+
+    rc, doc = run_playbook("vm_backup.yml", {"owner": "alice", "name": "web", "vm_namespace": ns,
+                                             "backup_dir": str(backups)}, k8s_env, tmp_path)
+    assert rc == 0, failure(doc)
+    backup = task_result(doc, "Back up the root volume (refused while the image has watchers)")
+    assert backup["changed"] is True and backup["type"] == "full"
+
+    write_at(ceph_cluster, ref, 3 * MiB, b"changed-after-backup!", str(tmp_path))
+    rc, doc = run_playbook("vm_restore.yml", {"backup": backup["backup_id"], "backup_dir": str(backups),
+                                              "name": "web2", "vm_namespace": ns, "start": False,
+                                              "ssh_public_key": PUBKEY}, k8s_env, tmp_path)
+    assert rc == 0, failure(doc)
+    restored = ImageRef("rbd", f"{ns}.web2-root")
+    data = read_image(ceph_cluster, restored, str(tmp_path / "restored.raw"))
+    assert data[3 * MiB:3 * MiB + 21] == b"written-before-backup"
+    assert MARKER in data[MiB:MiB + 64]
+    assert rbd.meta(restored)[META_OWNER] == "alice"
+    pvc = core.read_namespaced_persistent_volume_claim("web2-root", ns)
+    assert (pvc.spec.volume_name, pvc.status.phase, pvc.metadata.labels[OWNER_LABEL]) == (
+        f"{ns}.web2-root", "Bound", "alice")
+    vm = cvm_api.get(ns, "web2")
+    assert vm is not None and (vm["spec"]["owner"], vm["spec"]["rootVolumeClaim"]) == ("alice", "web2-root")
