@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.cluster import BANDWIDTH_RESOURCE
+from tests.cluster import BANDWIDTH_RESOURCE, wait_for
 from tests.cluster._nodes import NodeSpec, node_manifest
 from tests.integration.cloudvm_k8s.cloudvm_helpers import PlayRun
 
@@ -106,8 +106,6 @@ def test_the_scheduler_counts_what_the_role_advertised(play: Any, k8s_api: Any, 
                          "containers": [{"name": "main", "image": "registry.invalid/none:0",
                                          "resources": {"requests": res, "limits": res}}]}}
 
-    from tests.cluster import wait_for
-
     core.create_namespaced_pod(k8s_namespace, pod("fits", 100))
     wait_for(lambda: core.read_namespaced_pod("fits", k8s_namespace).spec.node_name == node, 60, "fits bound")
     core.create_namespaced_pod(k8s_namespace, pod("over", 1))
@@ -123,6 +121,7 @@ def test_the_scheduler_counts_what_the_role_advertised(play: Any, k8s_api: Any, 
 def test_a_bad_rate_fails_naming_the_variable_and_changes_nothing(play: Any, k8s_api: Any, node: str) -> None:
     core = client.CoreV1Api(k8s_api)
     run, doc = _role(play, {"cluster_node_bandwidth_mbps": {node: "10G"}})
+    assert run.rc != 0
     failed = _task(doc, "Check the hypervisor Nodes' bandwidth")
     assert failed.get("failed") is True
     assert "cluster_node_bandwidth_mbps" in failed["msg"] and "10G" in failed["msg"]
