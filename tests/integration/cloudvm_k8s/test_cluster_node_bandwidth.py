@@ -11,6 +11,7 @@ import contextlib
 import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,26 +19,33 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from tests.cluster import BANDWIDTH_RESOURCE, wait_for
-from tests.cluster._nodes import NodeSpec, node_manifest
+from tests.cluster._nodes import Heartbeat, NodeSpec, node_manifest
 from tests.integration.cloudvm_k8s.cloudvm_helpers import PlayRun
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(900)]
+TAINT = "cloud.zjusct.io/test-only"
 TASK = "Advertise each hypervisor Node's guaranteed bandwidth (extended resource, Mbit/s)"
 
 
 @pytest.fixture
-def node(k8s_cluster: Any, k8s_api: Any) -> Iterator[str]:
-    """A Node object without the bandwidth resource (no kubelet, not schedulable for anything else)."""
+def node(k8s_cluster: Any, k8s_api: Any, tmp_path: Path) -> Iterator[str]:
+    """A Node object without the bandwidth resource, tainted so that only this test's Pods go there, kept Ready
+    by a heartbeat (no kubelet)."""
     core = client.CoreV1Api(k8s_api)
     name = f"bw-role-{uuid.uuid4().hex[:6]}"
     body = node_manifest(NodeSpec(name=name, address="127.0.10.99"), k8s_cluster.binaries.k8s_version)
     for field in ("capacity", "allocatable"):
         body["status"][field].pop(BANDWIDTH_RESOURCE)
-    body["spec"]["taints"] = [{"key": "cloud.zjusct.io/test-only", "effect": "NoSchedule"}]
+    body["spec"]["taints"] = [{"key": TAINT, "effect": "NoSchedule"}]
     core.create_node(body)
+    beat = Heartbeat({name: k8s_api}, tmp_path, interval=2.0)
+    beat.start()
     try:
+        wait_for(lambda: [t.key for t in core.read_node(name).spec.taints or []] == [TAINT], 60,
+                 f"{name} has no lifecycle taint")
         yield name
     finally:
+        beat.stop()
         with contextlib.suppress(ApiException):
             core.delete_node(name)
 
@@ -102,7 +110,7 @@ def test_the_scheduler_counts_what_the_role_advertised(play: Any, k8s_api: Any, 
         res = {"cpu": "10m", BANDWIDTH_RESOURCE: str(mbps)}
         return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
                 "spec": {"nodeSelector": {"kubernetes.io/hostname": node}, "restartPolicy": "Never",
-                         "tolerations": [{"key": "cloud.zjusct.io/test-only", "operator": "Exists"}],
+                         "tolerations": [{"key": TAINT, "operator": "Exists"}],
                          "containers": [{"name": "main", "image": "registry.invalid/none:0",
                                          "resources": {"requests": res, "limits": res}}]}}
 
