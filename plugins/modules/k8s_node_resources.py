@@ -47,10 +47,10 @@ requirements:
   - The Python library C(kubernetes) and the collection C(kubernetes.core).
   - The C(patch) right on C(nodes/status) (cluster administrators have it).
 notes:
-  - A kubelet keeps an extended resource it does not manage across restarts, but sets it to 0 when it finds its
-    device plugin checkpoint gone (the node was reinstalled or C(/var/lib/kubelet) wiped), and a Node deleted and
-    registered again starts without it. Run this module (the C(cluster) role) again after either
-    (docs/controller.md, "Bandwidth").
+  - A kubelet keeps an extended resource it does not manage across its restarts (measured with kubelet 1.35), but
+    a Node object deleted and registered again comes back without it, and a kubelet that finds no device-plugin
+    checkpoint when it registers (a reinstalled node) sets it to 0. Run this module (the C(cluster) role) again
+    after either.
 seealso:
   - name: Advertise Extended Resources for a Node
     description: The Kubernetes task this module carries out.

@@ -3,17 +3,14 @@ that the cluster role advertises (module zjusct.cloud.k8s_node_resources) and th
 (docs/controller.md "Bandwidth" states these facts; this test keeps them true across kubelet upgrades):
 
 * it keeps it (capacity and allocatable) across a kubelet restart: the Node object is reused;
-* it zeroes it when, at start, its device-plugin directory is empty (the kubelet takes that for a recreated
-  node: a reinstalled machine, a wiped /var/lib/kubelet);
 * a Node object deleted and registered again comes back without it;
 * after either, running the module again (what re-running the role does) restores it.
 
-No guest boots; three kubelet restarts (about a minute).
+No guest boots; two kubelet restarts (under a minute).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +20,6 @@ from kubernetes import client
 from tests.cluster import BANDWIDTH_RESOURCE, Cluster, RealNode, wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.kubelet, pytest.mark.timeout(900)]
-DEVICE_PLUGINS = Path("/var/lib/kubelet/device-plugins")  # fixed in the kubelet, whatever its --root-dir
 
 
 def _advertised(core: Any, node: str) -> tuple[str | None, str | None]:
@@ -48,15 +44,9 @@ def test_the_kubelet_keeps_the_bandwidth_across_a_restart_and_loses_it_when_the_
         assert "Zero out resource capacity" not in real_node.kubelet_log.read_text(errors="replace")
         assert _advertise(core, node, 100)["changed"] is False  # nothing for the role to do
 
-        def empty_device_plugin_dir() -> None:  # what a wiped /var/lib/kubelet looks like to the kubelet
-            for entry in DEVICE_PLUGINS.iterdir():
-                entry.unlink()
-
-        real_node.restart_kubelet(between=empty_device_plugin_dir)
-        assert _advertised(core, node) == ("0", "0")
-        assert "Zero out resource capacity" in real_node.kubelet_log.read_text(errors="replace")
-        assert _advertise(core, node, 100)["changed"] is True
-        assert _advertised(core, node) == ("100", "100")
+        # the device-plugin directory emptied before a start (what the kubelet takes for a recreated node when it
+        # finds no checkpoint there) did not zero it either on 1.35: the kubelet's own socket is back in the
+        # directory by the time it re-registers; measured once, not asserted (it is a race inside the kubelet)
 
         def delete_node() -> None:
             core.delete_node(node)
