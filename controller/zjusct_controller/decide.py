@@ -40,6 +40,9 @@ KEYRING_PATH = f"{KEYRING_DIR}/keyring"
 KEYRING_SECRET_KEY = "keyring"  # noqa: S105 - the key of the Secret holding the Ceph keyring file
 CONTAINER = "launcher"
 SSH_PORT = 22
+# The extended resource a node advertises for guaranteed bandwidth (roles/cluster, module k8s_node_resources):
+# integer units of Mbit/s on the wire, the unit of spec.network.bandwidth and _placement's bandwidth dimension.
+BANDWIDTH_RESOURCE = "cloud.zjusct.io/bandwidth-mbps"
 
 # The launcher's network inside the Pod's netns (as tests/integration/k8s_node/launcher_pod.py): bridge br0
 # 10.0.3.1/30, guest 10.0.3.2, DNAT of TCP 22 arriving on eth0 to the guest, so <Pod IP>:22 is the guest's sshd.
@@ -280,19 +283,37 @@ def pod_name(vm_name: str, boot_id: int) -> str:
     return fit(f"{vm_name}-boot-{int(boot_id)}", DNS1123_LABEL_MAX)
 
 
+def guaranteed_mbps(spec: dict) -> int:
+    """``spec.network.bandwidth.guaranteedMbps`` (Mbit/s), 0 when the VM has no bandwidth or no guarantee."""
+    band = (spec.get("network") or {}).get("bandwidth") or {}
+    return int(band.get("guaranteedMbps") or 0)
+
+
 def pod_resources(spec: dict, cfg: Config) -> dict:
-    """Requests of a launcher Pod from the guest's size (no limits: the guest may burst on idle CPU).
+    """Resources of a launcher Pod from the guest's size and its guaranteed bandwidth.
 
     ``cpu = ceil(vcpus * 1000 / cpu_ratio) + overhead_cpu_m`` millicores;
-    ``memory = ceil(memoryMiB / memory_ratio) + overhead_memory_mib (+ tcg_cache_mib under TCG)`` MiB.
+    ``memory = ceil(memoryMiB / memory_ratio) + overhead_memory_mib (+ tcg_cache_mib under TCG)`` MiB;
+    no CPU or memory limits (the guest may burst on idle CPU).
     Example (defaults, 1 vCPU, 512 MiB, TCG): 350m and 534Mi.
+
+    A guaranteed bandwidth (``spec.network.bandwidth.guaranteedMbps`` > 0) adds the extended resource
+    :data:`BANDWIDTH_RESOURCE` = the guarantee in Mbit/s to the requests *and* the limits (Kubernetes requires
+    them equal for an extended resource). No ratio divides it: the node advertises ``floor(NIC Mbit/s x bandwidth
+    ratio)`` (roles/cluster), so the scheduler's ``sum(requests) <= advertised`` is ``_placement``'s and ``_qos``'s
+    node admission ``sum(guaranteed) <= floor(NIC x ratio)``. Without a guarantee nothing is requested.
     """
     spec = with_defaults(spec)
     cpu_m = math.ceil(int(spec["vcpus"]) * 1000 / float(cfg.cpu_ratio)) + int(cfg.overhead_cpu_m)
     mem = math.ceil(int(spec["memoryMiB"]) / float(cfg.memory_ratio)) + int(cfg.overhead_memory_mib)
     if cfg.accel == "tcg":
         mem += int(cfg.tcg_cache_mib)
-    return {"requests": {"cpu": f"{cpu_m}m", "memory": f"{mem}Mi"}}
+    out: dict[str, Any] = {"requests": {"cpu": f"{cpu_m}m", "memory": f"{mem}Mi"}}
+    mbps = guaranteed_mbps(spec)
+    if mbps > 0:
+        out["requests"][BANDWIDTH_RESOURCE] = str(mbps)
+        out["limits"] = {BANDWIDTH_RESOURCE: str(mbps)}
+    return out
 
 
 def launcher_config(vm: dict, cfg: Config, rbd: Optional[dict] = None) -> dict:
@@ -451,6 +472,18 @@ def node_ready(node: Optional[dict]) -> Optional[bool]:
         return None
     cond = _condition(node, "Ready")
     return None if cond is None else cond.get("status") == "True"
+
+
+def unschedulable(pod: dict) -> Optional[str]:
+    """The scheduler's message when the Pod is not bound and its ``PodScheduled`` condition is False with reason
+    ``Unschedulable`` (e.g. "0/3 nodes are available: 1 Insufficient cloud.zjusct.io/bandwidth-mbps, ..."), else
+    None."""
+    if (pod.get("spec") or {}).get("nodeName"):
+        return None
+    cond = _condition(pod, "PodScheduled")
+    if cond is None or cond.get("status") != "False" or cond.get("reason") != "Unschedulable":
+        return None
+    return str(cond.get("message") or "no node fits")
 
 
 def parse_result(message: Optional[str]) -> Optional[dict]:
@@ -630,6 +663,9 @@ def decide(vm: dict, pods: list, nodes: dict, claim: Optional[dict], claim_write
                 current = BootObservation(boot, "lost", started_at=current.started_at, node=current.node,
                                           detail=f"launcher Pod {name} was deleted while the VM should run")
         status = derive_status(spec, current, others)
+        why = unschedulable(cur) if (status.phase, status.reason) == ("Pending", "Starting") else None
+        if why is not None:  # the scheduler's verdict, e.g. not enough cloud.zjusct.io/bandwidth-mbps anywhere
+            status.reason, status.message = "Unschedulable", f"launcher Pod {name} cannot be scheduled: {why}"
         extra["pod"] = name
         pod_ip = (cur.get("status") or {}).get("podIP")
         if status.phase == "Running" and pod_ip:
@@ -701,7 +737,7 @@ def transition_event(prev: dict, new: dict) -> Optional[tuple[str, str, str]]:
     return kind, new.get("reason") or new.get("phase") or "Unknown", message[:1024]
 
 
-__all__ = ["CEPH_CONF_ANNOTATION", "CLAIMED_BY", "FINALIZER", "GROUP", "LABEL_BOOT", "LABEL_VM", "PLURAL",
-           "RBD_DRIVER", "ROOT_CLAIM", "VERSION", "CephConfig", "Config", "Plan", "VolumeProblem", "decide",
-           "is_block_claim", "launcher_pod", "needs_volume", "observe", "pod_name", "pod_resources",
-           "rbd_root_disk", "status_patch", "transition_event"]
+__all__ = ["BANDWIDTH_RESOURCE", "CEPH_CONF_ANNOTATION", "CLAIMED_BY", "FINALIZER", "GROUP", "LABEL_BOOT",
+           "LABEL_VM", "PLURAL", "RBD_DRIVER", "ROOT_CLAIM", "VERSION", "CephConfig", "Config", "Plan",
+           "VolumeProblem", "decide", "guaranteed_mbps", "is_block_claim", "launcher_pod", "needs_volume", "observe",
+           "pod_name", "pod_resources", "rbd_root_disk", "status_patch", "transition_event", "unschedulable"]

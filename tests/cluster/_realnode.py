@@ -411,6 +411,28 @@ class RealNode:
             self._core_api = self._core()
         return self._core_api
 
+    def restart_kubelet(self, between: Any = None, timeout: float = 180.0) -> None:
+        """Stop the kubelet (SIGTERM, as a service manager would), call ``between()`` if given (e.g. delete the
+        Node object), start it again with the same arguments, and wait until it has registered once more
+        ("Successfully registered node" in its log) and the Node is Ready without lifecycle taints.
+
+        Raises:
+            RealNodeError: the kubelet exited or did not register/become Ready within ``timeout`` s.
+        """
+        marker = "Successfully registered node"
+        registered = self.kubelet_log.read_text(errors="replace").count(marker)
+        old = self.popens.pop("kubelet")
+        old.send_signal(signal.SIGTERM)
+        old.wait(timeout=60)
+        if between is not None:
+            between()
+        self._spawn("kubelet", [str(a) for a in old.args], self.kubelet_log)  # type: ignore[union-attr]
+        self._save_state()
+        deadline = time.monotonic() + timeout
+        self._wait(lambda: self.kubelet_log.read_text(errors="replace").count(marker) > registered,
+                   f"kubelet of {self.name} registered again", deadline, self.kubelet_log)
+        self._wait(self._ready, f"Node {self.name} Ready without taints", deadline, self.kubelet_log)
+
     def kill_container(self, container_id: str, sig: str = "SIGKILL") -> None:
         """Send ``sig`` to a container's main process through containerd (``ctr task kill``), as a crash would;
         ``container_id`` as in a Pod's ``containerStatuses[].containerID`` (``containerd://`` prefix optional).
