@@ -90,8 +90,8 @@ def test_operator_owner_names_the_owner_of_a_new_vm_only():
 
 
 # One rule decides whether "power_state: running" requests a new boot: _lifecycle.current_boot_live (plan_power).
-# _phase.needs_new_boot was a second copy that disagreed with it on each case above "agreed cases" (it read the status only, not
-# spec.powerState or spec.bootID); the table pins the rule so that a second copy cannot come back unnoticed.
+# _phase.needs_new_boot was a second copy that disagreed with it on each case above "agreed cases" (it read the
+# status only, not spec.powerState or spec.bootID); the table pins the rule so a second copy cannot come back.
 @pytest.mark.parametrize("spec, status, new_boot", [
     # never started: boot 1 is requested (the copy said no new boot for reason NeverStarted)
     (dict(BASE, powerState="Stopped", bootID=0), {"phase": "Stopped", "reason": "NeverStarted", "bootID": 0}, True),
