@@ -64,8 +64,7 @@ def _config(params: dict) -> HostConfig:
 
 
 def _paths(cfg: HostConfig, namespace: str, name: str) -> sup.LauncherPaths:
-    return sup.LauncherPaths(cfg.vm_state_dir(namespace, name), cfg.vm_runtime_dir(namespace, name),
-                             cfg.log_dir, f"{namespace}_{name}")
+    return cfg.launcher_paths(namespace, name)
 
 
 @contextlib.contextmanager
@@ -184,13 +183,10 @@ def _start_boot(cfg: HostConfig, store: HostStore, vm: dict) -> None:
     except Exception:
         net.remove_tap(cfg.netns, lease["tap"])
         raise
-    sup.write_config(paths, config)
-    env = sup.launcher_env(cfg.launcher_pythonpath)
     try:
-        sup.check_config(list(cfg.launcher_command), paths.config(boot), env, cfg.netns)
-        pid = sup.spawn(paths, boot, list(cfg.launcher_command), env, cfg.netns)
+        pid = sup.start(paths, config, list(cfg.launcher_command), sup.launcher_env(cfg.launcher_pythonpath),
+                        cfg.netns)
     except Exception:
-        os.unlink(paths.config(boot))
         bw.release_vm_bandwidth(store, uid)
         net.remove_tap(cfg.netns, lease["tap"])
         raise

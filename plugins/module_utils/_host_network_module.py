@@ -26,8 +26,7 @@ def live_taps(cfg: HostConfig) -> set[str]:
         leases = {lease["vm_uid"]: lease["tap"] for lease in store.leases()}
         for vm in store.list_vms():
             meta = vm["metadata"]
-            paths = sup.LauncherPaths(cfg.vm_state_dir(meta["namespace"], meta["name"]),
-                                      cfg.vm_runtime_dir(meta["namespace"], meta["name"]), cfg.log_dir, "")
+            paths = cfg.launcher_paths(meta["namespace"], meta["name"])
             if meta["uid"] in leases and sup.running_boot(paths) is not None:
                 keep.add(leases[meta["uid"]])
     return keep

@@ -17,6 +17,7 @@ import socket
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
+from ansible_collections.zjusct.cloud.plugins.module_utils._supervisor import LauncherPaths
 from ansible_collections.zjusct.cloud.plugins.module_utils._voldriver import UnknownDriver, VolumeSettings, driver
 
 DEFAULT_PATH = "/etc/zjusct-cloud/host.json"
@@ -165,6 +166,11 @@ class HostConfig:
     def vm_runtime_dir(self, namespace: str, name: str) -> str:
         """Per-VM runtime directory (launcher lock, QMP socket, config disk)."""
         return os.path.join(self.runtime_dir, "vms", f"{namespace}_{name}")
+
+    def launcher_paths(self, namespace: str, name: str) -> LauncherPaths:
+        """Where the VM's launcher files live (the one place that builds them from this configuration)."""
+        return LauncherPaths(self.vm_state_dir(namespace, name), self.vm_runtime_dir(namespace, name), self.log_dir,
+                             f"{namespace}_{name}")
 
 
 def load(path: Optional[str] = None) -> HostConfig:

@@ -296,6 +296,33 @@ def spawn(paths: LauncherPaths, boot_id: int, command: list[str], env: dict, net
     return pid
 
 
+def start(paths: LauncherPaths, config: dict, command: list[str], env: dict, netns: str = "") -> int:
+    """Start the boot ``config`` describes: write its config, have the launcher check it, spawn the launcher.
+
+    The one sequence both the cloudvm module (host backend) and fc_launcher use. On any failure the config
+    file just written is removed again (a boot-N.json without a spawned-N is "not spawned", see
+    :func:`observe`), and the error propagates.
+
+    Args:
+        paths: the VM's launcher files; config: a LauncherConfig whose ``vm.bootID`` is the boot to start;
+        command, env, netns: as for :func:`check_config` and :func:`spawn`.
+
+    Returns:
+        the launcher's pid (0 under systemd), as :func:`spawn`.
+
+    Raises:
+        LauncherError: the launcher rejected the config; OSError/subprocess errors from writing or spawning.
+    """
+    boot = int(config["vm"]["bootID"])
+    write_config(paths, config)
+    try:
+        check_config(command, paths.config(boot), env, netns)
+        return spawn(paths, boot, command, env, netns)
+    except BaseException:
+        os.unlink(paths.config(boot))
+        raise
+
+
 def request_stop(paths: LauncherPaths) -> bool:
     """Send SIGTERM to the live launcher (graceful guest shutdown, then kill after its stop timeout).
 
