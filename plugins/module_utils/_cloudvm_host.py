@@ -8,8 +8,8 @@ status with the same pure function the controller uses (:func:`._phase.derive_st
 (start the requested boot, stop a boot no longer wanted, clean up after an ended one) and writes
 the status to the host store. Runs for the same VM are serialised by a per-VM flock; the spec is
 planned and written inside the store's write transaction, so two concurrent ``vm_start`` runs
-request exactly one boot (case L5) and a new boot never starts while an older launcher still
-holds the VM's lock (case L3).
+request exactly one boot (case L5, docs/architecture.md "Failure cases") and a new boot never starts while an older
+launcher still holds the VM's lock (case L3).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ The host backend (launcher process + result file) and the Kubernetes controller 
 termination message) both reduce what they observe to a :class:`BootObservation` and call
 :func:`derive_status`. The function never trusts a previous status: a status says Running only
 while a launcher for the current bootID is known alive *and* the guest's SSH banner answered
-(ARCHITECTURE §3; cases L1, L2, L3, L7).
+(docs/api/cloudvm.md "Phases"; cases L1, L2, L3 of docs/architecture.md "Failure cases").
 
 Phases and reasons (docs/api/cloudvm.md has the table):
 

@@ -12,8 +12,8 @@ One launcher instance is one boot of one VM (docs/launcher-protocol.md). Files p
 * ``<runtime>/launcher.lock``    held (flock) by the launcher and inherited by its VMM for life
 
 Liveness is the lock, read from ``/proc/locks`` without taking it, so observing never races a
-launcher that is starting and a recycled pid can never look alive (cases L2, L5). Where systemd
-is PID 1 the launcher runs as a transient unit (``systemd-run``); elsewhere as a detached session
+launcher that is starting and a recycled pid can never look alive (cases L2, L5 of docs/architecture.md "Failure
+cases"). Where systemd is PID 1 the launcher runs as a transient unit (``systemd-run``); elsewhere as a detached session
 leader with its output in ``<log_dir>``. Both leave the same files, so observation is the same.
 """
 

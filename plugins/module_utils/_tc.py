@@ -22,8 +22,9 @@ IPv4 as IP source). MAC matching works for any protocol (ARP, IPv6) and survives
 default choice for TAPs; IPv4 matching is offered for routed setups. u32 offsets are relative to the network
 header: Ethernet destination at -14, source at -8, EtherType at -2; IPv4 source at 12, destination at 16.
 
-Quantum (case N1): HTB derives ``quantum = rate / r2q`` when none is given and warns ("quantum of class ... is
-big") outside 1000..200000 bytes (net/sched/sch_htb.c). We always pass an explicit quantum::
+Quantum (case N1, docs/architecture.md "Failure cases"; docs/qos.md): HTB derives ``quantum = rate / r2q`` when none is
+given and warns ("quantum of class ... is big") outside 1000..200000 bytes (net/sched/sch_htb.c). We always pass an
+explicit quantum::
 
     quantum = clamp(rate_bytes_per_s // 10, mtu + 14, 200000)
 
