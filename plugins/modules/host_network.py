@@ -59,7 +59,7 @@ removed_taps:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._host_network_module import run_module
+from ansible_collections.zjusct.cloud.plugins.module_utils._host_network_module import ERRORS, run_module
 
 
 def main() -> None:
@@ -69,7 +69,7 @@ def main() -> None:
     )
     try:
         result = run_module(module.params, module.check_mode)
-    except Exception as exc:  # every failure is reported with its message
+    except ERRORS as exc:
         module.fail_json(msg=str(exc))
     for warning in result.pop("warnings", []):
         module.warn(warning)
