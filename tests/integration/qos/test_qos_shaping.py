@@ -6,13 +6,13 @@ throughput allows +-5 % of that expectation (issue 9).
 
 from __future__ import annotations
 
-import sqlite3
 import time
 
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils import _bandwidth as bw
 from ansible_collections.zjusct.cloud.plugins.module_utils import _tc
 from ansible_collections.zjusct.cloud.plugins.module_utils._qos_store import QoSStore
+from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore
 from ansible_collections.zjusct.cloud.plugins.module_utils._tc_qos_module import ARGUMENT_SPEC, run
 from qos_netlab import Lab, expected_goodput_mbps, make_lab, sh, steady_mbps
 
@@ -28,10 +28,9 @@ def lab2():
 
 @pytest.fixture
 def store(tmp_path):
-    conn = sqlite3.connect(tmp_path / "host.db", isolation_level=None)
-    qs = QoSStore(conn)
-    yield qs
-    conn.close()
+    host = HostStore(str(tmp_path / "host.db"))
+    yield QoSStore(host.conn)
+    host.close()
 
 
 def params(**kw):
