@@ -88,8 +88,6 @@ def _host_node(cfg: HostConfig) -> Node:
         os.makedirs(cfg.volumes_dir, exist_ok=True)
         st = os.statvfs(cfg.volumes_dir)
         physical["disk"] = st.f_blocks * st.f_frsize // (1024 * 1024)
-    if not physical.get("bandwidth"):
-        physical["bandwidth"] = cfg.nic_mbps
     ratios = {"cpu": 4.0, "memory": 1.5, "disk": 2.0, "bandwidth": 1.0}
     ratios.update(cfg.ratios)
     return Node(cfg.node, physical, ratios)
@@ -146,8 +144,8 @@ def _start_boot(cfg: HostConfig, store: HostStore, vm: dict) -> None:
         raise CloudVMError(f"spec.rootVolumeClaim: volume {spec['rootVolumeClaim']!r} does not exist")
     volume = settle_claim(store, volume, spec["owner"], uid, creating=False, rbd=cfg.rbd, subject=subject)
     bandwidth = ((spec.get("network") or {}).get("bandwidth") or {}).get("guaranteedMbps", 0)
-    request = {"cpu": spec["vcpus"], "memory": spec["memoryMiB"], "disk": volume["size_mib"],
-               "bandwidth": bandwidth}
+    # bandwidth is admitted by the QoS arbitration alone (_apply_bandwidth: node limit and pool), not placement
+    request = {"cpu": spec["vcpus"], "memory": spec["memoryMiB"], "disk": volume["size_mib"]}
     node = _host_node(cfg)
     with store.transaction():
         others = [a for a in store.allocations(cfg.node) if a["vm_uid"] != uid]
@@ -182,6 +180,7 @@ def _start_boot(cfg: HostConfig, store: HostStore, vm: dict) -> None:
         _apply_bandwidth(cfg, store, vm, lease)
     except Exception:
         net.remove_tap(cfg.netns, lease["tap"])
+        _release_allocation(store, uid)
         raise
     try:
         pid = sup.start(paths, config, list(cfg.launcher_command), sup.launcher_env(cfg.launcher_pythonpath),
@@ -189,6 +188,7 @@ def _start_boot(cfg: HostConfig, store: HostStore, vm: dict) -> None:
     except Exception:
         bw.release_vm_bandwidth(store, uid)
         net.remove_tap(cfg.netns, lease["tap"])
+        _release_allocation(store, uid)
         raise
     store.record_event("Normal", subject, "Started", f"boot {boot} launcher started (pid {pid}) on {cfg.node}",
                        {"bootID": boot, "pid": pid})
@@ -223,6 +223,11 @@ def _cleanup_ended(cfg: HostConfig, store: HostStore, vm: dict) -> None:
     lease = store.lease_for(uid)
     if lease is not None:
         net.remove_tap(cfg.netns, lease["tap"])
+    _release_allocation(store, uid)
+
+
+def _release_allocation(store: HostStore, uid: str) -> None:
+    """Forget the VM's placement (after its boot ended, or when a start failed after placing it)."""
     with store.transaction() as conn:
         conn.execute("DELETE FROM allocations WHERE vm_uid = ?", (uid,))
 
