@@ -45,10 +45,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.cluster import Cluster, NodeSpec, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / ".collections"))
+from ansible_collections.zjusct.cloud.plugins.module_utils._spec import GROUP, PLURAL, VERSION
 from benchlib import percentile, rss_mib, stop_process  # bench/benchlib.py
 
 REPO = Path(__file__).resolve().parent.parent
-GROUP, VERSION, PLURAL = "cloud.zjusct.io", "v1alpha1", "cloudvms"
 NS = "bench"
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBenchBenchBenchBenchBenchBenchBenchBenchBen bench"
 

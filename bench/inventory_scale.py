@@ -44,11 +44,11 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / ".collections"))
 
 import yaml  # noqa: E402
+from ansible_collections.zjusct.cloud.plugins.module_utils._spec import GROUP, PLURAL, VERSION  # noqa: E402
 from ansible_collections.zjusct.cloud.plugins.plugin_utils import _kube_list as kube  # noqa: E402
 
 VENV_BIN = Path(os.environ.get("ZJUSCT_VENV", "/var/cache/zjusct-cloud/venv")) / "bin"
 NAMESPACE = "bench-inventory"
-GROUP, VERSION, PLURAL = "cloud.zjusct.io", "v1alpha1", "cloudvms"
 BASELINE = r"""
 import json, sys
 from kubernetes import client, config

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / ".collections"))
 
 from ansible_collections.zjusct.cloud.plugins.module_utils import _qos as q  # noqa: E402
-from ansible_collections.zjusct.cloud.plugins.module_utils import _tc  # noqa: E402
+from ansible_collections.zjusct.cloud.plugins.module_utils import _tc, _tc_netlink  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
 import qos_baseline  # noqa: E402
@@ -41,7 +41,7 @@ def specs(n: int) -> list[_tc.ClassSpec]:
 
 
 def netlink_apply(ns: str, n: int, batch: bool = True) -> float:
-    with _tc.NetlinkTc("d0", ns) as nl:
+    with _tc_netlink.NetlinkTc("d0", ns) as nl:
         desired = _tc.desired_tree(specs(n), mtu=1500, root_rate_mbps=10000, default_rate_mbps=1,
                                    default_ceil_mbps=10000, direction="egress", tick_in_usec=nl.tick_in_usec)
         ops = _tc.diff_trees(nl.read_tree(), desired)

@@ -18,11 +18,17 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._cloudvm_kubernetes import GROUP, PLURAL, VERSION
 from ansible_collections.zjusct.cloud.plugins.module_utils._names import DNS1123_LABEL_MAX, fit
 from ansible_collections.zjusct.cloud.plugins.module_utils._phase import BootObservation, Status, derive_status
 from ansible_collections.zjusct.cloud.plugins.module_utils._placement import DEFAULT_RATIOS
-from ansible_collections.zjusct.cloud.plugins.module_utils._spec import API_VERSION, KIND, with_defaults
+from ansible_collections.zjusct.cloud.plugins.module_utils._spec import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    PLURAL,
+    VERSION,
+    with_defaults,
+)
 
 FINALIZER = "cloud.zjusct.io/launcher"
 LABEL_VM = "cloud.zjusct.io/vm"

@@ -7,7 +7,8 @@ A *backup* is one snapshot of one image, stored as one ``rbd diff v1`` file: eit
 the snapshot, diffed from nothing) or *diff* (the changes since the previous backup's snapshot, which must still
 exist on the image). Restoring backup B imports its *chain* — the full backup it descends from, then every diff
 up to B — into a new image. Each backup lives in ``<dest>/<id>/`` with ``data.rbdiff``, ``manifest.json`` and,
-written last, ``complete``; a directory without ``complete`` is not a backup (``ARCHITECTURE.md`` §5).
+written last, ``complete``; a directory without ``complete`` is not a backup (docs/backup-restore.md "What a backup
+is").
 
 The manifest records, besides identity (VM, owner, pool/image/id, snapshot, parent), the size and sha256 of each
 file plus one sha256 per 4 MiB chunk of it, and one sha256 per 4 MiB block of the image as it reads at the

@@ -14,7 +14,7 @@ This is the API the host backend calls on VM start/stop (docs/qos.md, "Wiring"):
 
 Each VM's TAP carries its own managed HTB tree (root 7a:, one VM class 7a:<minor>, default 7a:ffff); its IFB is
 named :func:`ifb_name` (TAP), the one rule shared with tc_qos (_names), marked with the TAP's name and never
-reused for another TAP (_tc.NetlinkTc.check_ifb); it carries the mirror tree for the other direction. Both
+reused for another TAP (_tc_netlink.NetlinkTc.check_ifb); it carries the mirror tree for the other direction. Both
 directions get the same rate (guaranteed) and ceil (guaranteed + granted).
 """
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ansible_collections.zjusct.cloud.plugins.module_utils import _names, _tc
+from ansible_collections.zjusct.cloud.plugins.module_utils import _names, _tc, _tc_netlink
 from ansible_collections.zjusct.cloud.plugins.module_utils import _qos as q
 from ansible_collections.zjusct.cloud.plugins.module_utils._qos_store import Attachment, QoSStore
 
@@ -59,7 +59,7 @@ def apply_device(qs: QoSStore, state: q.State, netns: str, device: str) -> dict:
     atts = qs.attachments(netns, device)
     result: dict[str, Any] = {"netns": netns, "device": device, "ops": [], "missing": False}
     try:
-        nl = _tc.NetlinkTc(device, netns or None)
+        nl = _tc_netlink.NetlinkTc(device, netns or None)
     except _tc.TcError:
         result["missing"] = True
         return result

@@ -8,8 +8,8 @@ status with the same pure function the controller uses (:func:`._phase.derive_st
 (start the requested boot, stop a boot no longer wanted, clean up after an ended one) and writes
 the status to the host store. Runs for the same VM are serialised by a per-VM flock; the spec is
 planned and written inside the store's write transaction, so two concurrent ``vm_start`` runs
-request exactly one boot (case L5) and a new boot never starts while an older launcher still
-holds the VM's lock (case L3).
+request exactly one boot (case L5, docs/architecture.md "Failure cases") and a new boot never starts while an older
+launcher still holds the VM's lock (case L3).
 """
 
 from __future__ import annotations
@@ -64,8 +64,7 @@ def _config(params: dict) -> HostConfig:
 
 
 def _paths(cfg: HostConfig, namespace: str, name: str) -> sup.LauncherPaths:
-    return sup.LauncherPaths(cfg.vm_state_dir(namespace, name), cfg.vm_runtime_dir(namespace, name),
-                             cfg.log_dir, f"{namespace}_{name}")
+    return cfg.launcher_paths(namespace, name)
 
 
 @contextlib.contextmanager
@@ -89,8 +88,6 @@ def _host_node(cfg: HostConfig) -> Node:
         os.makedirs(cfg.volumes_dir, exist_ok=True)
         st = os.statvfs(cfg.volumes_dir)
         physical["disk"] = st.f_blocks * st.f_frsize // (1024 * 1024)
-    if not physical.get("bandwidth"):
-        physical["bandwidth"] = cfg.nic_mbps
     ratios = {"cpu": 4.0, "memory": 1.5, "disk": 2.0, "bandwidth": 1.0}
     ratios.update(cfg.ratios)
     return Node(cfg.node, physical, ratios)
@@ -147,8 +144,8 @@ def _start_boot(cfg: HostConfig, store: HostStore, vm: dict) -> None:
         raise CloudVMError(f"spec.rootVolumeClaim: volume {spec['rootVolumeClaim']!r} does not exist")
     volume = settle_claim(store, volume, spec["owner"], uid, creating=False, rbd=cfg.rbd, subject=subject)
     bandwidth = ((spec.get("network") or {}).get("bandwidth") or {}).get("guaranteedMbps", 0)
-    request = {"cpu": spec["vcpus"], "memory": spec["memoryMiB"], "disk": volume["size_mib"],
-               "bandwidth": bandwidth}
+    # bandwidth is admitted by the QoS arbitration alone (_apply_bandwidth: node limit and pool), not placement
+    request = {"cpu": spec["vcpus"], "memory": spec["memoryMiB"], "disk": volume["size_mib"]}
     node = _host_node(cfg)
     with store.transaction():
         others = [a for a in store.allocations(cfg.node) if a["vm_uid"] != uid]
@@ -183,16 +180,15 @@ def _start_boot(cfg: HostConfig, store: HostStore, vm: dict) -> None:
         _apply_bandwidth(cfg, store, vm, lease)
     except Exception:
         net.remove_tap(cfg.netns, lease["tap"])
+        _release_allocation(store, uid)
         raise
-    sup.write_config(paths, config)
-    env = sup.launcher_env(cfg.launcher_pythonpath)
     try:
-        sup.check_config(list(cfg.launcher_command), paths.config(boot), env, cfg.netns)
-        pid = sup.spawn(paths, boot, list(cfg.launcher_command), env, cfg.netns)
+        pid = sup.start(paths, config, list(cfg.launcher_command), sup.launcher_env(cfg.launcher_pythonpath),
+                        cfg.netns)
     except Exception:
-        os.unlink(paths.config(boot))
         bw.release_vm_bandwidth(store, uid)
         net.remove_tap(cfg.netns, lease["tap"])
+        _release_allocation(store, uid)
         raise
     store.record_event("Normal", subject, "Started", f"boot {boot} launcher started (pid {pid}) on {cfg.node}",
                        {"bootID": boot, "pid": pid})
@@ -227,6 +223,11 @@ def _cleanup_ended(cfg: HostConfig, store: HostStore, vm: dict) -> None:
     lease = store.lease_for(uid)
     if lease is not None:
         net.remove_tap(cfg.netns, lease["tap"])
+    _release_allocation(store, uid)
+
+
+def _release_allocation(store: HostStore, uid: str) -> None:
+    """Forget the VM's placement (after its boot ended, or when a start failed after placing it)."""
     with store.transaction() as conn:
         conn.execute("DELETE FROM allocations WHERE vm_uid = ?", (uid,))
 

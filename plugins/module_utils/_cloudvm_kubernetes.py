@@ -33,7 +33,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import (
     params_to_spec,
     plan_power,
 )
-from ansible_collections.zjusct.cloud.plugins.module_utils._spec import API_VERSION, KIND
+from ansible_collections.zjusct.cloud.plugins.module_utils._spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
 try:
     from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_MAP
@@ -63,9 +63,6 @@ except ImportError:  # pragma: no cover - reported by _client()
         reason = ""
         body = ""
 
-GROUP = "cloud.zjusct.io"
-VERSION = "v1alpha1"
-PLURAL = "cloudvms"
 FIELD_MANAGER = "zjusct.cloud.cloudvm"
 REQUEST_TIMEOUT = 30  # seconds, every API call
 CONFLICT_RETRIES = 10  # re-plans after a 409 before giving up

@@ -7,6 +7,7 @@ orphan TAP sweep."""
 from __future__ import annotations
 
 import os
+import sqlite3
 from typing import Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils import _flock
@@ -14,7 +15,13 @@ from ansible_collections.zjusct.cloud.plugins.module_utils import _gateway as gw
 from ansible_collections.zjusct.cloud.plugins.module_utils import _hostnet as net
 from ansible_collections.zjusct.cloud.plugins.module_utils import _supervisor as sup
 from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import HostConfig, load
-from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore
+from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore, StoreError
+
+# What run_module raises for a failure it reports: the host configuration unreadable or invalid (OSError,
+# ValueError), an ip/nft/sysctl command refused (NetworkError), the SSH gateway's accounts or files
+# (GatewayError), the host store (StoreError, sqlite3.Error e.g. busy past its timeout). Anything else is a bug
+# and keeps its traceback.
+ERRORS = (OSError, ValueError, net.NetworkError, gw.GatewayError, StoreError, sqlite3.Error)
 
 
 def live_taps(cfg: HostConfig) -> set[str]:
@@ -26,8 +33,7 @@ def live_taps(cfg: HostConfig) -> set[str]:
         leases = {lease["vm_uid"]: lease["tap"] for lease in store.leases()}
         for vm in store.list_vms():
             meta = vm["metadata"]
-            paths = sup.LauncherPaths(cfg.vm_state_dir(meta["namespace"], meta["name"]),
-                                      cfg.vm_runtime_dir(meta["namespace"], meta["name"]), cfg.log_dir, "")
+            paths = cfg.launcher_paths(meta["namespace"], meta["name"])
             if meta["uid"] in leases and sup.running_boot(paths) is not None:
                 keep.add(leases[meta["uid"]])
     return keep
@@ -130,6 +136,9 @@ def run_module(params: dict, check_mode: bool) -> dict:
     set (:func:`_gateway.ensure_gateway`, :func:`sync_gateway`); sweep orphaned TAPs.
 
     Returns ``changed``, ``removed_taps`` and ``warnings`` (see :func:`forwarding_warning`).
+
+    Raises:
+        one of :data:`ERRORS`, with a message naming the setting or command that failed.
     """
     cfg = load(params.get("host_config"))
     changed = False

@@ -17,6 +17,7 @@ import socket
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
+from ansible_collections.zjusct.cloud.plugins.module_utils._supervisor import LauncherPaths
 from ansible_collections.zjusct.cloud.plugins.module_utils._voldriver import UnknownDriver, VolumeSettings, driver
 
 DEFAULT_PATH = "/etc/zjusct-cloud/host.json"
@@ -57,9 +58,10 @@ class HostConfig:
         stop_timeout_seconds: graceful stop budget before the VMM is killed.
         readiness_timeout_seconds: how long a boot may take to answer SSH.
         tcg_translation_cache_mib: QEMU TCG translation cache size (MiB).
-        physical: node capacity for placement: cpu (vCPUs), memory (MiB), disk (MiB),
-            bandwidth (Mbit/s); 0 means "measure this host".
-        ratios: overcommit ratios per dimension (defaults in _placement).
+        physical: node capacity for placement: cpu (vCPUs), memory (MiB), disk (MiB); 0 means "measure
+            this host". Not bandwidth: that is ``nic_mbps``, admitted by the QoS arbitration alone.
+        ratios: overcommit ratios per dimension (defaults in _placement); ``bandwidth`` is the QoS
+            arbitration's: guarantees on the node total at most floor(nic_mbps x ratio).
         nic_mbps: capacity of the guests' uplink (Mbit/s) used by QoS.
         bandwidth_pools: shared bandwidth pools, name -> capacity (Mbit/s); VMs borrow from them
             (docs/qos.md). Default: one pool ``default`` of ``nic_mbps``.
@@ -166,6 +168,11 @@ class HostConfig:
         """Per-VM runtime directory (launcher lock, QMP socket, config disk)."""
         return os.path.join(self.runtime_dir, "vms", f"{namespace}_{name}")
 
+    def launcher_paths(self, namespace: str, name: str) -> LauncherPaths:
+        """Where the VM's launcher files live (the one place that builds them from this configuration)."""
+        return LauncherPaths(self.vm_state_dir(namespace, name), self.vm_runtime_dir(namespace, name), self.log_dir,
+                             f"{namespace}_{name}")
+
 
 def load(path: Optional[str] = None) -> HostConfig:
     """Read the host configuration.
@@ -201,6 +208,10 @@ def load(path: Optional[str] = None) -> HostConfig:
         driver(data.get("volume_driver", "file"), "host_config: volume_driver").check_config(data)
     except UnknownDriver as exc:
         raise ValueError(f"{exc} (hypervisor_volume_driver)") from exc
+    if (data.get("physical") or {}).get("bandwidth"):
+        raise ValueError(f"host_config: physical.bandwidth: {data['physical']['bandwidth']!r} is not used: the node's"
+                         " bandwidth is nic_mbps (hypervisor_nic_mbps), admitted by the QoS arbitration with"
+                         " ratios.bandwidth and the pools (docs/qos.md); remove bandwidth from hypervisor_physical")
     base = data.get("vmm_uid_base", VMM_UID_BASE)
     if isinstance(base, bool) or not isinstance(base, int) or (base != 0 and base < VMM_UID_MIN_BASE):
         raise ValueError(f"host_config: vmm_uid_base: {base!r} is not 0 (no privilege drop) or an integer"

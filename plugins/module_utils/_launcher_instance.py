@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 from typing import Callable
 
@@ -25,8 +24,7 @@ def run_module(params: dict, check_mode: bool, fail: Callable[..., None]) -> dic
     except (OSError, ValueError) as exc:
         fail(msg=str(exc))
     ns, name = params["namespace"], params["name"]
-    paths = sup.LauncherPaths(cfg.vm_state_dir(ns, name), cfg.vm_runtime_dir(ns, name), cfg.log_dir,
-                              f"{ns}_{name}")
+    paths = cfg.launcher_paths(ns, name)
     live = sup.running_boot(paths)
     state = params["state"]
     if state == "started":
@@ -45,13 +43,10 @@ def run_module(params: dict, check_mode: bool, fail: Callable[..., None]) -> dic
         config.update(runtimeDir=paths.runtime_dir, serialLogPath=paths.serial_log,
                       readyMarkerPath=paths.ready(boot),
                       result=dict(config.get("result") or {}, path=paths.result(boot)))
-        sup.write_config(paths, config)
-        env = sup.launcher_env(cfg.launcher_pythonpath)
         try:
-            sup.check_config(list(cfg.launcher_command), paths.config(boot), env, cfg.netns)
-            sup.spawn(paths, boot, list(cfg.launcher_command), env, cfg.netns)
+            sup.start(paths, config, list(cfg.launcher_command), sup.launcher_env(cfg.launcher_pythonpath),
+                      cfg.netns)
         except (sup.LauncherError, OSError) as exc:
-            os.unlink(paths.config(boot))
             fail(msg=str(exc))
         return _report(paths, boot, changed=True)
     # stopped / absent

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Power-state requests and the desired spec (pure, shared by both backends and the modules).
 
-Boot semantics (ARCHITECTURE §3): each new ``bootID`` value while ``powerState: Running`` is one
+Boot semantics (docs/api/cloudvm.md "Boot semantics"): each new ``bootID`` value while ``powerState: Running`` is one
 explicit boot request, retrying the same value never boots twice, and a VM whose boot ended stays
 stopped until ``bootID`` grows. So a start request bumps ``bootID`` only when no boot is requested
 or live; it never bumps twice for one request, even when two runs race (each re-plans inside the

@@ -7,7 +7,7 @@ The host backend (launcher process + result file) and the Kubernetes controller 
 termination message) both reduce what they observe to a :class:`BootObservation` and call
 :func:`derive_status`. The function never trusts a previous status: a status says Running only
 while a launcher for the current bootID is known alive *and* the guest's SSH banner answered
-(ARCHITECTURE §3; cases L1, L2, L3, L7).
+(docs/api/cloudvm.md "Phases"; cases L1, L2, L3 of docs/architecture.md "Failure cases").
 
 Phases and reasons (docs/api/cloudvm.md has the table):
 
@@ -171,21 +171,3 @@ def derive_status(
     phase = "Stopped" if reason in STOPPED_REASONS else "Failed"
     return Status(phase, reason, message, current.boot_id, node=current.node,
                   started_at=current.started_at, ssh_ready_at=current.ready_at, exit_result=exit_result)
-
-
-def needs_new_boot(spec: dict, status: Optional[dict]) -> bool:
-    """True when ``power_state: running`` must request a new boot (bootID + 1).
-
-    A VM that is Running, Pending or Stopping for its current bootID is left alone; a VM whose
-    current boot already ended (guest shutdown, stop, failure) needs bootID + 1, because the same
-    bootID never boots twice (ARCHITECTURE §3). A VM that never ran with powerState Stopped
-    starts at its current bootID when it is 0 and was never started.
-    """
-    if status is None:
-        return False
-    phase = status.get("phase")
-    if phase in ("Running", "Pending", "Blocked", "Unknown"):
-        return False
-    if phase == "Stopped" and status.get("reason") == "NeverStarted":
-        return False
-    return True

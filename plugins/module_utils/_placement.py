@@ -3,8 +3,8 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Four-dimension overcommit placement (pure).
 
-Per node and dimension: ``sum(allocated) + request <= physical * ratio`` (ARCHITECTURE §7, the
-KVMCloud model). Default ratios: CPU 4.0, memory 1.5, disk 2.0, bandwidth 1.0. A request over
+Per node and dimension: ``sum(allocated) + request <= physical * ratio`` (docs/host-backend.md
+"How a start works", the KVMCloud model). Default ratios: CPU 4.0, memory 1.5, disk 2.0, bandwidth 1.0. A request over
 any dimension is refused with the dimension named; a water level
 ``allocated / (physical * ratio) >= 0.90`` raises an alert. Units: vCPUs, MiB, MiB, Mbit/s.
 """

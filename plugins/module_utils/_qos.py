@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Bandwidth arbitration: guarantee, borrow and preemption over shared pools (pure, no I/O).
 
-The model (ARCHITECTURE.md section 6, absorbed from KVMCloud's guarantee/borrow/preempt semantics):
+The model (docs/qos.md "The model", absorbed from KVMCloud's guarantee/borrow/preempt semantics):
 
 * Every VM has a **guaranteed** rate (Mbit/s). A guarantee is admitted only if both hold after adding it:
   ``sum(guaranteed on the node) <= floor(NIC Mbit/s x bandwidth ratio)`` and

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Persistence of bandwidth arbitration in the host store (SQLite): node capacity, pools, grants, attachments.
 
-Tables (created with ``CREATE TABLE IF NOT EXISTS`` by :func:`ensure_schema`, next to the host store's own):
+Tables (created by the host store's migration 2, _store.MIGRATIONS; this module runs no DDL):
 
 * ``qos_node`` (one row): ``nic_mbps``, ``ratio``, ``next_seq``;
 * ``qos_pools``: ``name``, ``capacity_mbps``;
@@ -12,9 +12,10 @@ Tables (created with ``CREATE TABLE IF NOT EXISTS`` by :func:`ensure_schema`, ne
   ``ifb`` ('' = no ingress shaping), ``mac``, ``ipv4``, ``minor`` (class id 7a:<minor> on the device and IFB).
 
 Every decision is an event row in the host store's ``events`` table (same columns as ``HostStore.record_event``:
-kind Normal|Warning, subject ``vm/<vm>``, reason ``BandwidthGranted|BandwidthPreempted|BandwidthDenied|
-BandwidthReleased``, message, data JSON). The events table (``_sqlite.EVENTS_SCHEMA``) is created here when
-missing.
+kind Normal|Warning, reason ``BandwidthGranted|BandwidthPreempted|BandwidthDenied|BandwidthReleased``, message,
+data JSON). Its subject is the host store's for the VM (_store.SUBJECTS): ``<namespace>/<name>`` when the VM id
+is a CloudVM's uid in the store, so a VM's bandwidth events sit with its other events; ``vm/<id>`` for a VM the
+store does not know (tc_qos ``requests`` recorded with ``store_path``).
 
 Concurrency: use :meth:`QoSStore.transaction` (``BEGIN IMMEDIATE``) around load -> decide -> save so two
 processes arbitrating the same pools are serialized (the SQLite write lock plays the role of KVMCloud's advisory
@@ -29,44 +30,9 @@ from dataclasses import dataclass
 from typing import Any, ContextManager
 
 from ansible_collections.zjusct.cloud.plugins.module_utils import _qos as q
-from ansible_collections.zjusct.cloud.plugins.module_utils._sqlite import EVENTS_SCHEMA, insert_event, write_transaction
-
-SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS qos_node (
-        id INTEGER PRIMARY KEY CHECK (id = 1),
-        nic_mbps INTEGER NOT NULL,
-        ratio REAL NOT NULL,
-        next_seq INTEGER NOT NULL DEFAULT 1)""",
-    """CREATE TABLE IF NOT EXISTS qos_pools (
-        name TEXT PRIMARY KEY,
-        capacity_mbps INTEGER NOT NULL)""",
-    """CREATE TABLE IF NOT EXISTS qos_grants (
-        vm TEXT PRIMARY KEY,
-        pool TEXT NOT NULL,
-        guaranteed_mbps INTEGER NOT NULL,
-        ceil_mbps INTEGER NOT NULL,
-        priority INTEGER NOT NULL,
-        granted_mbps INTEGER NOT NULL,
-        seq INTEGER NOT NULL)""",
-    """CREATE TABLE IF NOT EXISTS qos_attachments (
-        vm TEXT PRIMARY KEY,
-        netns TEXT NOT NULL,
-        device TEXT NOT NULL,
-        ifb TEXT NOT NULL,
-        mac TEXT,
-        ipv4 TEXT,
-        minor INTEGER NOT NULL,
-        UNIQUE (netns, device, minor))""",
-    *EVENTS_SCHEMA,
-)
+from ansible_collections.zjusct.cloud.plugins.module_utils._sqlite import insert_event, write_transaction
 
 REASONS = {q.GRANTED: "BandwidthGranted", q.PREEMPTED: "BandwidthPreempted", q.DENIED: "BandwidthDenied"}
-
-
-def ensure_schema(conn: sqlite3.Connection) -> None:
-    """Create the QoS tables (and ``events`` if missing). Idempotent."""
-    for statement in SCHEMA:
-        conn.execute(statement)
 
 
 @dataclass(frozen=True)
@@ -83,14 +49,18 @@ class Attachment:
 
 
 class QoSStore:
-    """Arbitration state in SQLite. ``conn`` is a sqlite3 connection (e.g. ``HostStore(path).conn``) opened with
-    ``isolation_level=None`` (autocommit; we issue BEGIN IMMEDIATE ourselves)."""
+    """Arbitration state in SQLite. ``conn`` is the connection of an opened (so migrated) host store,
+    ``HostStore(path).conn`` (autocommit; we issue BEGIN IMMEDIATE ourselves).
+
+    Raises:
+        sqlite3.OperationalError: ``conn`` is not a migrated host store (no ``qos_node`` table).
+    """
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
         if self.conn.isolation_level is not None:
             self.conn.isolation_level = None
-        ensure_schema(conn)
+        self.conn.execute("SELECT 1 FROM qos_node LIMIT 1")  # fails early on a database the host store never opened
 
     def transaction(self) -> ContextManager[sqlite3.Connection]:
         """One write transaction (BEGIN IMMEDIATE), committed on success; nested use joins the outer one."""
@@ -211,8 +181,13 @@ class QoSStore:
                        f"gave back {p.lost_mbps} Mbit/s of borrowed bandwidth to {decision.vm}",
                        {"vm": p.vm, "lost_mbps": p.lost_mbps, "by": decision.vm})
 
+    def subject(self, vm: str) -> str:
+        """The event subject of VM id ``vm``: its CloudVM's ``<namespace>/<name>``, else ``vm/<vm>``."""
+        row = self.conn.execute("SELECT namespace, name FROM cloudvms WHERE uid = ?", (vm,)).fetchone()
+        return f"{row[0]}/{row[1]}" if row else f"vm/{vm}"
+
     def event(self, kind: str, vm: str, reason: str, message: str, data: dict) -> None:
-        insert_event(self.conn, kind, f"vm/{vm}", reason, message, data)
+        insert_event(self.conn, kind, self.subject(vm), reason, message, data)
 
     def events(self, vm: str | None = None) -> list[dict]:
         """Bandwidth events, oldest first (all VMs when ``vm`` is None)."""
@@ -220,7 +195,7 @@ class QoSStore:
         args: list = []
         if vm is not None:
             query += " AND subject = ?"
-            args.append(f"vm/{vm}")
+            args.append(self.subject(vm))
         rows = self.conn.execute(query + " ORDER BY id", args).fetchall()
         return [{"ts": r[0], "kind": r[1], "subject": r[2], "reason": r[3], "message": r[4],
                  "data": json.loads(r[5])} for r in rows]

@@ -4,10 +4,10 @@
 """The ``rbd_volume`` module's logic: a pure plan (what to change, or why to refuse) from the observed image and
 the requested state, and a runner that observes through ``_rbd`` and executes the plan.
 
-Ownership (ARCHITECTURE.md §5): image-meta ``cloud.zjusct.io/owner`` and ``cloud.zjusct.io/claimed-by``. A
+Ownership (docs/rbd.md "Ownership marks"): image-meta ``cloud.zjusct.io/owner`` and ``cloud.zjusct.io/claimed-by``. A
 request naming an owner or claim that differs from the marks is refused; deleting a claimed image is refused
 until the claim is released; releasing a claim, deleting or shrinking is refused while the image has watchers
-(a writer may remain — case V2).
+(a writer may remain — case V2 of docs/architecture.md "Failure cases").
 
 The plan sees every fact the real run depends on, so check mode and the real run reach the same decision and a
 refusal comes before any change: watchers, the clones of each snapshot (``rbd children --all``, including clones

@@ -19,7 +19,12 @@ from __future__ import annotations
 
 import re
 
-API_VERSION = "cloud.zjusct.io/v1alpha1"
+# The CloudVM API (config/crd/cloudvms.cloud.zjusct.io.yaml): defined here only; the Kubernetes client, the
+# inventory plugin, the controller and the tests import these.
+GROUP = "cloud.zjusct.io"
+VERSION = "v1alpha1"
+PLURAL = "cloudvms"
+API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "CloudVM"
 
 VCPUS_MIN, VCPUS_MAX = 1, 4
@@ -29,6 +34,7 @@ PRIORITY_MIN, PRIORITY_MAX = 0, 1000
 SSH_KEYS_MAX = 16
 SSH_KEY_LEN_MAX = 8192
 POWER_STATES = ("Running", "Stopped")
+# status.phase values (docs/api/cloudvm.md; _phase.derive_status)
 PHASES = ("Pending", "Running", "Stopping", "Stopped", "Failed", "Blocked", "Unknown")
 
 DEFAULTS = {"vcpus": 1, "memoryMiB": 512, "powerState": "Stopped", "bootID": 0}

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""SQLite write transactions and the event log shared by the host store and the QoS state.
+"""SQLite write transactions and event rows, shared by the host store and the QoS state.
 
 ``BEGIN IMMEDIATE`` takes the database's write lock up front, so a read-modify-write sequence
 inside the block can never lose an update to a concurrent writer; a concurrent writer waits up to
@@ -15,23 +15,6 @@ import json
 import sqlite3
 import time
 from typing import Iterator, Optional
-
-# The event log: one table for the host backend's CloudVM events and the bandwidth arbitration's decisions,
-# created by whichever store opens the database first. ``kind`` is Normal|Warning (as Kubernetes Events),
-# ``subject`` names what the event is about: ``<namespace>/<name>`` for a CloudVM, the node name for a node,
-# ``vm/<id>`` for a bandwidth grant (the QoS state knows VMs by id only), ``reason`` is one CamelCase word,
-# ``data`` a JSON object.
-EVENTS_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS events (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        ts TEXT NOT NULL,
-        kind TEXT NOT NULL,
-        subject TEXT NOT NULL,
-        reason TEXT NOT NULL,
-        message TEXT NOT NULL,
-        data TEXT NOT NULL DEFAULT '{}')""",
-    "CREATE INDEX IF NOT EXISTS events_subject ON events (subject, id)",
-)
 
 
 def now() -> str:
@@ -47,7 +30,10 @@ def now_precise() -> str:
 
 def insert_event(conn: sqlite3.Connection, kind: str, subject: str, reason: str, message: str,
                  data: Optional[dict] = None) -> None:
-    """Append one row to the event log (:data:`EVENTS_SCHEMA`) in its own write transaction (or the caller's)."""
+    """Append one row to the host store's ``events`` table in its own write transaction (or the caller's).
+
+    The table and the subject convention are the host store's (_store.MIGRATIONS, docs/host-backend.md "Events").
+    """
     with write_transaction(conn):
         conn.execute("INSERT INTO events (ts, kind, subject, reason, message, data) VALUES (?, ?, ?, ?, ?, ?)",
                      (now(), kind, subject, reason, message, json.dumps(data or {}, sort_keys=True)))

@@ -24,11 +24,9 @@ import urllib.parse
 import uuid
 from typing import Any, Callable, ContextManager, Optional
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._qos_store import SCHEMA as QOS_SCHEMA
 from ansible_collections.zjusct.cloud.plugins.module_utils._quota import LIMITS as QUOTA_LIMITS
 from ansible_collections.zjusct.cloud.plugins.module_utils._quota import usage as quota_usage
 from ansible_collections.zjusct.cloud.plugins.module_utils._sqlite import (
-    EVENTS_SCHEMA,
     insert_event,
     now,
     now_precise,
@@ -38,6 +36,9 @@ from ansible_collections.zjusct.cloud.plugins.module_utils._sqlite import (
 DEFAULT_PATH = "/var/lib/zjusct-cloud/cloud.db"
 
 # Each entry upgrades the schema from version i to i + 1. Never edit a released entry: append.
+# Every table of the database is created here, the QoS state's (_qos_store) included; no other module runs DDL.
+# The event log (``events``): ``kind`` Normal|Warning (as Kubernetes Events), ``subject`` what the event is about
+# (:data:`SUBJECTS`), ``reason`` one CamelCase word, ``data`` a JSON object.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
         """CREATE TABLE cloudvms (
@@ -73,10 +74,44 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             vm_uid TEXT NOT NULL UNIQUE,
             mac TEXT NOT NULL,
             tap TEXT NOT NULL)""",
-        *EVENTS_SCHEMA,
+        """CREATE TABLE IF NOT EXISTS events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        ts TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        message TEXT NOT NULL,
+        data TEXT NOT NULL DEFAULT '{}')""",
+        "CREATE INDEX IF NOT EXISTS events_subject ON events (subject, id)",
     ),
-    # 2: bandwidth QoS state (node, pools, grants, TAP attachments) of _qos_store.
-    tuple(statement for statement in QOS_SCHEMA if "qos_" in statement),
+    # 2: bandwidth QoS state of _qos_store: node capacity, pools, grants (one per admitted VM), TAP attachments.
+    (
+        """CREATE TABLE IF NOT EXISTS qos_node (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        nic_mbps INTEGER NOT NULL,
+        ratio REAL NOT NULL,
+        next_seq INTEGER NOT NULL DEFAULT 1)""",
+        """CREATE TABLE IF NOT EXISTS qos_pools (
+        name TEXT PRIMARY KEY,
+        capacity_mbps INTEGER NOT NULL)""",
+        """CREATE TABLE IF NOT EXISTS qos_grants (
+        vm TEXT PRIMARY KEY,
+        pool TEXT NOT NULL,
+        guaranteed_mbps INTEGER NOT NULL,
+        ceil_mbps INTEGER NOT NULL,
+        priority INTEGER NOT NULL,
+        granted_mbps INTEGER NOT NULL,
+        seq INTEGER NOT NULL)""",
+        """CREATE TABLE IF NOT EXISTS qos_attachments (
+        vm TEXT PRIMARY KEY,
+        netns TEXT NOT NULL,
+        device TEXT NOT NULL,
+        ifb TEXT NOT NULL,
+        mac TEXT,
+        ipv4 TEXT,
+        minor INTEGER NOT NULL,
+        UNIQUE (netns, device, minor))""",
+    ),
     # 3: per-owner quotas and the audit trail (docs/security.md, "Quotas" and "Audit").
     (
         """CREATE TABLE IF NOT EXISTS quotas (
@@ -104,6 +139,14 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+
+# Event subjects, one per kind of thing: what ``HostStore.events(subject)`` selects by.
+SUBJECTS = {
+    "CloudVM": "<namespace>/<name>",  # lifecycle, placement, volume claims and bandwidth decisions of the VM
+    "node": "<node name>",  # water levels
+    "volume": "<volume name>",  # host_volume adoptions
+    "bandwidth of a VM outside the store": "vm/<name>",  # tc_qos requests with store_path (no CloudVM)
+}
 
 
 class StoreError(Exception):

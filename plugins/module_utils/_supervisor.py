@@ -12,8 +12,8 @@ One launcher instance is one boot of one VM (docs/launcher-protocol.md). Files p
 * ``<runtime>/launcher.lock``    held (flock) by the launcher and inherited by its VMM for life
 
 Liveness is the lock, read from ``/proc/locks`` without taking it, so observing never races a
-launcher that is starting and a recycled pid can never look alive (cases L2, L5). Where systemd
-is PID 1 the launcher runs as a transient unit (``systemd-run``); elsewhere as a detached session
+launcher that is starting and a recycled pid can never look alive (cases L2, L5 of docs/architecture.md "Failure
+cases"). Where systemd is PID 1 the launcher runs as a transient unit (``systemd-run``); elsewhere as a detached session
 leader with its output in ``<log_dir>``. Both leave the same files, so observation is the same.
 """
 
@@ -294,6 +294,33 @@ def spawn(paths: LauncherPaths, boot_id: int, command: list[str], env: dict, net
     with open(paths.spawned(boot_id), "w", encoding="utf-8") as fh:
         json.dump(record, fh)
     return pid
+
+
+def start(paths: LauncherPaths, config: dict, command: list[str], env: dict, netns: str = "") -> int:
+    """Start the boot ``config`` describes: write its config, have the launcher check it, spawn the launcher.
+
+    The one sequence both the cloudvm module (host backend) and fc_launcher use. On any failure the config
+    file just written is removed again (a boot-N.json without a spawned-N is "not spawned", see
+    :func:`observe`), and the error propagates.
+
+    Args:
+        paths: the VM's launcher files; config: a LauncherConfig whose ``vm.bootID`` is the boot to start;
+        command, env, netns: as for :func:`check_config` and :func:`spawn`.
+
+    Returns:
+        the launcher's pid (0 under systemd), as :func:`spawn`.
+
+    Raises:
+        LauncherError: the launcher rejected the config; OSError/subprocess errors from writing or spawning.
+    """
+    boot = int(config["vm"]["bootID"])
+    write_config(paths, config)
+    try:
+        check_config(command, paths.config(boot), env, netns)
+        return spawn(paths, boot, command, env, netns)
+    except BaseException:
+        os.unlink(paths.config(boot))
+        raise
 
 
 def request_stop(paths: LauncherPaths) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ansible_collections.zjusct.cloud.plugins.module_utils import _names, _tc
+from ansible_collections.zjusct.cloud.plugins.module_utils import _names, _tc, _tc_netlink
 from ansible_collections.zjusct.cloud.plugins.module_utils import _qos as q
 
 ARGUMENT_SPEC: dict[str, Any] = {
@@ -110,7 +110,7 @@ def run(params: dict, check_mode: bool) -> dict:
             specs = specs_from_classes(params.get("classes") or [])
     result: dict[str, Any] = {"changed": False, "ops": [], "decisions": [d.as_dict() for d in decisions],
                               "kernel_warnings": []}
-    with _tc.NetlinkTc(device, netns) as nl:
+    with _tc_netlink.NetlinkTc(device, netns) as nl:
         nl.index()  # the device must exist
         target = device if direction == "egress" else ifb
         if target is None:

@@ -5,7 +5,7 @@
 
 A volume is a sparse raw file ``<volumes_dir>/<name>.raw``: a copy (reflink where the file system
 can, else ``cp --sparse=always``) of an image set's ``rootfs.raw``, never the image itself. Its
-ownership marks (owner, claimed-by = CloudVM uid) live in the host store (ARCHITECTURE §5): a
+ownership marks (owner, claimed-by = CloudVM uid) live in the host store (docs/host-backend.md "How a start works"): a
 volume belongs to one owner and is claimed by at most one CloudVM; deleting a CloudVM keeps the
 volume and its claim. The claim rules (who may use a volume, when a stale claim is released) are in
 :mod:`._volume_claim`.

@@ -5,8 +5,8 @@
 
 A volume belongs to one owner and is claimed by at most one CloudVM (its uid in the host store's
 ``volumes.claimed_by``; for rbd volumes also the image-meta ``cloud.zjusct.io/claimed-by``). Deleting a
-CloudVM keeps the volume and its claim (ARCHITECTURE §5), so a claim can outlive its CloudVM. The rules
-(:func:`judge`):
+CloudVM keeps the volume and its claim (docs/host-backend.md "How a start works"), so a claim can outlive its CloudVM.
+The rules (:func:`judge`):
 
 1. The volume's owner must be the requesting owner.
 2. A CloudVM that exists in the store and holds the volume (its uid is the claim, or - at create - its

@@ -16,8 +16,9 @@ With ``volume_driver: rbd`` in the host config (:mod:`._hostconfig`), a new root
 
 The host store's volume record has ``driver: rbd`` and ``location: <pool>/<image>``; the launcher gets
 ``rootDisk.rbd`` (QEMU opens the image through librbd). A start is refused while the image has a watcher that is
-not this VM's live launcher (case V2, :func:`writer`). Source of the CLI behaviour: ``rbd(8)`` (Ceph 16) and
-shared/recipes/ceph.md. Runs on the managed node's Python (standard library + ``rbd``).
+not this VM's live launcher (case V2 of docs/architecture.md "Failure cases", :func:`writer`). Source of the CLI
+behaviour: ``rbd(8)`` (Ceph 16) and shared/recipes/ceph.md. Runs on the managed node's Python (standard library +
+``rbd``).
 """
 
 from __future__ import annotations
@@ -341,7 +342,7 @@ def adopt(rbd: dict, location: str, owner: str, admit: Optional[Callable[[int], 
     """Check that an existing RBD image may become ``owner``'s root volume and mark it (restore, migration).
 
     Rules: the image exists in the configured pool, has no watcher, no ``claimed-by`` mark, and its owner mark is
-    absent or ``owner`` (then written). Source: the ownership model of ARCHITECTURE §5.
+    absent or ``owner`` (then written). Source: the ownership model of docs/rbd.md "Ownership marks".
 
     Args:
         admit: called with the image's size (MiB) after the rules passed and before the owner mark is written;

@@ -18,7 +18,7 @@ description:
     session leader. The same VM and boot already running, or already ended, is no change; a boot that ended is
     never started again (a new boot needs a new O(boot_id)).
   - Never two launchers for one VM. The launcher holds a lock for its whole life (inherited by its VMM), and a
-    start while another boot of the VM is alive fails, naming that boot (case L5).
+    start while another boot of the VM is alive fails, naming that boot (case L5, docs/architecture.md "Failure cases").
   - O(state=stopped) asks the launcher to stop (graceful guest shutdown, kill after its stop timeout) and waits
     until no launcher or VMM of the VM remains. O(state=absent) also removes the VM's launcher files.
   - The C(zjusct.cloud.cloudvm) module (host backend) uses the same code; use this module directly to run a

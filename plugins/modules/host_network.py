@@ -18,8 +18,8 @@ description:
     (the host) when the host configuration opts in with C(uplink_ip_forward); without it, warns when that
     forwarding is off (guests' NAT then ends at the host).
   - With O(sweep=true) removes the collection's TAP devices (C(zjt*)) that belong to no live launcher, left by
-    a crash or an interrupted start (case L6), and re-applies the isolation set elements of the VMs in the
-    host store.
+    a crash or an interrupted start (case L6 in docs/architecture.md "Failure cases"), and re-applies the isolation set
+    elements of the VMs in the host store.
   - When the host configuration sets C(gateway_dir) (the role's C(hypervisor_ssh_gateway)), installs the SSH
     gateway's files there (C(sshd_config), an ed25519 host key, the C(keys/) directory), the system group
     C(zjusct-gateway), and the per-owner accounts C(zc-<owner>) and keys files from the VMs in the host store
@@ -59,7 +59,7 @@ removed_taps:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._host_network_module import run_module
+from ansible_collections.zjusct.cloud.plugins.module_utils._host_network_module import ERRORS, run_module
 
 
 def main() -> None:
@@ -69,7 +69,7 @@ def main() -> None:
     )
     try:
         result = run_module(module.params, module.check_mode)
-    except Exception as exc:  # every failure is reported with its message
+    except ERRORS as exc:
         module.fail_json(msg=str(exc))
     for warning in result.pop("warnings", []):
         module.warn(warning)

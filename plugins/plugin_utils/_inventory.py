@@ -30,8 +30,9 @@ import string
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
+from ansible_collections.zjusct.cloud.plugins.module_utils._spec import PHASES
+
 SOURCES = ("kubernetes", "host")
-PHASES = ("Pending", "Running", "Stopping", "Stopped", "Failed", "Blocked", "Unknown")
 GROUP_BY = ("owner", "namespace", "node", "phase")
 HOSTNAME_FIELDS = ("namespace", "name", "owner", "uid", "node")
 DEFAULT_HOSTNAME = "{name}.{namespace}"

@@ -36,9 +36,8 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
-GROUP = "cloud.zjusct.io"
-VERSION = "v1alpha1"
-PLURAL = "cloudvms"
+from ansible_collections.zjusct.cloud.plugins.module_utils._spec import GROUP, PLURAL, VERSION
+
 IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"  # noqa: S105 (a path, not a secret)
 IN_CLUSTER_CA = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 AUTH_OPTIONS = ("kubeconfig", "context", "host", "api_key", "username", "password", "validate_certs", "ca_cert",

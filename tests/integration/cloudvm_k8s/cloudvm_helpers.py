@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
+from ansible_collections.zjusct.cloud.plugins.module_utils._spec import GROUP, PLURAL, VERSION
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -28,7 +29,6 @@ from tests.cluster import TENANT_NAMESPACE
 
 REPO = Path(__file__).resolve().parents[3]
 VENV_BIN = Path(os.environ.get("ZJUSCT_VENV", "/var/cache/zjusct-cloud/venv")) / "bin"
-GROUP, VERSION, PLURAL = "cloud.zjusct.io", "v1alpha1", "cloudvms"
 CRD_FILE = REPO / "config" / "crd" / "cloudvms.cloud.zjusct.io.yaml"
 AGGREGATE_ROLES = REPO / "config" / "rbac" / "aggregate-roles.yaml"
 OWNER_POLICY = REPO / "config" / "policy" / "owner-admission.yaml"

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ansible_collections.zjusct.cloud.plugins.module_utils._spec import GROUP, PLURAL, VERSION
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -26,7 +27,6 @@ from tests.cluster import wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(600)]
 REPO = Path(__file__).resolve().parents[3]
-GROUP, VERSION, PLURAL = "cloud.zjusct.io", "v1alpha1", "cloudvms"
 FINALIZER = "cloud.zjusct.io/launcher"
 
 

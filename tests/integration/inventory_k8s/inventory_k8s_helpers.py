@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from ansible_collections.zjusct.cloud.plugins.module_utils._spec import GROUP, PLURAL, VERSION
 
 REPO = Path(__file__).resolve().parents[3]
 VENV_BIN = Path(os.environ.get("ZJUSCT_VENV", "/var/cache/zjusct-cloud/venv")) / "bin"
-GROUP, VERSION, PLURAL = "cloud.zjusct.io", "v1alpha1", "cloudvms"
 CRD_FILE = REPO / "config" / "crd" / "cloudvms.cloud.zjusct.io.yaml"
 AGGREGATE_ROLES = REPO / "config" / "rbac" / "aggregate-roles.yaml"
 RUN_TIMEOUT = 300  # seconds for one ansible-inventory / ansible-playbook run

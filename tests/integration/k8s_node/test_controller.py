@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 import yaml
+from ansible_collections.zjusct.cloud.plugins.module_utils._spec import GROUP, PLURAL, VERSION
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
@@ -42,7 +43,6 @@ pytestmark = [pytest.mark.k8s, pytest.mark.kubelet, pytest.mark.guest, pytest.ma
 REPO = Path(__file__).resolve().parents[3]
 CRD_FILE = REPO / "config" / "crd" / "cloudvms.cloud.zjusct.io.yaml"
 CONTROLLER_ROLE = REPO / "config" / "rbac" / "controller-role.yaml"
-GROUP, VERSION, PLURAL = "cloud.zjusct.io", "v1alpha1", "cloudvms"
 BOOT_TIMEOUT = 1500
 LABEL_VM = "cloud.zjusct.io/vm"
 

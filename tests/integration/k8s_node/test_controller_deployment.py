@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ansible_collections.zjusct.cloud.plugins.module_utils._spec import GROUP, PLURAL, VERSION
 from kubernetes import client
 
 from tests.cluster import Cluster, RealNode, wait_for
@@ -28,7 +29,6 @@ from tests.integration.k8s_node.conftest import build_image
 
 pytestmark = [pytest.mark.k8s, pytest.mark.kubelet, pytest.mark.slow, pytest.mark.timeout(2400)]
 REPO = Path(__file__).resolve().parents[3]
-GROUP, VERSION, PLURAL = "cloud.zjusct.io", "v1alpha1", "cloudvms"
 BRIDGE = "cni-zjusct0"
 NFT_TABLE = "zjusct_test_svc"
 

@@ -8,12 +8,12 @@ Issue input: TAPs ``vmtap-alice-01`` and ``vmtap-alice-02`` (same first 12 chara
 from __future__ import annotations
 
 import json
-import sqlite3
 
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils import _bandwidth as bw
 from ansible_collections.zjusct.cloud.plugins.module_utils import _names, _tc
 from ansible_collections.zjusct.cloud.plugins.module_utils._qos_store import QoSStore
+from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore
 from ansible_collections.zjusct.cloud.plugins.module_utils._tc_qos_module import ARGUMENT_SPEC, run
 from qos_netlab import make_lab, sh
 
@@ -130,9 +130,9 @@ def test_an_ifb_left_by_the_earlier_cut_name_rule_is_removed_once_the_new_one_re
 
 
 def test_host_backend_uses_the_same_rule_and_keeps_the_taps_apart(ns, tmp_path):
-    conn = sqlite3.connect(tmp_path / "host.db", isolation_level=None)
+    host = HostStore(str(tmp_path / "host.db"))
     try:
-        qs = QoSStore(conn)
+        qs = QoSStore(host.conn)
         bw.configure(qs, 1000, 1.0, {"p": 1000})
         for vm, tap, mac, rate in (("vm1", TAP1, MAC1, 10), ("vm2", TAP2, MAC2, 20)):
             d = bw.apply_vm_bandwidth(qs, netns=ns, device=tap, vm_id=vm, mac=mac, guaranteed_mbps=rate,
@@ -148,4 +148,4 @@ def test_host_backend_uses_the_same_rule_and_keeps_the_taps_apart(ns, tmp_path):
         assert set(ifbs(ns)) == {ifb1}
         assert [r.split(" rate ")[1] for r in class_rates(ns, ifb1)] == ["10Mbit"]
     finally:
-        conn.close()
+        host.close()

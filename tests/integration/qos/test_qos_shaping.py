@@ -6,13 +6,13 @@ throughput allows +-5 % of that expectation (issue 9).
 
 from __future__ import annotations
 
-import sqlite3
 import time
 
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils import _bandwidth as bw
-from ansible_collections.zjusct.cloud.plugins.module_utils import _tc
+from ansible_collections.zjusct.cloud.plugins.module_utils import _tc, _tc_netlink
 from ansible_collections.zjusct.cloud.plugins.module_utils._qos_store import QoSStore
+from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore
 from ansible_collections.zjusct.cloud.plugins.module_utils._tc_qos_module import ARGUMENT_SPEC, run
 from qos_netlab import Lab, expected_goodput_mbps, make_lab, sh, steady_mbps
 
@@ -28,10 +28,9 @@ def lab2():
 
 @pytest.fixture
 def store(tmp_path):
-    conn = sqlite3.connect(tmp_path / "host.db", isolation_level=None)
-    qs = QoSStore(conn)
-    yield qs
-    conn.close()
+    host = HostStore(str(tmp_path / "host.db"))
+    yield QoSStore(host.conn)
+    host.close()
 
 
 def params(**kw):
@@ -123,7 +122,7 @@ def test_case_N1_sixty_classes_on_one_device_shape_correctly_without_quantum_war
         res = run(params(device="tap0", netns=lab.host, root_rate_mbps=1000, classes=classes), False)
         assert res["changed"] and len(res["classes"]) == 60
         assert res["kernel_warnings"] == []  # extended acks of all 60 classes carried no warning
-        tree = _tc.NetlinkTc("tap0", lab.host)
+        tree = _tc_netlink.NetlinkTc("tap0", lab.host)
         with tree:
             t = tree.read_tree()
         assert len([m for m in t.classes if _tc.VM_MINOR_MIN <= m <= _tc.VM_MINOR_MAX]) == 60
@@ -188,11 +187,11 @@ def test_second_apply_changes_nothing_check_mode_changes_nothing_and_absent_remo
     first = run(params(device="tap0", netns=ns, root_rate_mbps=1000, classes=cls), False)
     assert first["changed"] and first["diff"]["before"]["classes"] == []
     dump1 = _dump(ns, "tap0")
-    with _tc.NetlinkTc("tap0", ns) as nl:
+    with _tc_netlink.NetlinkTc("tap0", ns) as nl:
         tree1 = nl.read_tree()
     second = run(params(device="tap0", netns=ns, root_rate_mbps=1000, classes=cls), False)
     assert not second["changed"] and second["ops"] == []
-    with _tc.NetlinkTc("tap0", ns) as nl:
+    with _tc_netlink.NetlinkTc("tap0", ns) as nl:
         assert nl.read_tree() == tree1
     assert _dump(ns, "tap0") == dump1
     # changing one ceiling touches only that class

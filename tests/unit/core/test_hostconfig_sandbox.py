@@ -36,3 +36,15 @@ def test_bad_vmm_uid_base_is_refused(tmp_path, settings, message):
     with pytest.raises(ValueError, match="host_config: vmm_uid_base: ") as exc:
         load(str(path))
     assert message in str(exc.value)
+
+
+def test_bandwidth_capacity_has_one_setting(tmp_path):
+    """The node's bandwidth is nic_mbps, admitted by the QoS arbitration alone; physical.bandwidth was a second
+    capacity for the same link that placement checked against (the two could disagree), so it is refused."""
+    path = tmp_path / "host.json"
+    path.write_text(json.dumps({"physical": {"cpu": 4, "bandwidth": 500}, "nic_mbps": 1000}))
+    with pytest.raises(ValueError, match=r"host_config: physical.bandwidth: 500 is not used: the node's bandwidth is "
+                                         r"nic_mbps \(hypervisor_nic_mbps\)"):
+        load(str(path))
+    path.write_text(json.dumps({"physical": {"cpu": 4, "bandwidth": 0}, "nic_mbps": 1000}))
+    assert load(str(path)).physical == {"cpu": 4, "bandwidth": 0}, "0 (= measure, the role's old default) is fine"

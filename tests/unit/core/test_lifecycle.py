@@ -6,6 +6,7 @@ import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import (
     CloudVMError,
     authorize,
+    current_boot_live,
     params_to_spec,
     plan_power,
 )
@@ -86,3 +87,35 @@ def test_operator_owner_names_the_owner_of_a_new_vm_only():
     existing = dict(BASE, owner="bob", powerState="Stopped", bootID=0)
     assert params_to_spec({"owner": "ops", "operator": True, "name": "bob"}, existing)["owner"] == "bob"
     assert params_to_spec({"owner": "carol", "operator": True, "name": "c"}, None)["owner"] == "carol"
+
+
+# One rule decides whether "power_state: running" requests a new boot: _lifecycle.current_boot_live (plan_power).
+# _phase.needs_new_boot was a second copy that disagreed with it on each case above "agreed cases" (it read the
+# status only, not spec.powerState or spec.bootID); the table pins the rule so a second copy cannot come back.
+@pytest.mark.parametrize("spec, status, new_boot", [
+    # never started: boot 1 is requested (the copy said no new boot for reason NeverStarted)
+    (dict(BASE, powerState="Stopped", bootID=0), {"phase": "Stopped", "reason": "NeverStarted", "bootID": 0}, True),
+    # no status at all yet, VM stopped: a start requests a boot (the copy said no for a missing status)
+    (dict(BASE, powerState="Stopped", bootID=3), None, True),
+    # stop requested, launcher not gone yet (status still Running for boot 3): a start after the stop is a new
+    # boot, else the stop wins and the VM ends up stopped (the copy said no: it ignored spec.powerState)
+    (dict(BASE, powerState="Stopped", bootID=3), {"phase": "Running", "bootID": 3}, True),
+    # running and the guest is shutting itself down: the current boot is still live, no second boot while its
+    # launcher lives (the copy said yes for Stopping)
+    (dict(BASE, powerState="Running", bootID=3), {"phase": "Stopping", "bootID": 3}, False),
+    # the status has not caught up with the requested boot 4 (still describes the ended boot 3): boot 4 is live
+    # (the copy said yes: it saw Stopped and did not compare bootIDs)
+    (dict(BASE, powerState="Running", bootID=4), {"phase": "Stopped", "reason": "GuestShutdown", "bootID": 3}, False),
+    (dict(BASE, powerState="Running", bootID=4), {"phase": "Failed", "bootID": 3}, False),
+    # agreed cases
+    (dict(BASE, powerState="Stopped", bootID=3), {"phase": "Stopping", "reason": "StopRequested", "bootID": 3}, True),
+    (dict(BASE, powerState="Running", bootID=3), {"phase": "Failed", "bootID": 3}, True),
+    (dict(BASE, powerState="Running", bootID=3), {"phase": "Pending", "bootID": 3}, False),
+    (dict(BASE, powerState="Running", bootID=3), {"phase": "Blocked", "bootID": 3}, False),
+])
+def test_one_rule_decides_whether_a_start_requests_a_new_boot(spec, status, new_boot):
+    assert current_boot_live(spec, status) is not new_boot
+    out = plan_power(spec, status, "running")
+    assert out["powerState"] == "Running"
+    assert out["bootID"] == spec["bootID"] + (1 if new_boot else 0)
+

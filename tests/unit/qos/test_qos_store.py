@@ -7,13 +7,19 @@ import sqlite3
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils import _qos as q
 from ansible_collections.zjusct.cloud.plugins.module_utils._qos_store import QoSStore
+from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore
 
 
 @pytest.fixture
-def conn(tmp_path):
-    c = sqlite3.connect(tmp_path / "s.db", isolation_level=None)
-    yield c
-    c.close()
+def host_store(tmp_path):
+    store = HostStore(str(tmp_path / "s.db"))
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def conn(host_store):
+    return host_store.conn
 
 
 def test_state_survives_reopening_and_events_are_recorded(tmp_path, conn):
@@ -26,7 +32,7 @@ def test_state_survives_reopening_and_events_are_recorded(tmp_path, conn):
     qs.record(d, q.Request("a", 10, 60, 1, "p"))
     qs.attach("a", "ns1", "tap0", "zqi0", "02:00:00:00:00:01", None)
     conn.close()
-    again = QoSStore(sqlite3.connect(tmp_path / "s.db", isolation_level=None))
+    again = QoSStore(HostStore(str(tmp_path / "s.db")).conn)
     assert again.load() == after
     assert again.attachment("a").minor == 0x10
     [ev] = again.events("a")
@@ -67,3 +73,28 @@ def test_attachment_minors_are_unique_per_device(conn):
     c = qs.attach("c", "", "tap1", "", None, "10.0.0.3")
     assert (a.minor, b.minor, c.minor) == (0x10, 0x11, 0x10)
     assert qs.attach("a", "", "tap0", "", None, "10.0.0.1").minor == 0x10
+
+
+def test_a_cloudvms_bandwidth_events_have_its_subject(host_store):
+    """One subject per CloudVM in the event log: its bandwidth decisions sit with its lifecycle events."""
+    vm = host_store.create_vm("default", "alice", {"owner": "alice", "bootID": 0})
+    uid = vm["metadata"]["uid"]
+    qs = QoSStore(host_store.conn)
+    qs.configure(1000, 1.0, {"p": 100})
+    s0 = qs.load()
+    req = q.Request(uid, 10, 60, 0, "p")
+    s1, d = q.request(s0, req)
+    qs.save_grants(s0, s1)
+    qs.record(d, req)
+    host_store.record_event("Normal", "default/alice", "Started", "boot 1")
+    assert [e["reason"] for e in host_store.events("default/alice")] == ["BandwidthGranted", "Started"]
+    assert [e["reason"] for e in qs.events(uid)] == ["BandwidthGranted"]
+    assert qs.subject("not-a-cloudvm") == "vm/not-a-cloudvm"
+
+
+def test_the_qos_state_needs_a_host_store(tmp_path):
+    """The host store's migrations own every table: a bare database has no QoS tables and is refused."""
+    bare = sqlite3.connect(tmp_path / "bare.db", isolation_level=None)
+    with pytest.raises(sqlite3.OperationalError, match="no such table: qos_node"):
+        QoSStore(bare)
+    bare.close()

@@ -1,8 +1,6 @@
-"""Pure parts of the HTB adapter: quantum/burst rules, u32 keys, minor assignment, diff order, encoding."""
+"""The pure HTB tree (_tc.py): quantum/burst rules, u32 keys, minor assignment, diff order."""
 
 from __future__ import annotations
-
-import struct
 
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils import _tc as T
@@ -86,20 +84,3 @@ def test_classid_parsing():
     assert T.parse_classid(17, "x") == 17
     with pytest.raises(T.TcError, match="managed major 7a"):
         T.parse_classid("1:10", "classes[0].classid")
-
-
-def test_encoded_class_message_carries_rate_ceil_burst_quantum():
-    t = tree([T.ClassSpec("a", 10, 50, mac="02:00:00:00:00:01")])
-    c = t.classes[0x10]
-    raw = T.encode_op(T.Op("class-put", c), 7, 99)
-    length, mtype, flags, seq, _ = struct.unpack_from("=IHHII", raw)
-    assert (length, mtype, seq) == (len(raw), T.RTM_NEWTCLASS, 99)
-    assert flags & T.NLM_F_ACK and flags & T.NLM_F_CREATE
-    _, _, _, ifindex, handle, parent, _ = struct.unpack_from("=BBHiIII", raw, 16)
-    assert (ifindex, handle, parent) == (7, 0x7A0010, 0x7A0001)
-    # TCA_KIND "htb", then TCA_OPTIONS > TCA_HTB_PARMS (44 bytes: 2 ratespecs, buffer, cbuffer, quantum, level, prio)
-    parms = raw.index(struct.pack("=HH", 48, T.TCA_HTB_PARMS)) + 4
-    rate = struct.unpack_from("=I", raw, parms + 8)[0]
-    ceil = struct.unpack_from("=I", raw, parms + 20)[0]
-    buffer, cbuffer, quantum = struct.unpack_from("=III", raw, parms + 24)
-    assert (rate, ceil, buffer, cbuffer, quantum) == (c.rate, c.ceil, c.buffer, c.cbuffer, c.quantum)
