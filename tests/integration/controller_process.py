@@ -8,6 +8,7 @@ the real node (tests/integration/k8s_node: guests boot).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -86,17 +87,32 @@ class Controller:
         return self.log.read_text(errors="replace")[-6000:] if self.log.exists() else ""
 
 
-def controller_kubeconfig(k8s_api: Any, admin_kubeconfig: Path, path: Path) -> Path:
-    """A kubeconfig for the controller's own ServiceAccount (config/rbac/controller-role.yaml), so the tests run
-    the controller with exactly the rights the role grants (a TokenRequest token, one hour)."""
+def controller_kubeconfig(k8s_api: Any, admin_kubeconfig: Path, path: Path, namespace: str | None = None) -> Path:
+    """A kubeconfig for a controller ServiceAccount bound to the ClusterRole of config/rbac/controller-role.yaml, so
+    the tests run the controller with exactly the rights the role grants (a TokenRequest token, one hour).
+
+    Args:
+        namespace: None: the file's own Namespace, ServiceAccount and ClusterRoleBinding are created (what
+            site.yml installs). Otherwise the ServiceAccount ``cloudvm-controller`` in ``namespace`` and the
+            ClusterRoleBinding ``<namespace>-cloudvm-controller`` (remove it with :func:`delete_binding`), so a
+            shared control plane keeps no more of site.yml's objects than the ClusterRole.
+    """
     core: Any = client.CoreV1Api(k8s_api)
     rbac: Any = client.RbacAuthorizationV1Api(k8s_api)
+    docs = [d for d in yaml.safe_load_all(CONTROLLER_ROLE.read_text()) if d]
+    sa = next(d for d in docs if d["kind"] == "ServiceAccount")
+    if namespace is not None:
+        binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding")
+        sa = {**sa, "metadata": {"name": sa["metadata"]["name"], "namespace": namespace}}
+        binding = {**binding, "metadata": {"name": f"{namespace}-{sa['metadata']['name']}"},
+                   "subjects": [{"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": namespace}]}
+        docs = [d for d in docs if d["kind"] == "ClusterRole"] + [sa, binding]
     create = {"Namespace": lambda d: core.create_namespace(d),
               "ServiceAccount": lambda d: core.create_namespaced_service_account(d["metadata"]["namespace"], d),
               "ClusterRole": lambda d: rbac.create_cluster_role(d),
               "ClusterRoleBinding": lambda d: rbac.create_cluster_role_binding(d)}
     replace = {"ClusterRole": lambda d: rbac.replace_cluster_role(d["metadata"]["name"], d)}
-    for doc in (d for d in yaml.safe_load_all(CONTROLLER_ROLE.read_text()) if d):
+    for doc in docs:
         try:
             create[doc["kind"]](doc)
         except ApiException as exc:
@@ -104,7 +120,6 @@ def controller_kubeconfig(k8s_api: Any, admin_kubeconfig: Path, path: Path) -> P
                 raise
             if doc["kind"] in replace:  # the role of this checkout, also when an earlier test created one
                 replace[doc["kind"]](doc)
-    sa = next(d for d in yaml.safe_load_all(CONTROLLER_ROLE.read_text()) if d and d["kind"] == "ServiceAccount")
     token = wait_for(lambda: core.create_namespaced_service_account_token(
         sa["metadata"]["name"], sa["metadata"]["namespace"], {"spec": {"expirationSeconds": 3600}}).status.token,
         60, "ServiceAccount token")
@@ -115,3 +130,9 @@ def controller_kubeconfig(k8s_api: Any, admin_kubeconfig: Path, path: Path) -> P
     path.write_text(json.dumps(doc))
     path.chmod(0o600)
     return path
+
+
+def delete_binding(k8s_api: Any, namespace: str) -> None:
+    """Delete the ClusterRoleBinding :func:`controller_kubeconfig` made for ``namespace`` (gone already: fine)."""
+    with contextlib.suppress(ApiException):
+        client.RbacAuthorizationV1Api(k8s_api).delete_cluster_role_binding(f"{namespace}-cloudvm-controller")

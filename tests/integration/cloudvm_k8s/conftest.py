@@ -42,7 +42,7 @@ from tests.integration.cloudvm_k8s.cloudvm_helpers import (
     owner_policy_enforced,
     run_play,
 )
-from tests.integration.controller_process import Controller, controller_kubeconfig
+from tests.integration.controller_process import Controller, controller_kubeconfig, delete_binding
 from tests.integration.k8s.conftest import (  # noqa: F401  (fixtures re-exported for this directory)
     _k8s_component_gate,
     k8s_api,
@@ -120,11 +120,14 @@ def controller(k8s_cluster: Any, k8s_api: Any, cloudvm_crd: dict[str, Any], k8s_
     """The controller process watching ``k8s_namespace`` (serving /metrics when yielded). Its launcher Pods name
     an image no node has and the nodeSelector :data:`NO_NODE`: they stay unscheduled. At teardown every CloudVM of
     the namespace is deleted while the controller still runs (it deletes the launcher Pods and removes its
-    finalizer), then the controller is stopped and its log printed."""
+    finalizer), then the controller is stopped and its log printed. Its ServiceAccount lives in the test's
+    namespace (the ClusterRole of config/rbac/controller-role.yaml, bound for this test only): the shared control
+    plane keeps no zjusct-cloud-system objects that site.yml's test expects to create."""
     cfg = tmp_path / "controller.json"
     cfg.write_text(json.dumps({"launcherImage": "localhost/zjusct/launcher:0.1.0", "imageDir": "/nonexistent",
                                "cmdline": "console=ttyS0", "nodeSelector": NO_NODE}))
-    kubeconfig = controller_kubeconfig(k8s_api, k8s_cluster.kubeconfig, tmp_path / "controller.kubeconfig")
+    kubeconfig = controller_kubeconfig(k8s_api, k8s_cluster.kubeconfig, tmp_path / "controller.kubeconfig",
+                                       namespace=k8s_namespace)
     ctl = Controller(kubeconfig, cfg, k8s_namespace, tmp_path / "controller.log", resync=5).start()
     custom: Any = client.CustomObjectsApi(k8s_api)
     try:
@@ -137,6 +140,7 @@ def controller(k8s_cluster: Any, k8s_api: Any, cloudvm_crd: dict[str, Any], k8s_
             wait_for(lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, k8s_namespace, PLURAL)["items"],
                      60, "CloudVMs deleted")
         ctl.stop()
+        delete_binding(k8s_api, k8s_namespace)
         print(ctl.tail()[-3000:])
 
 
