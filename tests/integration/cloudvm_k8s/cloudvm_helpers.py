@@ -1,10 +1,9 @@
-"""Helpers for the CloudVM tests against the real control plane: CloudVM access as kubectl would do
-it, a stand-in controller thread, and ansible-playbook runs of the modules from this checkout.
+"""Helpers for the CloudVM tests against the real control plane: CloudVM access as kubectl would do it and
+ansible-playbook runs of the modules from this checkout.
 
-``FakeController`` plays the controller for the module tests on the shared control plane (no real node, no
-guest boot): a test that needs a phase transition gets it from this thread, which writes status through the
-status subresource as the controller does. The real controller (controller/zjusct_controller) with the module
-is tested on the real node in tests/integration/k8s_node/test_controller.py.
+Every status these tests wait on comes from the real controller (tests/integration/controller_process.py): on the
+shared control plane (no kubelet: launcher Pods are created, never run) and on the real node
+(tests/integration/k8s_node: guests boot).
 """
 
 from __future__ import annotations
@@ -12,10 +11,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +61,8 @@ class CloudVMs:
         return dict(self.api.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name, {"spec": spec}))
 
     def set_status(self, ns: str, name: str, **status: Any) -> dict[str, Any]:
-        """Write status through the status subresource, as the controller does (merge patch).
+        """Write status through the status subresource, as the controller does (merge patch); for the CRD tests of
+        the status subresource (test_cloudvm_crd.py), never in place of the controller.
 
         ``observedGeneration`` defaults to the object's current generation.
         """
@@ -82,82 +81,6 @@ def api_error(call: Callable[[], Any]) -> dict[str, Any]:
     body = json.loads(err.value.body)
     body["http_status"] = err.value.status
     return dict(body)
-
-
-# --------------------------------------------------------------------------- the stand-in controller
-
-
-@dataclass
-class FakeController:
-    """Plays the CloudVM controller for one VM from a background thread (status subresource writes).
-
-    Modes:
-        ``obedient``: a Running request goes Pending (Starting) then, after ``boot_s``, Running
-        (SSHReady); a Stopped request goes Stopping then Stopped (StopRequested).
-        ``stuck``: a Running request stays Pending (WaitingForSSH) forever.
-
-    ``history`` records every (powerState, bootID) the controller saw, in order.
-    """
-
-    cvms: CloudVMs
-    ns: str
-    name: str
-    mode: str = "obedient"
-    boot_s: float = 0.5
-    history: list[tuple[str, int]] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def start(self) -> FakeController:
-        self._thread = threading.Thread(target=self._run, name=f"fake-controller-{self.name}", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        pending_since: float | None = None
-        while not self._stop.wait(0.2):
-            try:
-                obj = self.cvms.get(self.ns, self.name)
-                if obj is None:
-                    continue
-                spec, status = obj["spec"], obj.get("status") or {}
-                seen = (spec["powerState"], spec["bootID"])
-                if not self.history or self.history[-1] != seen:
-                    self.history.append(seen)
-                gen = obj["metadata"]["generation"]
-                if spec["powerState"] == "Running":
-                    boot = spec["bootID"]
-                    if status.get("bootID") != boot or status.get("phase") not in ("Pending", "Running"):
-                        pending_since = time.monotonic()
-                        self.cvms.set_status(self.ns, self.name, phase="Pending", reason="Starting", bootID=boot,
-                                             message=f"boot {boot} requested", observedGeneration=gen)
-                    elif status.get("phase") == "Pending" and self.mode == "stuck":
-                        if status.get("reason") != "WaitingForSSH" or status.get("observedGeneration") != gen:
-                            self.cvms.set_status(self.ns, self.name, phase="Pending", reason="WaitingForSSH",
-                                                 bootID=boot, observedGeneration=gen,
-                                                 message=f"boot {boot} started, waiting for the SSH banner")
-                    elif status.get("phase") == "Pending" and time.monotonic() - (pending_since or 0) >= self.boot_s:
-                        self.cvms.set_status(self.ns, self.name, phase="Running", reason="SSHReady", bootID=boot,
-                                             message="guest answered SSH", observedGeneration=gen,
-                                             sshEndpoint={"host": "10.200.0.2", "port": 22})
-                    elif status.get("observedGeneration") != gen:
-                        self.cvms.set_status(self.ns, self.name, observedGeneration=gen)
-                else:
-                    if status.get("phase") in ("Pending", "Running"):
-                        self.cvms.set_status(self.ns, self.name, phase="Stopping", reason="StopRequested",
-                                             message="stopping", observedGeneration=gen)
-                    elif status.get("phase") != "Stopped" or status.get("observedGeneration") != gen:
-                        self.cvms.set_status(self.ns, self.name, phase="Stopped", reason="StopRequested",
-                                             message="stopped as requested", observedGeneration=gen,
-                                             bootID=status.get("bootID", spec["bootID"]))
-            except Exception as exc:  # keep playing; the test asserts on errors
-                self.errors.append(repr(exc))
 
 
 # --------------------------------------------------------------------------- ansible-playbook

@@ -7,13 +7,18 @@
   the tenant's ``edit`` role has picked up the CloudVM rules through aggregation and the policy is
   enforced.
 * ``play`` runs tasks through ``ansible-playbook`` with the collection from this checkout.
-* ``fake_controller`` starts stand-in controller threads (see cloudvm_helpers.FakeController).
+* ``controller`` runs the real controller (tests/integration/controller_process.py) for the test's namespace with
+  the rights of config/rbac/controller-role.yaml. This control plane's Nodes run no kubelet, so launcher Pods are
+  created but never run: the controller's config places them with a nodeSelector no Node has, and the real
+  scheduler leaves them unscheduled (Unschedulable). Guest boots are tested on the real node
+  (tests/integration/k8s_node).
 """
 # ruff: noqa: F811  (pytest fixtures take the imported fixtures as parameters of the same name)
 
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,12 +37,12 @@ from tests.integration.cloudvm_k8s.cloudvm_helpers import (
     PLURAL,
     VERSION,
     CloudVMs,
-    FakeController,
     PlayRun,
     load_docs,
     owner_policy_enforced,
     run_play,
 )
+from tests.integration.controller_process import Controller, controller_kubeconfig, delete_binding
 from tests.integration.k8s.conftest import (  # noqa: F401  (fixtures re-exported for this directory)
     _k8s_component_gate,
     k8s_api,
@@ -106,19 +111,37 @@ def cvm_api(k8s_api: Any, cloudvm_crd: dict[str, Any]) -> CloudVMs:
     return CloudVMs(client.CustomObjectsApi(k8s_api))
 
 
+NO_NODE = {"cloud.zjusct.io/test-no-such-node": "true"}  # the launcher Pods' nodeSelector: no Node has it
+
+
 @pytest.fixture
-def fake_controller(cvm_api: CloudVMs) -> Iterator[Callable[..., FakeController]]:
-    """Factory ``fake_controller(ns, name, mode="obedient")``; every controller is stopped afterwards."""
-    started: list[FakeController] = []
-
-    def _make(ns: str, name: str, mode: str = "obedient", boot_s: float = 0.5) -> FakeController:
-        ctl = FakeController(cvm_api, ns, name, mode=mode, boot_s=boot_s).start()
-        started.append(ctl)
-        return ctl
-
-    yield _make
-    for ctl in started:
+def controller(k8s_cluster: Any, k8s_api: Any, cloudvm_crd: dict[str, Any], k8s_namespace: str,
+               tmp_path: Path) -> Iterator[Controller]:
+    """The controller process watching ``k8s_namespace`` (serving /metrics when yielded). Its launcher Pods name
+    an image no node has and the nodeSelector :data:`NO_NODE`: they stay unscheduled. At teardown every CloudVM of
+    the namespace is deleted while the controller still runs (it deletes the launcher Pods and removes its
+    finalizer), then the controller is stopped and its log printed. Its ServiceAccount lives in the test's
+    namespace (the ClusterRole of config/rbac/controller-role.yaml, bound for this test only): the shared control
+    plane keeps no zjusct-cloud-system objects that site.yml's test expects to create."""
+    cfg = tmp_path / "controller.json"
+    cfg.write_text(json.dumps({"launcherImage": "localhost/zjusct/launcher:0.1.0", "imageDir": "/nonexistent",
+                               "cmdline": "console=ttyS0", "nodeSelector": NO_NODE}))
+    kubeconfig = controller_kubeconfig(k8s_api, k8s_cluster.kubeconfig, tmp_path / "controller.kubeconfig",
+                                       namespace=k8s_namespace)
+    ctl = Controller(kubeconfig, cfg, k8s_namespace, tmp_path / "controller.log", resync=5).start()
+    custom: Any = client.CustomObjectsApi(k8s_api)
+    try:
+        wait_for(ctl.metrics, 60, "controller serves /metrics")
+        yield ctl
+    finally:
+        with contextlib.suppress(ApiException):
+            custom.delete_collection_namespaced_custom_object(GROUP, VERSION, k8s_namespace, PLURAL)
+        with contextlib.suppress(TimeoutError):
+            wait_for(lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, k8s_namespace, PLURAL)["items"],
+                     60, "CloudVMs deleted")
         ctl.stop()
+        delete_binding(k8s_api, k8s_namespace)
+        print(ctl.tail()[-3000:])
 
 
 @pytest.fixture

@@ -1,16 +1,18 @@
 """The zjusct.cloud.cloudvm and cloudvm_info modules run by ansible-playbook (collection from this
 checkout) against the real kube-apiserver with the CloudVM CRD from config/crd/.
 
-Nothing runs VMs on Kubernetes yet ([controller]): tests that need a phase transition start a
-``FakeController`` thread that writes status through the status subresource exactly as the
-controller will, or write one status themselves (a guest that shut itself down).
+The waits that need no running guest observe the real controller (the ``controller`` fixture): this control
+plane has no kubelet, so its launcher Pods are created and stay unscheduled. Start, stop, restart and the guest's
+own shutdown with a booted guest are tested on the real node
+(tests/integration/k8s_node/test_cloudvm_module_power.py).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +20,9 @@ import pytest
 import yaml
 from ansible_collections.zjusct.cloud.plugins.module_utils._spec import in_user_terms
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
-from tests.cluster import TENANT_NAMESPACE
+from tests.cluster import TENANT_NAMESPACE, wait_for
 from tests.integration.cloudvm_k8s.cloudvm_helpers import (
     CloudVMs,
     PlayRun,
@@ -27,6 +30,7 @@ from tests.integration.cloudvm_k8s.cloudvm_helpers import (
     finish_play,
     run_play,
 )
+from tests.integration.controller_process import Controller
 
 pytestmark = pytest.mark.k8s
 
@@ -116,52 +120,12 @@ def test_module_refusals_carry_the_servers_field_path_and_touch_nothing(play: Ca
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
 
 
-def test_start_stop_restart_and_start_on_running_is_no_change(play: Callable[..., PlayRun], cvm_api: CloudVMs,
-                                                              fake_controller: Callable[..., Any],
-                                                              k8s_namespace: str) -> None:
-    """Status transitions come from a FakeController thread (status subresource, as the controller)."""
-    ns = k8s_namespace
-    ctl = fake_controller(ns, "pwr")
-    run = play([
-        _vm(ns, "pwr", owner="alice", power_state="running", wait_timeout=60),
-        _vm(ns, "pwr", power_state="running", wait_timeout=60),
-        _vm(ns, "pwr", restart=True, wait_timeout=60),
-        _vm(ns, "pwr", power_state="stopped", wait_timeout=60),
-        _vm(ns, "pwr", power_state="stopped", wait_timeout=60),
-    ])
-    start, start_again, restart, stop, stop_again = run.results
-    assert (start["changed"], start["boot_id"], start["phase"]) == (True, 1, "Running"), start
-    assert start["cloudvm"]["status"]["sshEndpoint"] == {"host": "10.200.0.2", "port": 22}
-    assert (start_again["changed"], start_again["boot_id"], start_again["phase"]) == (False, 1, "Running")
-    assert (restart["changed"], restart["boot_id"], restart["phase"]) == (True, 2, "Running"), restart
-    assert (stop["changed"], stop["phase"]) == (True, "Stopped"), stop
-    assert (stop_again["changed"], stop_again["phase"]) == (False, "Stopped")
-    # the restart stopped boot 1 and saw it Stopped before asking for boot 2
-    assert ctl.history.index(("Stopped", 1)) < ctl.history.index(("Running", 2)), ctl.history
-    assert not ctl.errors
-
-
-def test_case_L7_start_after_guest_shutdown_bumps_boot_id_exactly_once_when_retried(
-        play: Callable[..., PlayRun], cvm_api: CloudVMs, k8s_namespace: str) -> None:
-    """The guest's own shutdown is written as the controller would report it (status subresource)."""
-    ns = k8s_namespace
-    cvm_api.create(ns, "gs", powerState="Running", bootID=1)
-    cvm_api.set_status(ns, "gs", phase="Stopped", reason="GuestShutdown", bootID=1, message="guest powered off",
-                       exitResult={"reason": "GuestShutdown", "exitCode": 0, "finishedAt": "2026-01-01T00:00:00Z"})
-    run = play([_vm(ns, "gs", power_state="running", wait=False)] * 3)
-    first, *retries = run.results
-    assert (first["changed"], first["boot_id"]) == (True, 2), first
-    assert [(r["changed"], r["boot_id"]) for r in retries] == [(False, 2), (False, 2)]
-    assert cvm_api.get(ns, "gs")["spec"]["bootID"] == 2  # type: ignore[index]
-
-
 def test_concurrent_starts_request_one_boot(k8s_cluster: Any, cloudvm_crd: dict[str, Any], cvm_api: CloudVMs,
                                             k8s_namespace: str, tmp_path: Path) -> None:
     """Two ansible-playbook runs start the same stopped VM at once: resourceVersion-guarded writes make
     exactly one of them request boot 2; the other re-plans after its 409 and changes nothing."""
     ns = k8s_namespace
-    cvm_api.create(ns, "race", powerState="Running", bootID=1)
-    cvm_api.set_status(ns, "race", phase="Stopped", reason="GuestShutdown", bootID=1)
+    cvm_api.create(ns, "race", powerState="Stopped", bootID=1)
     tasks = [_vm(ns, "race", power_state="running", wait=False)]
     procs = [run_play(tasks, kubeconfig=k8s_cluster.kubeconfig, tmp_path=tmp_path, background=True)
              for _ in range(2)]
@@ -171,16 +135,80 @@ def test_concurrent_starts_request_one_boot(k8s_cluster: Any, cloudvm_crd: dict[
     assert cvm_api.get(ns, "race")["spec"]["bootID"] == 2  # type: ignore[index]
 
 
-def test_wait_timeout_names_last_phase_and_reason(play: Callable[..., PlayRun], fake_controller: Callable[..., Any],
+@pytest.fixture
+def root_claim(k8s_api: Any, k8s_namespace: str) -> Iterator[Callable[[str], str]]:
+    """Factory ``root_claim(name)``: a root volume claim ``name`` in the test's namespace, Bound to a PV of its
+    own (a CSI source that is never mounted: no kubelet runs the Pod); returns the name. The PVs are deleted
+    afterwards."""
+    core: Any = client.CoreV1Api(k8s_api)
+    ns, made = k8s_namespace, []
+
+    def make(name: str) -> str:
+        pv = f"{ns}-{name}"
+        core.create_persistent_volume({
+            "metadata": {"name": pv},
+            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                     "persistentVolumeReclaimPolicy": "Retain", "claimRef": {"namespace": ns, "name": name},
+                     "csi": {"driver": "test.cloud.zjusct.io", "volumeHandle": pv}}})
+        made.append(pv)
+        core.create_namespaced_persistent_volume_claim(ns, {
+            "metadata": {"name": name},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv,
+                     "resources": {"requests": {"storage": "1Gi"}}}})
+        wait_for(lambda: core.read_namespaced_persistent_volume_claim(name, ns).status.phase == "Bound", 60,
+                 f"{name} Bound")
+        return name
+
+    yield make
+    for pv in made:
+        with contextlib.suppress(ApiException):
+            core.delete_persistent_volume(pv)
+
+
+def test_wait_timeout_names_last_phase_and_reason(play: Callable[..., PlayRun], controller: Controller,
+                                                  root_claim: Callable[[str], str], k8s_api: Any,
                                                   k8s_namespace: str) -> None:
-    """A FakeController that never sees the SSH banner keeps the VM Pending (WaitingForSSH)."""
+    """The real controller's status at the timeout: a bound root volume claim gets a launcher Pod that the
+    scheduler cannot place (Pending/Starting); a missing claim blocks the start (Blocked/VolumeClaimNotReady)."""
     ns = k8s_namespace
-    fake_controller(ns, "slow", mode="stuck")
-    (result,) = play([_vm(ns, "slow", owner="alice", power_state="running", wait_timeout=6)]).results
-    assert result.get("failed") is True
-    assert "timed out after 6 s waiting until Running (SSH ready) with bootID 1" in result["msg"], result["msg"]
-    assert "last phase Pending, reason WaitingForSSH" in result["msg"], result["msg"]
-    assert result["changed"] is True  # the start request was written
+    root_claim("slow-root")
+    slow, blocked = play([_vm(ns, "slow", owner="alice", power_state="running", wait_timeout=20),
+                          _vm(ns, "lost", owner="alice", power_state="running", wait_timeout=20)]).results
+    assert slow.get("failed") is True and slow["changed"] is True, slow  # the start request was written
+    assert "timed out after 20 s waiting until Running (SSH ready) with bootID 1" in slow["msg"], slow["msg"]
+    assert "last phase Pending, reason Starting, status.bootID 1" in slow["msg"], slow["msg"]
+    # what the controller waits on: its launcher Pod, which the real scheduler cannot place
+    assert slow["cloudvm"]["status"]["pod"] == "slow-boot-1", slow["cloudvm"]["status"]
+    pod: Any = client.CoreV1Api(k8s_api).read_namespaced_pod("slow-boot-1", ns)
+    scheduled = {c.type: c for c in pod.status.conditions or []}.get("PodScheduled")
+    assert scheduled is not None and (scheduled.status, scheduled.reason) == ("False", "Unschedulable"), pod.status
+    assert blocked.get("failed") is True and blocked["changed"] is True, blocked
+    assert "last phase Blocked, reason VolumeClaimNotReady, status.bootID 1" in blocked["msg"], blocked["msg"]
+    assert "the root volume claim lost-root does not exist" in blocked["msg"], blocked["msg"]
+
+
+def test_stop_waits_for_the_controllers_stopped(play: Callable[..., PlayRun], controller: Controller,
+                                                root_claim: Callable[[str], str], cvm_api: CloudVMs, k8s_api: Any,
+                                                k8s_namespace: str) -> None:
+    """A stop ends on the Stopped the real controller writes: for a VM never started (NeverStarted) and for a
+    started one whose launcher Pod the controller deletes (StopRequested); a second stop changes nothing."""
+    ns = k8s_namespace
+    core: Any = client.CoreV1Api(k8s_api)
+    root_claim("off-root")
+    created, start = play([_vm(ns, "off", owner="alice", power_state="stopped", wait_timeout=60),
+                           _vm(ns, "off", power_state="running", wait=False)]).results
+    assert (created["changed"], created["phase"]) == (True, "Stopped"), created
+    assert created["cloudvm"]["status"]["reason"] == "NeverStarted", created["cloudvm"]["status"]
+    assert (start["changed"], start["boot_id"]) == (True, 1), start
+    wait_for(lambda: core.list_namespaced_pod(ns, label_selector="cloud.zjusct.io/vm=off").items, 60,
+             "off's launcher Pod created")
+    stop, stop_again = play([_vm(ns, "off", power_state="stopped", wait_timeout=60)] * 2).results
+    assert (stop["changed"], stop["phase"]) == (True, "Stopped"), stop
+    status = stop["cloudvm"]["status"]
+    assert (status["reason"], status["bootID"]) == ("StopRequested", 1), status
+    assert (stop_again["changed"], stop_again["phase"]) == (False, "Stopped"), stop_again
+    assert core.list_namespaced_pod(ns, label_selector="cloud.zjusct.io/vm=off").items == []
+    assert cvm_api.get(ns, "off")["spec"]["powerState"] == "Stopped"  # type: ignore[index]
 
 
 def test_tenant_manages_cloudvms_only_in_her_namespace(play: Callable[..., PlayRun], cvm_api: CloudVMs,

@@ -8,12 +8,7 @@ reconcile ends in Blocked/VolumeClaimNotReady with the finalizer added.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,50 +16,27 @@ from typing import Any
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils._spec import GROUP, PLURAL, VERSION
 from kubernetes import client
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster import wait_for
+from tests.integration.controller_process import Controller
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(600)]
-REPO = Path(__file__).resolve().parents[3]
 FINALIZER = "cloud.zjusct.io/launcher"
 
 
-class Proc:
-    def __init__(self, name: str, kubeconfig: Path, cfg: Path, ns: str, lease: str, log: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        argv = [sys.executable, "-m", "zjusct_controller", "--config", str(cfg), "--kubeconfig", str(kubeconfig),
-                "--namespace", ns, "--resync", "5", "--metrics-port", str(self.port), "--leader-elect", lease,
-                "--identity", name, "--lease-seconds", "6"]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "controller"), str(REPO / ".collections")]))
-        self.log = log
-        with open(log, "ab") as out:
-            self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-
-    def reconciles(self) -> float:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5).read().decode()
-        return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-                   if s.name == "zjusct_controller_reconciles_total")
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
+def _proc(name: str, kubeconfig: Path, cfg: Path, ns: str, lease: str, log: Path) -> Controller:
+    """A controller process competing for the Lease ``lease`` as ``name`` (6 s leases, resync every 5 s)."""
+    return Controller(kubeconfig, cfg, ns, log, resync=5, extra_args=[
+        "--leader-elect", lease, "--identity", name, "--lease-seconds", "6"]).start()
 
 
 @pytest.fixture
-def procs(k8s_cluster: Any, k8s_namespace: str, cloudvm_crd: Any, tmp_path: Path) -> Iterator[list[Proc]]:
+def procs(k8s_cluster: Any, k8s_namespace: str, cloudvm_crd: Any, tmp_path: Path) -> Iterator[list[Controller]]:
     cfg = tmp_path / "controller.json"
     cfg.write_text(json.dumps({"launcherImage": "localhost/zjusct/launcher:0.1.0", "imageDir": "/nonexistent",
                                "cmdline": "console=ttyS0"}))
     lease = f"{k8s_namespace}/cloudvm-controller"
-    made = [Proc(n, k8s_cluster.kubeconfig, cfg, k8s_namespace, lease, tmp_path / f"{n}.log") for n in ("a",)]
+    made = [_proc(n, k8s_cluster.kubeconfig, cfg, k8s_namespace, lease, tmp_path / f"{n}.log") for n in ("a",)]
     try:
         yield made
     finally:
@@ -81,7 +53,7 @@ def _vm(name: str) -> dict[str, Any]:
 
 
 def test_only_the_lease_holder_reconciles_and_killing_it_hands_over(
-    procs: list[Proc], k8s_cluster: Any, k8s_api: Any, k8s_namespace: str, tmp_path: Path,
+    procs: list[Controller], k8s_cluster: Any, k8s_api: Any, k8s_namespace: str, tmp_path: Path,
 ) -> None:
     coord = client.CoordinationV1Api(k8s_api)
     custom = client.CustomObjectsApi(k8s_api)
@@ -92,7 +64,7 @@ def test_only_the_lease_holder_reconciles_and_killing_it_hands_over(
 
     wait_for(lambda: holder() == "a", 60, "a holds the Lease")
     a = procs[0]
-    b = Proc("b", k8s_cluster.kubeconfig, tmp_path / "controller.json", ns, f"{ns}/cloudvm-controller",
+    b = _proc("b", k8s_cluster.kubeconfig, tmp_path / "controller.json", ns, f"{ns}/cloudvm-controller",
              tmp_path / "b.log")
     procs.append(b)
     wait_for(lambda: b.reconciles() == 0, 60, "b serves its metrics (standby)")

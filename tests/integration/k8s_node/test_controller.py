@@ -14,13 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
-import socket
 import subprocess
-import sys
 import threading
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,61 +27,19 @@ import yaml
 from ansible_collections.zjusct.cloud.plugins.module_utils._spec import GROUP, PLURAL, VERSION
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.cluster import Cluster, RealNode, wait_for
 from tests.integration.cloudvm_k8s import cloudvm_helpers
 from tests.integration.cloudvm_k8s.cloudvm_helpers import PlayRun, cloudvm_task, finish_play, run_play
+from tests.integration.controller_process import Controller, controller_kubeconfig
 from tests.integration.k8s_node.test_launcher_pod import ssh_banner
 from tests.integration.k8s_node.test_real_node import busybox_pod
 
 pytestmark = [pytest.mark.k8s, pytest.mark.kubelet, pytest.mark.guest, pytest.mark.slow, pytest.mark.timeout(2700)]
 REPO = Path(__file__).resolve().parents[3]
 CRD_FILE = REPO / "config" / "crd" / "cloudvms.cloud.zjusct.io.yaml"
-CONTROLLER_ROLE = REPO / "config" / "rbac" / "controller-role.yaml"
 BOOT_TIMEOUT = 1500
 LABEL_VM = "cloud.zjusct.io/vm"
-
-
-class Controller:
-    """``python -m zjusct_controller`` as a subprocess (log in ``log``); start/stop/restart."""
-
-    def __init__(self, kubeconfig: Path, cfg: Path, namespace: str, log: Path) -> None:
-        with socket.socket() as s:  # a free port for /metrics
-            s.bind(("127.0.0.1", 0))
-            self.metrics_port = s.getsockname()[1]
-        self.argv = [sys.executable, "-m", "zjusct_controller", "--config", str(cfg), "--kubeconfig",
-                     str(kubeconfig), "--namespace", namespace, "--resync", "10",
-                     "--metrics-port", str(self.metrics_port)]
-        self.log = log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Controller:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "controller"), str(REPO / ".collections")]))
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(self.argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-        return self
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
-        self.proc = None
-
-    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        """Every sample of ``/metrics``: (name, sorted labels) -> value."""
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            text = resp.read().decode()
-        return {(smp.name, tuple(sorted(smp.labels.items()))): smp.value
-                for fam in text_string_to_metric_families(text) for smp in fam.samples}
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-6000:] if self.log.exists() else ""
 
 
 @dataclass
@@ -140,37 +94,6 @@ def _create_or_keep(create: Callable[[], Any]) -> None:
     except ApiException as exc:
         if exc.status != 409:
             raise
-
-
-def controller_kubeconfig(k8s_api: Any, admin_kubeconfig: Path, path: Path) -> Path:
-    """A kubeconfig for the controller's own ServiceAccount (config/rbac/controller-role.yaml), so the tests run
-    the controller with exactly the rights the role grants (a TokenRequest token, one hour)."""
-    core: Any = client.CoreV1Api(k8s_api)
-    rbac: Any = client.RbacAuthorizationV1Api(k8s_api)
-    create = {"Namespace": lambda d: core.create_namespace(d),
-              "ServiceAccount": lambda d: core.create_namespaced_service_account(d["metadata"]["namespace"], d),
-              "ClusterRole": lambda d: rbac.create_cluster_role(d),
-              "ClusterRoleBinding": lambda d: rbac.create_cluster_role_binding(d)}
-    replace = {"ClusterRole": lambda d: rbac.replace_cluster_role(d["metadata"]["name"], d)}
-    for doc in (d for d in yaml.safe_load_all(CONTROLLER_ROLE.read_text()) if d):
-        try:
-            create[doc["kind"]](doc)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            if doc["kind"] in replace:  # the role of this checkout, also when an earlier test created one
-                replace[doc["kind"]](doc)
-    sa = next(d for d in yaml.safe_load_all(CONTROLLER_ROLE.read_text()) if d and d["kind"] == "ServiceAccount")
-    token = wait_for(lambda: core.create_namespaced_service_account_token(
-        sa["metadata"]["name"], sa["metadata"]["namespace"], {"spec": {"expirationSeconds": 3600}}).status.token,
-        60, "ServiceAccount token")
-    doc = yaml.safe_load(admin_kubeconfig.read_text())
-    doc["users"] = [{"name": "controller", "user": {"token": token}}]
-    doc["contexts"] = [{"name": "controller", "context": {"cluster": doc["clusters"][0]["name"], "user": "controller"}}]
-    doc["current-context"] = "controller"
-    path.write_text(json.dumps(doc))
-    path.chmod(0o600)
-    return path
 
 
 @pytest.fixture

@@ -33,6 +33,7 @@ from tests.ceph import start_cluster
 from tests.cluster import Cluster, RealNode, wait_for
 from tests.conftest import require
 from tests.integration.ceph.conftest import _have_ceph
+from tests.integration.controller_process import Controller, controller_kubeconfig
 from tests.integration.k8s_node.test_controller import (
     BOOT_TIMEOUT,
     CRD_FILE,
@@ -40,10 +41,8 @@ from tests.integration.k8s_node.test_controller import (
     LABEL_VM,
     PLURAL,
     VERSION,
-    Controller,
     _cloudvm,
     _create_or_keep,
-    controller_kubeconfig,
 )
 from tests.integration.k8s_node.test_launcher_pod import ssh_banner
 from tests.integration.k8s_node.test_real_node import busybox_pod

@@ -4,10 +4,10 @@ on the real node) → ``vm_start.yml -e owner=alice`` creates her RBD root volum
 template), its PersistentVolume and claim, and the CloudVM, and returns once her guest answers SSH → the dynamic
 inventory lists her and Ansible runs a command in her guest → a file written and synced survives ``vm_stop.yml`` +
 ``vm_start.yml`` (bootID 2) → ``vm_backup.yml`` / ``vm_restore.yml`` round-trip it into a new VM → ``vm_delete.yml``
-removes the CloudVM and keeps the volume.
+removes the CloudVM and keeps the volume → ``vm_start.yml`` again makes a new VM on the kept volume, file intact.
 
 Real control plane, real node (containerd + kubelet), real Ceph (bound to the Pod bridge's host address, as in
-test_controller_rbd.py), the real launcher and controller images and the real guest image under QEMU/TCG: three
+test_controller_rbd.py), the real launcher and controller images and the real guest image under QEMU/TCG: four
 boots, minutes each on a shared 2-core machine.
 """
 
@@ -166,13 +166,20 @@ def test_site_then_vm_start_inventory_stop_start_backup_restore_delete_on_kubern
         ep2 = vms["alice-restored"]["status"]["sshEndpoint"]["host"]
         assert _ssh(key, ep2, "cat /root/marker").strip() == "journey-1"
 
-        # delete keeps the volume: image, PV and claim stay
+        # delete keeps the volume: image, PV and claim stay; vm_start again makes a new VM on it, with her file
         op.play("vm_delete.yml", {"owner": "alice", "vm_namespace": ns})
         wait_for(lambda: "alice" not in {v["metadata"]["name"] for v in custom.list_namespaced_custom_object(
             GROUP, VERSION, ns, PLURAL)["items"]}, 300, "CloudVM alice deleted")
         assert core.read_namespaced_persistent_volume_claim(claim.metadata.name, ns).status.phase == "Bound"
         assert core.read_persistent_volume(pv.metadata.name).spec.csi.volume_handle == f"{pool}/{image}"
         assert image in _rbd(pod_ceph, "ls", pool).split()
+        again = op.play("vm_start.yml", vm_vars)
+        volume = task_result(again, "Ensure the new VM's root volume (RBD image, PersistentVolume, claim)")
+        assert any(a.startswith("release the claim mark of deleted CloudVM") for a in volume["actions"]), volume
+        res = task_result(again, "Start the VM and wait until its SSH answers")
+        assert res["phase"] == "Running" and res["cloudvm"]["metadata"]["uid"] != vm["metadata"]["uid"], res
+        assert res["cloudvm"]["spec"]["rootVolumeClaim"] == claim.metadata.name
+        assert _ssh(key, res["cloudvm"]["status"]["sshEndpoint"]["host"], "cat /root/marker").strip() == "journey-1"
     finally:
         for name in ("alice", "alice-restored"):
             with contextlib.suppress(Exception):
@@ -184,3 +191,7 @@ def test_site_then_vm_start_inventory_stop_start_backup_restore_delete_on_kubern
                 core.list_namespaced_pod("zjusct-cloud-system").items[0].metadata.name, "zjusct-cloud-system")[-4000:])
         with contextlib.suppress(Exception):
             apps.delete_namespaced_deployment("cloudvm-controller", "zjusct-cloud-system")
+        for pv_obj in core.list_persistent_volume().items:  # cluster-scoped: not removed with the namespace
+            if pv_obj.metadata.name.startswith(f"{ns}."):
+                with contextlib.suppress(Exception):
+                    core.delete_persistent_volume(pv_obj.metadata.name)
