@@ -19,6 +19,8 @@ monitors' default (one hour), by then the old QEMU has long given up or been kil
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import ipaddress
 import logging
 import os
@@ -74,10 +76,16 @@ class Fencer:
         fd, self.conf_path = tempfile.mkstemp(prefix="zjusct-fence-", suffix=".conf")
         with os.fdopen(fd, "w") as f:  # monitors only; the key stays in the keyring file
             f.write(ceph.conf_text())
+        atexit.register(self.close)
         common = {"conf": self.conf_path, "user": ceph.fence_user, "keyring": ceph.fence_keyring,
                   "timeout": TIMEOUT}
         self.rbd = Rbd(Connection(**common))
         self.ceph = Rbd(Connection(binary="ceph", **common))
+
+    def close(self) -> None:
+        """Remove the ceph.conf file (at exit)."""
+        with contextlib.suppress(OSError):
+            os.unlink(self.conf_path)
 
     def fence(self, target: dict[str, Any]) -> list[str]:
         """Blocklist the old client of ``target`` (``{"pod", "uid", "node", "podIP", "pool", "image"}``, from
