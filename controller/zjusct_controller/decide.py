@@ -436,8 +436,8 @@ def launcher_pod(vm: dict, cfg: Config, rbd: Optional[dict] = None) -> dict:
     }
     if node_selector:
         pod_spec["nodeSelector"] = node_selector
-    pod_spec["tolerations"] = [*cfg.tolerations, *(dict(t) for t in LAUNCHER_TOLERATIONS
-                                                    if t not in cfg.tolerations)]
+    lost_node = [dict(t) for t in LAUNCHER_TOLERATIONS if t not in cfg.tolerations]
+    pod_spec["tolerations"] = [*cfg.tolerations, *lost_node]
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
