@@ -45,6 +45,15 @@ KEYRING_DIR = "/etc/zjusct-ceph"
 KEYRING_PATH = f"{KEYRING_DIR}/keyring"
 KEYRING_SECRET_KEY = "keyring"  # noqa: S105 - the key of the Secret holding the Ceph keyring file
 CONTAINER = "launcher"
+# KEP-2268 non-graceful node shutdown: the operator's statement that a NotReady node is off (docs/controller.md
+# Fencing). The launcher Pod tolerates it and the NoExecute taints of a lost node, so that Kubernetes neither
+# evicts nor garbage-collects it: the Pod stays the record of the old RBD client until the controller fenced it.
+OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
+LAUNCHER_TOLERATIONS = (
+    {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+    {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
+    {"key": OUT_OF_SERVICE_TAINT, "operator": "Exists", "effect": "NoExecute"},
+)
 SSH_PORT = 22
 # The extended resource a node advertises for guaranteed bandwidth (roles/cluster, module k8s_node_resources):
 # integer units of Mbit/s on the wire, the unit of spec.network.bandwidth and _placement's bandwidth dimension.
@@ -89,25 +98,35 @@ class CephConfig:
         secret_name: a Secret in each VM's namespace whose key ``keyring`` holds a Ceph keyring file with
             ``[client.<user>]`` and its ``key``; mounted read-only into the launcher Pod, never read by the
             controller.
+        fence_user, fence_keyring: the controller's own cephx identity for fencing (``fenceUser`` without
+            ``client.``, ``fenceKeyring`` a keyring file path on the controller's filesystem; caps ``mon 'profile
+            rbd'``, which allows ``osd blocklist add``, and ``osd 'profile rbd pool=...'`` to read the image's
+            watchers). None: no fencing, a VM whose old launcher is on a lost node stays blocked.
     """
 
     monitors: tuple
     user: str
     secret_name: str
+    fence_user: Optional[str] = None
+    fence_keyring: Optional[str] = None
 
     @classmethod
     def from_dict(cls, raw: Any) -> CephConfig:
-        """Build from ``{"monitors": [...], "user": ..., "secretName": ...}``.
+        """Build from ``{"monitors": [...], "user": ..., "secretName": ..., ["fenceUser": ..., "fenceKeyring":
+        ...]}``.
 
         Raises:
-            ValueError: not an object, unknown or missing keys, or a value outside its rule (named).
+            ValueError: not an object, unknown or missing keys, only one of ``fenceUser``/``fenceKeyring``, or a
+                value outside its rule (named).
         """
         keys = ("monitors", "user", "secretName")
+        optional = ("fenceUser", "fenceKeyring")
         if not isinstance(raw, dict):
             raise ValueError(f"controller config: ceph: must be an object with keys {', '.join(keys)}")
-        unknown = sorted(set(raw) - set(keys))
+        unknown = sorted(set(raw) - set(keys) - set(optional))
         if unknown:
-            raise ValueError(f"controller config: ceph: unknown keys {', '.join(unknown)} (allowed: {', '.join(keys)})")
+            raise ValueError(f"controller config: ceph: unknown keys {', '.join(unknown)} "
+                             f"(allowed: {', '.join(keys + optional)})")
         missing = [k for k in keys if not raw.get(k)]
         if missing:
             raise ValueError(f"controller config: ceph: required keys missing: {', '.join(missing)}")
@@ -122,7 +141,19 @@ class CephConfig:
         secret = raw["secretName"]
         if not isinstance(secret, str) or not _SECRET_NAME_RE.match(secret):
             raise ValueError(f"controller config: ceph.secretName: {secret!r} is not a Secret name (DNS subdomain)")
-        return cls(monitors=tuple(mons), user=user, secret_name=secret)
+        fence_user, fence_keyring = raw.get("fenceUser"), raw.get("fenceKeyring")
+        if (fence_user is None) != (fence_keyring is None):
+            raise ValueError("controller config: ceph.fenceUser and ceph.fenceKeyring go together "
+                             f"(got {'fenceUser' if fence_user is not None else 'fenceKeyring'} alone)")
+        if fence_user is not None and (not isinstance(fence_user, str) or not _CEPH_NAME_RE.match(fence_user)
+                                       or fence_user.startswith("client.")):
+            raise ValueError(f"controller config: ceph.fenceUser: {fence_user!r} is not a cephx user name without "
+                             "'client.' (1-128 of A-Z a-z 0-9 _ . -)")
+        if fence_keyring is not None and (not isinstance(fence_keyring, str) or not fence_keyring.startswith("/")):
+            raise ValueError(f"controller config: ceph.fenceKeyring: {fence_keyring!r} is not an absolute path "
+                             "(a keyring file on the controller's filesystem)")
+        return cls(monitors=tuple(mons), user=user, secret_name=secret, fence_user=fence_user,
+                   fence_keyring=fence_keyring)
 
     def conf_text(self) -> str:
         """The ``ceph.conf`` of the launcher Pod: the monitors and cephx, nothing secret."""
@@ -432,8 +463,8 @@ def launcher_pod(vm: dict, cfg: Config, rbd: Optional[dict] = None) -> dict:
     }
     if node_selector:
         pod_spec["nodeSelector"] = node_selector
-    if cfg.tolerations:
-        pod_spec["tolerations"] = list(cfg.tolerations)
+    lost_node = [dict(t) for t in LAUNCHER_TOLERATIONS if t not in cfg.tolerations]
+    pod_spec["tolerations"] = [*cfg.tolerations, *lost_node]
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
@@ -492,6 +523,53 @@ def unschedulable(pod: dict) -> Optional[str]:
     return str(cond.get("message") or "no node fits")
 
 
+def out_of_service(node: Optional[dict]) -> bool:
+    """True when the Node carries the taint :data:`OUT_OF_SERVICE_TAINT` (any effect): the operator has stated
+    that the node is off (KEP-2268 non-graceful node shutdown)."""
+    return any(t.get("key") == OUT_OF_SERVICE_TAINT for t in ((node or {}).get("spec") or {}).get("taints") or [])
+
+
+def fence_targets(older: list, nodes: dict, rbd: Optional[dict], cfg: Config) -> tuple[list, str]:
+    """Which launcher Pods of older boots to fence before the current boot may start, and what blocks it.
+
+    A Pod is fenced when it has not ended, is bound to a Node that is not Ready (or is gone) and that Node
+    carries :data:`OUT_OF_SERVICE_TAINT`; a gone Node counts as out of service (deleted by the operator).
+
+    Args:
+        older: launcher Pods of boots before ``spec.bootID``.
+        nodes: node name -> Node dict or None.
+        rbd: the current boot's ``rootDisk.rbd`` (:func:`rbd_root_disk`), None when the root disk is not RBD.
+        cfg: the controller config (``ceph.fenceUser``/``fenceKeyring`` = fencing configured).
+
+    Returns:
+        ``(targets, note)``: ``targets`` is a list of ``{"pod", "uid", "node", "podIP", "pool", "image"}`` (``podIP``
+        None when the Pod never reported one) for :class:`Plan` ``fence``; ``note`` (may be empty) tells the
+        operator why a Pod on a lost node is not fenced (no taint, not RBD, fencing not configured).
+    """
+    targets, notes = [], []
+    for p in older:
+        node = (p.get("spec") or {}).get("nodeName")
+        if not node:
+            continue
+        if observe(p, node_ready(nodes.get(node))).state != "unknown":
+            continue
+        name = p["metadata"]["name"]
+        if nodes.get(node) is not None and not out_of_service(nodes[node]):
+            notes.append(f"launcher Pod {name} is on node {node}, which is not Ready: once the node is off, taint it "
+                         f"{OUT_OF_SERVICE_TAINT}=nodeshutdown:NoExecute to fence the old boot")
+        elif rbd is None:
+            notes.append(f"launcher Pod {name} on the out-of-service node {node} cannot be fenced: the root disk is "
+                         "not an RBD image; delete the Pod (--force) once the node is surely off")
+        elif cfg.ceph is None or not cfg.ceph.fence_user:
+            notes.append(f"launcher Pod {name} on the out-of-service node {node} cannot be fenced: the controller "
+                         "config has no ceph.fenceUser/fenceKeyring")
+        else:
+            targets.append({"pod": name, "uid": p["metadata"].get("uid"), "node": node,
+                            "podIP": (p.get("status") or {}).get("podIP") or None,
+                            "pool": rbd["pool"], "image": rbd["image"]})
+    return targets, "; ".join(notes)
+
+
 def parse_result(message: Optional[str]) -> Optional[dict]:
     """The LauncherResult in a termination message, or None when it is missing or not one."""
     try:
@@ -548,6 +626,9 @@ class Plan:
         add_finalizer / remove_finalizer: the CloudVM's :data:`FINALIZER`.
         mark_claim: annotate the root volume claim with :data:`CLAIMED_BY` = the VM's uid.
         delete_pods: ``(name, grace_seconds)`` of launcher Pods to delete.
+        fence: launcher Pods of older boots on an out-of-service node (:func:`fence_targets`): the adapter
+            blocklists their RBD client and only then force-deletes each Pod (grace 0); a failed blocklist leaves
+            the Pod, so the new boot stays blocked. Never together with ``create_pod``.
         create_pod: the Pod manifest to create, or None.
         status: the full status to write (None: the CloudVM is being deleted and is left as it is).
     """
@@ -556,6 +637,7 @@ class Plan:
     remove_finalizer: bool = False
     mark_claim: bool = False
     delete_pods: list = field(default_factory=list)
+    fence: list = field(default_factory=list)
     create_pod: Optional[dict] = None
     status: Optional[dict] = None
 
@@ -644,7 +726,10 @@ def decide(vm: dict, pods: list, nodes: dict, claim: Optional[dict], claim_write
     cur = current_pods[0] if current_pods else None
 
     for p in older + ([cur] if cur is not None and (deleting or not want) else []):
-        if not (p.get("metadata") or {}).get("deletionTimestamp"):
+        # a Pod on a lost node is not deleted: a terminating Pod on an out-of-service node is force-deleted by
+        # the pod GC, which would erase the record of the RBD client to fence; it is deleted once its node is
+        # back, or force-deleted after the fence (Plan.fence)
+        if not (p.get("metadata") or {}).get("deletionTimestamp") and obs(p).state != "unknown":
             plan.delete_pods.append((p["metadata"]["name"], grace))
 
     if deleting:
@@ -694,6 +779,18 @@ def decide(vm: dict, pods: list, nodes: dict, claim: Optional[dict], claim_write
         status = derive_status(spec, None, others, volume_writer=problem)
         if status.phase == "Blocked" and status.reason == "VolumeInUse" and problem:
             status.reason, status.message = why, problem
+        if status.reason == "PreviousBootRunning":  # an older boot on a lost node: fence it, or say why not
+            if rbd is None and claim is not None and is_block_claim(claim) and volume is not None:
+                try:  # the image even when the claim is blocked for the old launcher's sake
+                    rbd = rbd_root_disk(claim, volume, cfg)
+                except VolumeProblem:
+                    rbd = None
+            plan.fence, note = fence_targets(older, nodes, rbd, cfg)
+            if plan.fence:
+                note = "fencing " + ", ".join(f"launcher Pod {t['pod']} on the out-of-service node {t['node']}"
+                                              for t in plan.fence) + " (RBD blocklist, then the Pod is removed)"
+            if note:
+                status.message = f"{status.message}; {note}"
         if status.phase == "Pending":
             plan.mark_claim = mark
             plan.create_pod = launcher_pod(vm, cfg, rbd)
@@ -744,6 +841,7 @@ def transition_event(prev: dict, new: dict) -> Optional[tuple[str, str, str]]:
 
 
 __all__ = ["BANDWIDTH_RESOURCE", "CEPH_CONF_ANNOTATION", "CLAIMED_BY", "FINALIZER", "GROUP", "LABEL_BOOT",
-           "LABEL_VM", "PLURAL", "RBD_DRIVER", "ROOT_CLAIM", "VERSION", "CephConfig", "Config", "Plan",
-           "VolumeProblem", "decide", "guaranteed_mbps", "is_block_claim", "launcher_pod", "needs_volume", "observe",
-           "pod_name", "pod_resources", "rbd_root_disk", "status_patch", "transition_event", "unschedulable"]
+           "LABEL_VM", "OUT_OF_SERVICE_TAINT", "PLURAL", "RBD_DRIVER", "ROOT_CLAIM", "VERSION", "CephConfig", "Config",
+           "Plan", "VolumeProblem", "decide", "fence_targets", "guaranteed_mbps", "is_block_claim", "launcher_pod",
+           "needs_volume", "observe", "out_of_service", "pod_name", "pod_resources", "rbd_root_disk", "status_patch",
+           "transition_event", "unschedulable"]

@@ -17,7 +17,7 @@ from typing import Any, Optional
 import kopf
 
 from .cache import plain, pod_claims
-from .decide import GROUP, LABEL_VM, PLURAL, VERSION, node_ready
+from .decide import GROUP, LABEL_VM, PLURAL, VERSION, node_ready, out_of_service
 from .reconcile import Reconciler
 
 log = logging.getLogger("zjusct_controller")
@@ -75,21 +75,22 @@ def install(reconciler: Reconciler, resync_s: float) -> None:
             for ns, vm_name in reconciler.vms_using_claim(namespace, name):
                 reconciler.reconcile(ns, vm_name)
 
-    ready_seen: dict[str, Optional[bool]] = {}
+    ready_seen: dict[str, tuple[Optional[bool], bool]] = {}
 
     @kopf.on.event("", "v1", "nodes")
     def _node(name: Optional[str], type: Optional[str], event: Any, **_: Any) -> None:
-        # Node status heartbeats are frequent; only a change of readiness (or a deleted Node) concerns the VMs.
+        # Node status heartbeats are frequent; only a change of readiness or of the out-of-service taint (the
+        # operator's statement that the node is off: fencing) or a deleted Node concerns the VMs.
         if not name:
             return
         body = plain(event["object"])
         reconciler.observe("node", type, body)
-        ready = None if type == "DELETED" else node_ready(body)
+        ready = (None, False) if type == "DELETED" else (node_ready(body), out_of_service(body))
         if name in ready_seen and ready_seen[name] == ready:
             return
         first = name not in ready_seen
         ready_seen[name] = ready
-        if first and ready:
+        if first and ready == (True, False):
             return  # a Ready node seen for the first time changes nothing
         for ns, vm in reconciler.vms_on_node(name):
             reconciler.reconcile(ns, vm)

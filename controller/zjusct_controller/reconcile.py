@@ -37,6 +37,7 @@ from .decide import (
     status_patch,
     transition_event,
 )
+from .fence import FenceError, Fencer
 from .metrics import Metrics
 
 log = logging.getLogger("zjusct_controller")
@@ -69,6 +70,7 @@ class Reconciler:
         self._locks_guard = threading.Lock()
         self.metrics = metrics or Metrics()
         self.store = Store()
+        self.fencer = Fencer(cfg.ceph) if cfg.ceph is not None and cfg.ceph.fence_user else None
         self._prime_lock = threading.Lock()
         self._count_requests(api_client)
 
@@ -270,6 +272,8 @@ class Reconciler:
             except ApiException as exc:
                 if exc.status != 404:
                     raise
+        for target in plan.fence:
+            self._fence(vm, target)
         if plan.mark_claim and claim is not None:
             claim_name = claim["metadata"]["name"]
             try:  # the claim's resourceVersion makes this a compare-and-swap: the lock among CloudVMs
@@ -322,6 +326,32 @@ class Reconciler:
             self._patch_vm(ns, name, {"metadata": {"finalizers": finalizers,
                                                    "resourceVersion": vm["metadata"]["resourceVersion"]}})
         return plan
+
+    def _fence(self, vm: dict, target: dict) -> None:
+        """Blocklist the RBD client of an old launcher Pod on an out-of-service node (:mod:`.fence`), then, only
+        if that succeeded, force-delete the Pod (grace 0, preconditioned on its uid): its DELETED event lets
+        the next reconcile create the new boot's Pod. A failed fence keeps the Pod (the new boot stays blocked,
+        the next event or resync tries again) and is a Warning Event ``FenceFailed``."""
+        ns = vm["metadata"]["namespace"]
+        if self.fencer is None:  # decide plans no fence without the identity; kept as a guard
+            return
+        try:
+            addresses = self.fencer.fence(target)
+        except FenceError as exc:
+            log.warning("%s", exc)
+            self._event(vm, "Warning", "FenceFailed", str(exc)[:1024])
+            return
+        self._event(vm, "Warning", "Fenced", f"launcher Pod {target['pod']} on the out-of-service node "
+                    f"{target['node']}: RBD client blocklisted ({', '.join(addresses) or 'no client left'}); "
+                    "the Pod is force-deleted")
+        body = {"gracePeriodSeconds": 0, "preconditions": {"uid": target["uid"]}} if target.get("uid") else None
+        try:
+            self.core.delete_namespaced_pod(target["pod"], ns, grace_period_seconds=0, body=body,
+                                            _request_timeout=REQUEST_TIMEOUT, _preload_content=False)
+        except ApiException as exc:
+            if exc.status not in (404, 409):  # gone already, or another Pod of that name (uid precondition)
+                raise
+        log.info("force-deleted launcher Pod %s/%s after the fence", ns, target["pod"])
 
     def _event(self, vm: dict, kind: str, reason: str, message: str) -> None:
         md = vm["metadata"]

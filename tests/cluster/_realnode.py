@@ -337,16 +337,7 @@ class RealNode:
         self._write_kubelet_config()
         self._save_state()
         t2 = time.monotonic()
-        self._spawn("kubelet", [
-            str(self.binaries.kubelet),
-            f"--config={self.work / 'node' / 'kubelet-config.json'}",
-            f"--kubeconfig={self.work / 'node' / 'kubelet.kubeconfig'}",
-            f"--root-dir={self.work / 'kubelet-root'}",
-            f"--cert-dir={self.work / 'kubelet-root' / 'pki'}",
-            f"--hostname-override={self.name}",
-            f"--node-ip={self.ip}",
-            "--v=1",
-        ], self.kubelet_log)
+        self._spawn("kubelet", self._kubelet_argv(), self.kubelet_log)
         self._save_state()
         core = self._core()
         self._wait(lambda: core.read_node(self.name) is not None, f"Node {self.name} registered", deadline,
@@ -355,6 +346,39 @@ class RealNode:
         self._wait(self._ready, f"Node {self.name} Ready without taints", deadline, self.kubelet_log)
         self.timings["ready_s"] = time.monotonic() - t2
         self._save_state()
+
+    def _kubelet_argv(self) -> list[str]:
+        return [
+            str(self.binaries.kubelet),
+            f"--config={self.work / 'node' / 'kubelet-config.json'}",
+            f"--kubeconfig={self.work / 'node' / 'kubelet.kubeconfig'}",
+            f"--root-dir={self.work / 'kubelet-root'}",
+            f"--cert-dir={self.work / 'kubelet-root' / 'pki'}",
+            f"--hostname-override={self.name}",
+            f"--node-ip={self.ip}",
+            "--v=1",
+        ]
+
+    def kill_kubelet(self) -> None:
+        """SIGKILL the kubelet, as a crash of the node agent: the containers keep running under containerd and
+        the Node goes NotReady after the control plane's grace period. :meth:`start_kubelet` brings it back."""
+        popen = self.popens["kubelet"]
+        popen.kill()
+        popen.wait(timeout=30)
+
+    def start_kubelet(self, timeout: float = 300.0) -> None:
+        """Start the kubelet again (after :meth:`kill_kubelet`) and wait until the Node is Ready.
+
+        Raises:
+            RealNodeError: the kubelet failed or the Node did not become Ready within ``timeout`` s.
+        """
+        if self.popens["kubelet"].poll() is None:
+            raise RealNodeError("start_kubelet: the kubelet is running")
+        self._spawn("kubelet", self._kubelet_argv(), self.kubelet_log)
+        self._save_state()
+        self._wait(lambda: any(c.type == "Ready" and c.status == "True" for c in (
+            self._core_cached().read_node(self.name).status.conditions or [])), f"Node {self.name} Ready again",
+            time.monotonic() + timeout, self.kubelet_log)
 
     def import_image(self, archive: Path) -> None:
         """Import a docker-archive into containerd's ``k8s.io`` namespace (Pods use ``imagePullPolicy: Never``).

@@ -9,6 +9,8 @@
   a second session waits for the lock.
 * ``launcher_image`` (session): ``playbooks/launcher_image.yml`` (cached archive under
   ``${ZJUSCT_CACHE}/launcher-image``) imported into the real node's containerd.
+* ``pod_ceph`` (module): a Ceph cluster bound to the host side of the real node's CNI bridge, the one host address
+  a Pod reaches (for RBD root disks opened by QEMU's librbd inside launcher Pods).
 
 Tests here are marked ``kubelet`` (and ``k8s``): under ``CI=true`` a missing containerd, runc or kubelet binary
 fails them (tests/conftest.py gate).
@@ -16,6 +18,7 @@ fails them (tests/conftest.py gate).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -24,16 +27,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
-from tests.cluster import Cluster, ClusterError, RealNode, RealNodeError
-from tests.conftest import require_real_node
+from tests.ceph import Cluster as CephCluster
+from tests.ceph import start_cluster
+from tests.cluster import Cluster, ClusterError, RealNode, RealNodeError, wait_for
+from tests.conftest import require, require_real_node
 from tests.guest_image_fixture import ansible_playbook
+from tests.integration.ceph.conftest import _have_ceph
 from tests.integration.k8s.conftest import (  # noqa: F401  (fixtures re-exported for this directory)
     _k8s_component_gate,
     k8s_api,
     k8s_namespace,
     require_k8s_binaries,
 )
+from tests.integration.k8s_node.test_real_node import busybox_pod
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -86,3 +95,37 @@ def build_image(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory, k
 def launcher_image(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """``{"tag", "archive", "key"}`` of the launcher image, imported into the real node."""
     return build_image(real_node, tmp_path_factory, "launcher")
+
+
+# The Ceph cluster of RBD root disks binds the host side of the real node's CNI bridge (cni-zjusct0, 10.233.0.1, on
+# the Pods' own subnet: the bridge plugin runs with isGateway but gives Pods no default route, so an address
+# elsewhere on the host is out of their reach, measured: librbd "Connection timed out"). The bridge exists once the
+# node has run a Pod; the fixture runs one first. The session's 127.0.0.1 cluster is out of a Pod's reach too.
+CEPH_IF = "cni-zjusct0"  # tests/cluster/_realnode.py BRIDGE
+CEPH_ADDR = "10.233.0.1"  # its host side (POD_GATEWAY), on-link for every Pod
+
+
+def _bridge_has_address() -> bool:
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "dev", CEPH_IF], capture_output=True, text=True,
+                         timeout=30, check=False)
+    return f" {CEPH_ADDR}/" in out.stdout
+
+
+@pytest.fixture(scope="module")
+def pod_ceph(real_node: RealNode, k8s_api: Any) -> Iterator[CephCluster]:  # noqa: F811
+    """A Ceph cluster bound to ``CEPH_ADDR`` on the node's CNI bridge (stopped at the end; the bridge is the
+    node's and goes with it)."""
+    require("ceph", _have_ceph(), "ceph-mon/mgr/osd and rbd not installed (hack/install-deps.sh)")
+    if not _bridge_has_address():  # the bridge plugin creates the bridge with the first Pod sandbox
+        core: Any = client.CoreV1Api(k8s_api)
+        core.create_namespaced_pod("default", busybox_pod(real_node, "bridge-up", "true"))
+        try:
+            wait_for(_bridge_has_address, 180, f"{CEPH_ADDR} on {CEPH_IF}")
+        finally:
+            with contextlib.suppress(ApiException):
+                core.delete_namespaced_pod("bridge-up", "default", grace_period_seconds=0)
+    cluster = start_cluster(timeout=180, address=CEPH_ADDR)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

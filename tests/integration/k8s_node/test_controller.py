@@ -12,100 +12,52 @@ the others never wait for a boot.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
 import subprocess
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from ansible_collections.zjusct.cloud.plugins.module_utils._spec import GROUP, PLURAL, VERSION
-from kubernetes import client, watch
-from kubernetes.client.exceptions import ApiException
+from kubernetes import client
 
 from tests.cluster import Cluster, RealNode, wait_for
 from tests.integration.cloudvm_k8s import cloudvm_helpers
 from tests.integration.cloudvm_k8s.cloudvm_helpers import PlayRun, cloudvm_task, finish_play, run_play
-from tests.integration.controller_process import Controller, controller_kubeconfig
+from tests.integration.k8s_node.controller_helpers import (
+    BOOT_TIMEOUT,
+    GROUP,
+    PLURAL,
+    VERSION,
+    Controller,
+    PodWatch,
+    StatusWatch,
+    Vms,
+    cloudvm,
+    controller_kubeconfig,
+    install_crd,
+    teardown_vms,
+)
 from tests.integration.k8s_node.test_launcher_pod import ssh_banner
 from tests.integration.k8s_node.test_real_node import busybox_pod
 
 pytestmark = [pytest.mark.k8s, pytest.mark.kubelet, pytest.mark.guest, pytest.mark.slow, pytest.mark.timeout(2700)]
-REPO = Path(__file__).resolve().parents[3]
-CRD_FILE = REPO / "config" / "crd" / "cloudvms.cloud.zjusct.io.yaml"
-BOOT_TIMEOUT = 1500
-LABEL_VM = "cloud.zjusct.io/vm"
 
 
 @dataclass
-class Env:
-    core: Any
-    custom: Any
-    ns: str
-    controller: Controller
-    key: Path
-    vm_dir: Path
+class Env(Vms):
+    key: Path = Path()
+    vm_dir: Path = Path()
     seen: list[tuple[Any, Any, Any]] = field(default_factory=list)  # (bootID, phase, reason) in watch order
-
-    def vm(self, name: str) -> dict[str, Any]:
-        return dict(self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name))
-
-    def pods(self, name: str) -> list[Any]:
-        return list(self.core.list_namespaced_pod(self.ns, label_selector=f"{LABEL_VM}={name}").items)
-
-    def launcher_running(self, name: str, timeout: float = 900) -> Any:
-        """Wait until the VM has exactly one launcher Pod and its container runs; return that Pod."""
-        def check() -> Any:
-            pods = self.pods(name)
-            if len(pods) != 1 or pods[0].status.phase != "Running":
-                return None
-            states = [c.state for c in pods[0].status.container_statuses or []]
-            return pods[0] if states and states[0].running is not None else None
-
-        try:
-            return wait_for(check, timeout, f"{name}: launcher container running", interval=1)
-        except BaseException:
-            print(self.controller.tail())
-            raise
-
-    def status_when(self, name: str, pred: Callable[[dict[str, Any]], bool], timeout: float, what: str,
-                    ) -> dict[str, Any]:
-        def check() -> dict[str, Any] | None:
-            obj = self.vm(name)
-            return obj if pred(obj.get("status") or {}) else None
-
-        try:
-            return dict(wait_for(check, timeout, what, interval=1))
-        except BaseException:
-            print(self.controller.tail())
-            with contextlib.suppress(Exception):
-                print(self.vm(name).get("status"))
-            raise
-
-
-def _create_or_keep(create: Callable[[], Any]) -> None:
-    try:
-        create()
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
 
 
 @pytest.fixture
 def env(k8s_cluster: Cluster, real_node: RealNode, launcher_image: dict[str, Any], guest_image: Any,
         k8s_api: Any, k8s_namespace: str, tmp_path: Path) -> Iterator[Env]:
     """CRD, a bound root volume claim ``vm1-root`` (hostPath PV with the guest's root.raw), the controller."""
-    ext = client.ApiextensionsV1Api(k8s_api)
-    (crd,) = [d for d in yaml.safe_load_all(CRD_FILE.read_text()) if d]
-    _create_or_keep(lambda: ext.create_custom_resource_definition(crd))
-    wait_for(lambda: any(c.type == "Established" and c.status == "True" for c in
-                         ext.read_custom_resource_definition(crd["metadata"]["name"]).status.conditions or []),
-             60, "CloudVM CRD Established")
+    install_crd(k8s_api)
     core: Any = client.CoreV1Api(k8s_api)
     custom: Any = client.CustomObjectsApi(k8s_api)
     ns = k8s_namespace
@@ -135,47 +87,13 @@ def env(k8s_cluster: Cluster, real_node: RealNode, launcher_image: dict[str, Any
     kubeconfig = controller_kubeconfig(k8s_api, k8s_cluster.kubeconfig, tmp_path / "controller.kubeconfig")
     ctl = Controller(kubeconfig, cfg, ns, tmp_path / "controller.log").start()
     e = Env(core, custom, ns, ctl, key, vm_dir)
-    stop = threading.Event()
-    w = watch.Watch()
-
-    def record() -> None:  # every status the API server ever held for vm1, in order
-        while not stop.is_set():
-            with contextlib.suppress(Exception):
-                for ev in w.stream(custom.list_namespaced_custom_object, GROUP, VERSION, ns, PLURAL,
-                                   timeout_seconds=30):
-                    st = ev["object"].get("status") or {}
-                    seen = (st.get("bootID"), st.get("phase"), st.get("reason"))
-                    if st and (not e.seen or e.seen[-1] != seen):
-                        e.seen.append(seen)
-                    if stop.is_set():
-                        break
-
-    t = threading.Thread(target=record, daemon=True)
-    t.start()
+    statuses = StatusWatch(custom, ns)
+    e.seen = statuses.seen
     try:
-        yield e
+        with statuses:
+            yield e
     finally:
-        stop.set()
-        w.stop()
-        with contextlib.suppress(ApiException):  # no graceful guest stop at teardown (it takes up to 150 s)
-            core.delete_collection_namespaced_pod(ns, label_selector=LABEL_VM, grace_period_seconds=0)
-        with contextlib.suppress(ApiException):
-            custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "vm1")
-        if ctl.proc is None:
-            ctl.start()
-        with contextlib.suppress(TimeoutError):  # the finalizer goes once the launcher Pod is gone
-            wait_for(lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"], 300,
-                     "CloudVM deleted")
-        ctl.stop()
-        with contextlib.suppress(ApiException):
-            core.delete_persistent_volume(pv_name)
-        print(ctl.tail()[-3000:])
-
-
-def _cloudvm(name: str, pubkey: str, power: str, boot: int) -> dict[str, Any]:
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CloudVM", "metadata": {"name": name},
-            "spec": {"owner": "alice", "rootVolumeClaim": f"{name}-root", "vcpus": 1, "memoryMiB": 512,
-                     "powerState": power, "bootID": boot, "sshAuthorizedKeys": [pubkey]}}
+        teardown_vms(e, ["vm1"], [pv_name])
 
 
 def test_cloudvm_module_start_runs_on_the_real_node_ssh_answers_restart_keeps_one_pod_and_stop_deletes_it(
@@ -249,7 +167,7 @@ def test_cloudvm_module_start_runs_on_the_real_node_ssh_answers_restart_keeps_on
 
 def test_launcher_pod_deleted_behind_the_controller_is_failed_never_running(env: Env) -> None:
     pubkey = env.key.with_suffix(".pub").read_text().strip()
-    env.custom.create_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL, _cloudvm("vm1", pubkey, "Running", 1))
+    env.custom.create_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL, cloudvm("vm1", pubkey, "Running", 1))
 
     pod = env.launcher_running("vm1")
     env.core.delete_namespaced_pod(pod.metadata.name, env.ns)
@@ -268,7 +186,7 @@ def test_node_not_ready_makes_the_vm_unknown_with_no_second_pod_and_it_recovers(
     """The kubelet is frozen (SIGSTOP: it stops reporting, the launcher keeps running): the node goes NotReady,
     the VM Unknown/NodeLost, and no second launcher Pod appears; thawed, the same Pod is observed again."""
     pubkey = env.key.with_suffix(".pub").read_text().strip()
-    env.custom.create_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL, _cloudvm("vm1", pubkey, "Running", 1))
+    env.custom.create_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL, cloudvm("vm1", pubkey, "Running", 1))
 
     pod = env.launcher_running("vm1")
     kubelet = real_node.popens["kubelet"]
@@ -303,7 +221,7 @@ def test_root_volume_claim_used_by_another_pod_blocks_the_start_until_it_is_gone
     wait_for(lambda: env.core.read_namespaced_pod("squatter", env.ns).status.phase == "Running", 120,
              "squatter Running")
     pubkey = env.key.with_suffix(".pub").read_text().strip()
-    env.custom.create_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL, _cloudvm("vm1", pubkey, "Running", 1))
+    env.custom.create_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL, cloudvm("vm1", pubkey, "Running", 1))
     blocked = env.status_when("vm1", lambda s: s.get("phase") == "Blocked", 60, "vm1 Blocked")
     assert blocked["status"]["reason"] == "VolumeInUse" and "squatter" in blocked["status"]["message"], blocked
     assert env.pods("vm1") == []
@@ -315,57 +233,13 @@ def test_root_volume_claim_used_by_another_pod_blocks_the_start_until_it_is_gone
     assert claim.metadata.annotations["cloud.zjusct.io/claimed-by"] == pending["metadata"]["uid"]
 
 
-class PodWatch:
-    """Every launcher Pod event of one VM, from a watch of its own (reconnecting, also across an API server
-    restart): the names ever seen and the most launcher Pods alive at once (alive: not ended - no terminal phase,
-    no terminated container - and not deleted)."""
-
-    def __init__(self, core: Any, ns: str, vm: str) -> None:
-        self.core, self.ns, self.vm = core, ns, vm
-        self.names: list[str] = []
-        self.alive: dict[str, bool] = {}
-        self.max_alive = 0
-        self.overlaps: list[list[str]] = []
-        self._stop = threading.Event()
-        self._w = watch.Watch()
-        self._t = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> PodWatch:
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._w.stop()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            with contextlib.suppress(Exception):
-                for ev in self._w.stream(self.core.list_namespaced_pod, self.ns,
-                                         label_selector=f"{LABEL_VM}={self.vm}", timeout_seconds=30):
-                    pod = ev["object"]
-                    name = pod.metadata.name
-                    if name not in self.names:
-                        self.names.append(name)
-                    ended = pod.status.phase in ("Succeeded", "Failed") or any(
-                        c.state and c.state.terminated for c in pod.status.container_statuses or [])
-                    self.alive[name] = ev["type"] != "DELETED" and not ended
-                    now = sorted(n for n, a in self.alive.items() if a)
-                    self.max_alive = max(self.max_alive, len(now))
-                    if len(now) > 1:
-                        self.overlaps.append(now)
-                    if self._stop.is_set():
-                        return
-            self._stop.wait(0.5)
-
-
 def test_launcher_process_killed_is_failed_launcher_lost_never_running(env: Env, real_node: RealNode) -> None:
     """The launcher container's main process is killed (SIGKILL through containerd, as a crash): no
     LauncherResult, so the boot is Failed/LauncherLost; no status ever says Running and no second Pod appears."""
     pubkey = env.key.with_suffix(".pub").read_text().strip()
     with PodWatch(env.core, env.ns, "vm1") as pods:
         env.custom.create_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL,
-                                                   _cloudvm("vm1", pubkey, "Running", 1))
+                                                   cloudvm("vm1", pubkey, "Running", 1))
         pod = env.launcher_running("vm1")
         real_node.kill_container(pod.status.container_statuses[0].container_id)
         failed = env.status_when("vm1", lambda s: s.get("phase") in ("Failed", "Stopped", "Running"), 180,
@@ -390,7 +264,7 @@ def test_stop_and_immediate_start_never_has_two_launcher_pods_alive_and_ends_run
     pubkey = env.key.with_suffix(".pub").read_text().strip()
     with PodWatch(env.core, env.ns, "vm1") as pods:
         env.custom.create_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL,
-                                                   _cloudvm("vm1", pubkey, "Running", 1))
+                                                   cloudvm("vm1", pubkey, "Running", 1))
         first = env.launcher_running("vm1")
         env.custom.patch_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL, "vm1",
                                                   {"spec": {"powerState": "Stopped"}})
@@ -415,7 +289,7 @@ def test_api_server_restart_while_booting_the_controller_recovers_without_a_dupl
     pubkey = env.key.with_suffix(".pub").read_text().strip()
     with PodWatch(env.core, env.ns, "vm1") as pods:
         env.custom.create_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL,
-                                                   _cloudvm("vm1", pubkey, "Running", 1))
+                                                   cloudvm("vm1", pubkey, "Running", 1))
         env.status_when("vm1", lambda s: s.get("pod") == "vm1-boot-1", 120, "launcher Pod created")
         k8s_cluster.restart_apiserver()
         pod = env.launcher_running("vm1")

@@ -13,6 +13,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils._names import DNS1123
 from zjusct_controller.decide import (
     CLAIMED_BY,
     FINALIZER,
+    LAUNCHER_TOLERATIONS,
     Config,
     decide,
     launcher_pod,
@@ -218,7 +219,8 @@ def test_pod_manifest_owner_labels_config_and_resources() -> None:
                                       "uid": UID, "controller": True, "blockOwnerDeletion": True}]
     assert md["labels"]["cloud.zjusct.io/boot-id"] == "1" and md["labels"]["cloud.zjusct.io/vm"] == "web"
     assert spec["restartPolicy"] == "Never" and spec["nodeSelector"] == {"zone": "a"}
-    assert spec["tolerations"] == CFG.tolerations
+    # the config's tolerations, then those that keep Kubernetes from evicting it off a lost node (Fencing)
+    assert spec["tolerations"] == [*CFG.tolerations, *(dict(t) for t in LAUNCHER_TOLERATIONS)]
     container = spec["containers"][0]
     assert container["terminationMessagePath"] == "/dev/termination-log"
     assert container["resources"] == {"requests": {"cpu": "600m", "memory": "875Mi"}}  # 2 vCPU / 1024 MiB, TCG

@@ -1,0 +1,287 @@
+"""What the controller tests on the real node share: the controller as a subprocess with its ServiceAccount's
+rights (tests/integration/controller_process.py, re-exported here), the CRD, CloudVM manifests, waits on a
+CloudVM's status and launcher Pods (printing the controller's log and the launcher logs when a wait fails), watches
+that record every status and every launcher Pod, ssh into a guest, and an RBD root volume (template clone, PV,
+claim) with the cephx user's keyring in a Secret.
+
+Used by test_controller.py, test_controller_rbd.py and test_controller_fencing.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import Connection, ImageRef, Rbd
+from ansible_collections.zjusct.cloud.plugins.module_utils._spec import GROUP, PLURAL, VERSION
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+
+from tests.cluster import wait_for
+from tests.integration.controller_process import CONTROLLER_ROLE, Controller, controller_kubeconfig  # noqa: F401 (re-exported)
+
+REPO = Path(__file__).resolve().parents[3]
+CRD_FILE = REPO / "config" / "crd" / "cloudvms.cloud.zjusct.io.yaml"
+BOOT_TIMEOUT = 1500
+LABEL_VM = "cloud.zjusct.io/vm"
+UNUSED_PUBKEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl unused"  # no boot
+
+
+def create_or_keep(create: Callable[[], Any]) -> None:
+    """``create()``, an AlreadyExists (409) answer taken as success."""
+    try:
+        create()
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+def install_crd(k8s_api: Any) -> None:
+    """The CloudVM CRD of this checkout, created (or kept) and Established."""
+    ext = client.ApiextensionsV1Api(k8s_api)
+    (crd,) = [d for d in yaml.safe_load_all(CRD_FILE.read_text()) if d]
+    create_or_keep(lambda: ext.create_custom_resource_definition(crd))
+    wait_for(lambda: any(c.type == "Established" and c.status == "True" for c in
+                         ext.read_custom_resource_definition(crd["metadata"]["name"]).status.conditions or []),
+             60, "CloudVM CRD Established")
+
+
+def controller_role_docs() -> list[dict[str, Any]]:
+    """The documents of config/rbac/controller-role.yaml."""
+    return [d for d in yaml.safe_load_all(CONTROLLER_ROLE.read_text()) if d]
+
+
+def cloudvm(name: str, pubkey: str, power: str, boot: int) -> dict[str, Any]:
+    """A CloudVM of 1 vCPU / 512 MiB whose root volume claim is ``<name>-root``."""
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CloudVM", "metadata": {"name": name},
+            "spec": {"owner": "alice", "rootVolumeClaim": f"{name}-root", "vcpus": 1, "memoryMiB": 512,
+                     "powerState": power, "bootID": boot, "sshAuthorizedKeys": [pubkey]}}
+
+
+@dataclass
+class Vms:
+    """CloudVMs and their launcher Pods in one namespace, as the tests read and wait on them."""
+
+    core: Any
+    custom: Any
+    ns: str
+    controller: Controller
+
+    def vm(self, name: str) -> dict[str, Any]:
+        return dict(self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name))
+
+    def create(self, body: dict[str, Any]) -> None:
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, body)
+
+    def patch_spec(self, name: str, **spec: Any) -> None:
+        self.custom.patch_namespaced_custom_object(GROUP, VERSION, self.ns, PLURAL, name, {"spec": spec})
+
+    def pods(self, name: str) -> list[Any]:
+        return list(self.core.list_namespaced_pod(self.ns, label_selector=f"{LABEL_VM}={name}").items)
+
+    def dump(self, name: str) -> None:
+        """Print what explains a failed wait: the controller's log, the VM's status, the launcher logs."""
+        print(self.controller.tail())
+        with contextlib.suppress(Exception):
+            print(self.vm(name).get("status"))
+        for p in self.pods(name):
+            with contextlib.suppress(Exception):
+                print(self.core.read_namespaced_pod_log(p.metadata.name, self.ns)[-4000:])
+
+    def status_when(self, name: str, pred: Callable[[dict[str, Any]], bool], timeout: float, what: str,
+                    interval: float = 1) -> dict[str, Any]:
+        """Wait until ``pred(status)`` holds; returns the CloudVM."""
+        def check() -> dict[str, Any] | None:
+            obj = self.vm(name)
+            return obj if pred(obj.get("status") or {}) else None
+
+        try:
+            return dict(wait_for(check, timeout, what, interval=interval))
+        except BaseException:
+            self.dump(name)
+            raise
+
+    def launcher_running(self, name: str, timeout: float = 900) -> Any:
+        """Wait until the VM has exactly one launcher Pod and its container runs; return that Pod."""
+        def check() -> Any:
+            pods = self.pods(name)
+            if len(pods) != 1 or pods[0].status.phase != "Running":
+                return None
+            states = [c.state for c in pods[0].status.container_statuses or []]
+            return pods[0] if states and states[0].running is not None else None
+
+        try:
+            return wait_for(check, timeout, f"{name}: launcher container running", interval=1)
+        except BaseException:
+            self.dump(name)
+            raise
+
+
+class StatusWatch:
+    """Every distinct ``(bootID, phase, reason)`` the API server held for the CloudVMs of one namespace, in order
+    (a watch of its own, reconnecting)."""
+
+    def __init__(self, custom: Any, ns: str) -> None:
+        self.custom, self.ns = custom, ns
+        self.seen: list[tuple[Any, Any, Any]] = []
+        self._stop = threading.Event()
+        self._w = watch.Watch()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> StatusWatch:
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._w.stop()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(Exception):
+                for ev in self._w.stream(self.custom.list_namespaced_custom_object, GROUP, VERSION, self.ns, PLURAL,
+                                         timeout_seconds=30):
+                    st = ev["object"].get("status") or {}
+                    seen = (st.get("bootID"), st.get("phase"), st.get("reason"))
+                    if st and (not self.seen or self.seen[-1] != seen):
+                        self.seen.append(seen)
+                    if self._stop.is_set():
+                        return
+            self._stop.wait(0.5)
+
+
+class PodWatch:
+    """Every launcher Pod event of one VM, from a watch of its own (reconnecting, also across an API server
+    restart): the names ever seen and the most launcher Pods alive at once (alive: not ended - no terminal phase,
+    no terminated container - and not deleted)."""
+
+    def __init__(self, core: Any, ns: str, vm: str) -> None:
+        self.core, self.ns, self.vm = core, ns, vm
+        self.names: list[str] = []
+        self.alive: dict[str, bool] = {}
+        self.max_alive = 0
+        self.overlaps: list[list[str]] = []
+        self._stop = threading.Event()
+        self._w = watch.Watch()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> PodWatch:
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._w.stop()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(Exception):
+                for ev in self._w.stream(self.core.list_namespaced_pod, self.ns,
+                                         label_selector=f"{LABEL_VM}={self.vm}", timeout_seconds=30):
+                    pod = ev["object"]
+                    name = pod.metadata.name
+                    if name not in self.names:
+                        self.names.append(name)
+                    ended = pod.status.phase in ("Succeeded", "Failed") or any(
+                        c.state and c.state.terminated for c in pod.status.container_statuses or [])
+                    self.alive[name] = ev["type"] != "DELETED" and not ended
+                    now = sorted(n for n, a in self.alive.items() if a)
+                    self.max_alive = max(self.max_alive, len(now))
+                    if len(now) > 1:
+                        self.overlaps.append(now)
+                    if self._stop.is_set():
+                        return
+            self._stop.wait(0.5)
+
+
+def ssh_argv(key: Path, host: str, command: str, connect_timeout: int = 60) -> list[str]:
+    return ["ssh", "-i", str(key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o",
+            "UserKnownHostsFile=/dev/null", "-o", f"ConnectTimeout={connect_timeout}", "-o", "LogLevel=ERROR",
+            f"root@{host}", command]
+
+
+def ssh(key: Path, host: str, command: str) -> str:
+    """Run ``command`` in the guest as root; its stdout. Retried: sshd sends its banner slightly before it
+    accepts logins under heavy load.
+
+    Raises:
+        AssertionError: six attempts failed.
+    """
+    out = None
+    for _ in range(6):
+        out = subprocess.run(ssh_argv(key, host, command), capture_output=True, text=True, timeout=180, check=False)
+        if out.returncode == 0:
+            return out.stdout
+        time.sleep(5)
+    raise AssertionError(f"ssh {host} {command!r}: {out.stderr if out else ''}")
+
+
+def ceph_user_secret(ceph: Any, core: Any, ns: str, user: str, secret: str) -> str:
+    """The cephx user QEMU connects as (``profile rbd`` on pool rbd only) and its keyring in the Secret
+    ``secret`` of ``ns`` (key ``keyring``). Returns the key (for the tests that assert it leaks nowhere)."""
+    keyring = ceph.ceph("auth", "get-or-create", f"client.{user}", "mon", "profile rbd", "osd",
+                        "profile rbd pool=rbd")
+    key = next(line.split("=", 1)[1].strip() for line in keyring.splitlines() if line.strip().startswith("key"))
+    assert len(key) > 20
+    core.create_namespaced_secret(ns, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret},
+                                       "type": "Opaque", "stringData": {"keyring": keyring}})
+    return str(key)
+
+
+def rbd_root_volume(ceph: Any, core: Any, guest_image: Any, ns: str, claim: str = "vm1-root",
+                    ) -> tuple[Rbd, ImageRef, str]:
+    """The root volume of a VM as ``rbd_volume`` makes it: a clone of the guest image's template snapshot
+    (``rbd/tmpl-guest@base``, imported once per Ceph cluster), its PV (``spec.csi`` as Ceph-CSI names the image;
+    no driver installed) and a Bound Block claim ``claim``. Returns ``(rbd, image, pv name)``."""
+    rbd = Rbd(Connection(conf=str(ceph.conf), keyring=str(ceph.keyring), timeout=900))
+    template = ImageRef("rbd", "tmpl-guest")
+    if rbd.info(template.at("base")) is None:
+        if rbd.info(template) is None:
+            rbd.import_raw(str(guest_image.rootfs), template, timeout=900)
+        rbd.snap_create(template.at("base"))
+        rbd.snap_protect(template.at("base"))
+    image = ImageRef("rbd", f"{ns}-{claim}")
+    rbd.clone(template.at("base"), image)
+    pv_name = f"{ns}-{claim}"
+    core.create_persistent_volume({
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv_name},
+        "spec": {"capacity": {"storage": "2Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                 "volumeMode": "Block", "persistentVolumeReclaimPolicy": "Retain",
+                 "claimRef": {"namespace": ns, "name": claim},
+                 "csi": {"driver": "rbd.csi.ceph.com", "volumeHandle": image.spec,
+                         "volumeAttributes": {"pool": image.pool, "imageName": image.image}}}})
+    core.create_namespaced_persistent_volume_claim(ns, {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeMode": "Block",
+                 "volumeName": pv_name, "resources": {"requests": {"storage": "2Gi"}}}})
+    wait_for(lambda: core.read_namespaced_persistent_volume_claim(claim, ns).status.phase == "Bound", 120,
+             f"{claim} Bound")
+    return rbd, image, pv_name
+
+
+def teardown_vms(vms: Vms, names: list[str], pv_names: list[str]) -> None:
+    """After a test: launcher Pods removed at once (no graceful guest stop), the CloudVMs deleted (the
+    controller removes its finalizer), the controller stopped, the PVs deleted; the controller's log printed."""
+    core, custom, ns = vms.core, vms.custom, vms.ns
+    with contextlib.suppress(ApiException):
+        core.delete_collection_namespaced_pod(ns, label_selector=LABEL_VM, grace_period_seconds=0)
+    for name in names:
+        with contextlib.suppress(ApiException):
+            custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+    if vms.controller.proc is None:
+        vms.controller.start()
+    with contextlib.suppress(TimeoutError):  # the finalizer goes once the launcher Pods are gone
+        wait_for(lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"], 300,
+                 "CloudVMs deleted")
+    vms.controller.stop()
+    for pv_name in pv_names:
+        with contextlib.suppress(ApiException):
+            core.delete_persistent_volume(pv_name)
+    print(vms.controller.tail()[-3000:])
