@@ -129,3 +129,33 @@ def pod_ceph(real_node: RealNode, k8s_api: Any) -> Iterator[CephCluster]:  # noq
         yield cluster
     finally:
         cluster.stop()
+
+
+SERVICE_BRIDGE = CEPH_IF  # the node's CNI bridge, where Pods' packets to the kubernetes Service arrive
+NFT_TABLE = "zjusct_test_svc"
+
+
+@pytest.fixture(scope="module")
+def controller_image(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """``playbooks/controller_image.yml`` imported into the real node (see :func:`build_image`)."""
+    return build_image(real_node, tmp_path_factory, "controller")
+
+
+@pytest.fixture(scope="module")
+def service_route(k8s_cluster: Cluster, real_node: RealNode) -> Iterator[None]:
+    """What kube-proxy would do here: DNAT the ``kubernetes`` Service address (10.96.0.1:443) arriving from the
+    node's Pod bridge to the test API server on 127.0.0.1 (route_localnet); removed afterwards."""
+    port = k8s_cluster.ports["kube-apiserver"]
+    # conf/all: the bridge appears only with the first Pod (CNI); route_localnet is all-OR-device, restored below
+    sysctl = Path("/proc/sys/net/ipv4/conf/all/route_localnet")
+    before = sysctl.read_text().strip()
+    rules = (f"table ip {NFT_TABLE} {{\n chain pre {{\n  type nat hook prerouting priority dstnat\n"
+             f"  iifname \"{SERVICE_BRIDGE}\" ip daddr 10.96.0.1 tcp dport 443 dnat to 127.0.0.1:{port}\n }}\n}}\n")
+    subprocess.run(["nft", "-f", "-"], input=rules, text=True, check=True)
+    sysctl.write_text("1")
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            sysctl.write_text(before)
+        subprocess.run(["nft", "delete", "table", "ip", NFT_TABLE], check=False)

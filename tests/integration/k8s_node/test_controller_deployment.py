@@ -4,8 +4,8 @@ real node, runs as configured (non-root, read-only root, no capabilities), the i
 CloudVM created afterwards (finalizer added, Blocked/VolumeClaimNotReady for its missing claim: no guest boot),
 and a second site.yml run changes nothing.
 
-The test control plane serves only on 127.0.0.1 and has no kube-proxy: the fixture ``service_route`` DNATs the
-``kubernetes`` Service address (10.96.0.1:443) arriving from the node's Pod bridge to the API server
+The test control plane serves only on 127.0.0.1 and has no kube-proxy: the fixture ``service_route`` (conftest.py)
+DNATs the ``kubernetes`` Service address (10.96.0.1:443) arriving from the node's Pod bridge to the API server
 (route_localnet), the one thing kube-proxy would do here; removed afterwards.
 """
 
@@ -16,7 +16,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,35 +24,9 @@ from ansible_collections.zjusct.cloud.plugins.module_utils._spec import GROUP, P
 from kubernetes import client
 
 from tests.cluster import Cluster, RealNode, wait_for
-from tests.integration.k8s_node.conftest import build_image
 
 pytestmark = [pytest.mark.k8s, pytest.mark.kubelet, pytest.mark.slow, pytest.mark.timeout(2400)]
 REPO = Path(__file__).resolve().parents[3]
-BRIDGE = "cni-zjusct0"
-NFT_TABLE = "zjusct_test_svc"
-
-
-@pytest.fixture(scope="module")
-def controller_image(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return build_image(real_node, tmp_path_factory, "controller")
-
-
-@pytest.fixture(scope="module")
-def service_route(k8s_cluster: Cluster, real_node: RealNode) -> Iterator[None]:
-    port = k8s_cluster.ports["kube-apiserver"]
-    # conf/all: the bridge appears only with the first Pod (CNI); route_localnet is all-OR-device, restored below
-    sysctl = Path("/proc/sys/net/ipv4/conf/all/route_localnet")
-    before = sysctl.read_text().strip()
-    rules = (f"table ip {NFT_TABLE} {{\n chain pre {{\n  type nat hook prerouting priority dstnat\n"
-             f"  iifname \"{BRIDGE}\" ip daddr 10.96.0.1 tcp dport 443 dnat to 127.0.0.1:{port}\n }}\n}}\n")
-    subprocess.run(["nft", "-f", "-"], input=rules, text=True, check=True)
-    sysctl.write_text("1")
-    try:
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            sysctl.write_text(before)
-        subprocess.run(["nft", "delete", "table", "ip", NFT_TABLE], check=False)
 
 
 def run_site(kubeconfig: Path, extra: dict[str, Any]) -> dict[str, Any]:

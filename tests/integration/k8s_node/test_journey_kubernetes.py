@@ -27,12 +27,10 @@ from kubernetes import client
 
 from tests.cluster import Cluster, RealNode, wait_for
 from tests.e2e.playbook_results import task_result
-from tests.integration.k8s_node.test_controller_deployment import (  # noqa: F401  (fixtures)
-    controller_image,
-    run_site,
-    service_route,
-)
-from tests.integration.k8s_node.test_controller_rbd import CEPH_USER, SECRET, _ssh, pod_ceph  # noqa: F401
+from tests.integration.inventory_k8s.inventory_k8s_helpers import run_inventory
+from tests.integration.k8s_node.controller_helpers import ceph_user_secret, ssh
+from tests.integration.k8s_node.test_controller_deployment import run_site
+from tests.integration.k8s_node.test_controller_rbd import CEPH_USER, SECRET
 
 pytestmark = [pytest.mark.k8s, pytest.mark.kubelet, pytest.mark.ceph, pytest.mark.guest, pytest.mark.slow,
               pytest.mark.timeout(5400)]
@@ -68,11 +66,8 @@ class Operator:
         return doc
 
     def inventory(self, source: Path) -> dict[str, Any]:
-        proc = subprocess.run([str(VENV_BIN / "ansible-inventory"), "-i", str(source), "--list"], cwd=REPO,
-                              env=dict(self.env, ANSIBLE_STDOUT_CALLBACK="default"), capture_output=True, text=True,
-                              timeout=300, check=False)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return dict(json.loads(proc.stdout[proc.stdout.find("{"):]))
+        run = run_inventory(source, env=dict(self.env, ANSIBLE_STDOUT_CALLBACK="default"))
+        return run.inventory
 
     def adhoc(self, source: Path, pattern: str, command: str, key: Path) -> str:
         proc = subprocess.run([str(VENV_BIN / "ansible"), "-i", str(source), pattern, "-m", "ansible.builtin.command",
@@ -85,7 +80,7 @@ class Operator:
 
 def test_site_then_vm_start_inventory_stop_start_backup_restore_delete_on_kubernetes(
     k8s_cluster: Cluster, k8s_api: Any, real_node: RealNode, launcher_image: dict[str, Any],
-    controller_image: dict[str, Any], service_route: None, guest_image: Any, pod_ceph: Any,  # noqa: F811
+    controller_image: dict[str, Any], service_route: None, guest_image: Any, pod_ceph: Any,
     k8s_namespace: str, tmp_path: Path,
 ) -> None:
     ns = k8s_namespace
@@ -95,10 +90,7 @@ def test_site_then_vm_start_inventory_stop_start_backup_restore_delete_on_kubern
 
     # the operator's one-time Ceph step (docs/controller.md "Root disk"): the cephx user QEMU connects as and its
     # keyring in a Secret of the tenant namespace
-    keyring = pod_ceph.ceph("auth", "get-or-create", f"client.{CEPH_USER}", "mon", "profile rbd", "osd",
-                            "profile rbd pool=rbd")
-    core.create_namespaced_secret(ns, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET},
-                                       "type": "Opaque", "stringData": {"keyring": keyring}})
+    ceph_user_secret(pod_ceph, core, ns, CEPH_USER, SECRET)
 
     placement = real_node.pod_placement()
     site_vars = {"cluster_controller_image": controller_image["key_tag"],
@@ -130,7 +122,7 @@ def test_site_then_vm_start_inventory_stop_start_backup_restore_delete_on_kubern
         assert claim.status.phase == "Bound" and claim.spec.volume_mode == "Block"
         pool, image = pv.spec.csi.volume_attributes["pool"], pv.spec.csi.volume_attributes["imageName"]
         assert _rbd(pod_ceph, "image-meta", "get", f"{pool}/{image}", "cloud.zjusct.io/owner").strip() == "alice"
-        assert _ssh(key, ep, "cat /proc/cmdline") != ""
+        assert ssh(key, ep, "cat /proc/cmdline") != ""
 
         # the inventory lists her; Ansible reaches her guest
         source = tmp_path / "inventory" / "kubernetes.cloudvm.yml"
@@ -150,7 +142,7 @@ def test_site_then_vm_start_inventory_stop_start_backup_restore_delete_on_kubern
         restarted = task_result(op.play("vm_start.yml", vm_vars), "Start the VM and wait until its SSH answers")
         assert (restarted["phase"], restarted["cloudvm"]["status"]["bootID"]) == ("Running", 2), restarted
         ep = restarted["cloudvm"]["status"]["sshEndpoint"]["host"]
-        assert _ssh(key, ep, "cat /root/marker").strip() == "journey-1"
+        assert ssh(key, ep, "cat /root/marker").strip() == "journey-1"
 
         # offline backup (stops her VM first), restore into a new VM that boots with the file
         backup_dir = tmp_path / "backups"
@@ -164,7 +156,7 @@ def test_site_then_vm_start_inventory_stop_start_backup_restore_delete_on_kubern
             GROUP, VERSION, ns, PLURAL)["items"]}
         assert vms["alice-restored"]["status"]["phase"] == "Running", restored.get("raw", "")[-3000:]
         ep2 = vms["alice-restored"]["status"]["sshEndpoint"]["host"]
-        assert _ssh(key, ep2, "cat /root/marker").strip() == "journey-1"
+        assert ssh(key, ep2, "cat /root/marker").strip() == "journey-1"
 
         # delete keeps the volume: image, PV and claim stay; vm_start again makes a new VM on it, with her file
         op.play("vm_delete.yml", {"owner": "alice", "vm_namespace": ns})
@@ -179,7 +171,7 @@ def test_site_then_vm_start_inventory_stop_start_backup_restore_delete_on_kubern
         res = task_result(again, "Start the VM and wait until its SSH answers")
         assert res["phase"] == "Running" and res["cloudvm"]["metadata"]["uid"] != vm["metadata"]["uid"], res
         assert res["cloudvm"]["spec"]["rootVolumeClaim"] == claim.metadata.name
-        assert _ssh(key, res["cloudvm"]["status"]["sshEndpoint"]["host"], "cat /root/marker").strip() == "journey-1"
+        assert ssh(key, res["cloudvm"]["status"]["sshEndpoint"]["host"], "cat /root/marker").strip() == "journey-1"
     finally:
         for name in ("alice", "alice-restored"):
             with contextlib.suppress(Exception):
