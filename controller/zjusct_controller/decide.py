@@ -630,6 +630,10 @@ def decide(vm: dict, pods: list, nodes: dict, claim: Optional[dict], claim_write
                 current = BootObservation(boot, "lost", started_at=current.started_at, node=current.node,
                                           detail=f"launcher Pod {name} was deleted while the VM should run")
         status = derive_status(spec, current, others)
+        if current.state == "starting" and (status.phase, status.reason) == ("Pending", "Starting"):
+            # created (and perhaps bound), its container not started: the status the create wrote stands, so
+            # the scheduler's binding costs no status write; the node is recorded once the container runs
+            status = Status("Pending", "Starting", f"boot {boot} requested", boot)
         extra["pod"] = name
         pod_ip = (cur.get("status") or {}).get("podIP")
         if status.phase == "Running" and pod_ip:
