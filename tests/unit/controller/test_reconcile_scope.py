@@ -26,6 +26,7 @@ class _Api:
 
     def __init__(self, namespaces: tuple[str, ...] = ("alice",)) -> None:
         self.rv = 100
+        self.unread = 0  # responses whose body nobody read (their connection would not return to the pool)
         self.calls: list[str] = []
         self.vms = {(ns, "web"): {"metadata": {"name": "web", "namespace": ns, "uid": UID, "generation": 1,
                                                "resourceVersion": "1"},
@@ -119,7 +120,20 @@ class _Api:
 
     def create_namespaced_event(self, *_: Any, **__: Any) -> Any:
         self.calls.append("POST event")
-        return _resp({})
+        return _Unread(self, b"{}")
+
+
+class _Unread:
+    """A ``_preload_content=False`` response: counts whether its body was read (which releases the connection)."""
+
+    def __init__(self, api: _Api, body: bytes) -> None:
+        self.api, self.body = api, body
+        api.unread += 1
+
+    @property
+    def data(self) -> bytes:
+        self.api.unread -= 1
+        return self.body
 
 
 def _reconciler(api: _Api, namespaces: tuple[str, ...] = ()) -> Reconciler:
@@ -136,6 +150,7 @@ def test_first_reconcile_lists_once_then_reads_only_caches_five_writes_the_bindi
     assert api.calls == ["LIST nodes", "LIST cloudvms", "LIST pods", "LIST claims", "PATCH cloudvm", "PATCH claim",
                          "POST pod", "PATCH cloudvm/status", "POST event"]
     assert api.vms[("alice", "web")]["metadata"]["finalizers"] == [FINALIZER]
+    assert api.unread == 0  # the Event's answer was read to the end too
     assert api.claims[("alice", "web-root")]["metadata"]["annotations"] == {CLAIMED_BY: UID}
     assert list(api.pods) == [("alice", "web-boot-1")]
     api.calls.clear()
