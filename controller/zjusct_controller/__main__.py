@@ -17,7 +17,7 @@ from kubernetes import client, config
 from .decide import Config
 from .leader import LeaderElector
 from .metrics import Metrics
-from .operator import install
+from .operator import MAX_WORKERS, install
 from .reconcile import Reconciler
 
 
@@ -49,14 +49,18 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"--config {args.config}: {exc}", file=sys.stderr)
         return 2
+    conf = client.Configuration()
     if args.kubeconfig:
-        api = config.new_client_from_config(config_file=args.kubeconfig)
+        config.load_kube_config(config_file=args.kubeconfig, client_configuration=conf)
     else:
         try:
-            config.load_incluster_config()
+            config.load_incluster_config(client_configuration=conf)
         except config.ConfigException:
-            config.load_kube_config()
-        api = client.ApiClient()
+            config.load_kube_config(client_configuration=conf)
+    # one kept-alive connection per handler thread: with the default (5 x CPUs) the pool overflowed, connections
+    # were discarded and each further request paid a new TCP + TLS handshake
+    conf.connection_pool_maxsize = MAX_WORKERS + 4
+    api = client.ApiClient(conf)
     metrics = Metrics()
     if args.metrics_port:
         metrics.serve(args.metrics_port, args.metrics_address)

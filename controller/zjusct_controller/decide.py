@@ -754,6 +754,10 @@ def decide(vm: dict, pods: list, nodes: dict, claim: Optional[dict], claim_write
                 current = BootObservation(boot, "lost", started_at=current.started_at, node=current.node,
                                           detail=f"launcher Pod {name} was deleted while the VM should run")
         status = derive_status(spec, current, others)
+        if current.state == "starting" and (status.phase, status.reason) == ("Pending", "Starting"):
+            # created (and perhaps bound), its container not started: the status the create wrote stands, so
+            # the scheduler's binding costs no status write; the node is recorded once the container runs
+            status = Status("Pending", "Starting", f"boot {boot} requested", boot)
         why = unschedulable(cur) if (status.phase, status.reason) == ("Pending", "Starting") else None
         if why is not None:  # the scheduler's verdict, e.g. not enough cloud.zjusct.io/bandwidth-mbps anywhere
             status.reason, status.message = "Unschedulable", f"launcher Pod {name} cannot be scheduled: {why}"

@@ -55,19 +55,25 @@ class Metrics:
         self.start_to_running = Histogram("zjusct_cloudvm_start_to_running_seconds",
                                           "Launcher Pod creation to Running", buckets=BUCKETS, registry=self.registry)
         self._phases: dict[tuple[str, str], str] = {}
+        self._counts: dict[str, int] = dict.fromkeys(PHASES, 0)
         self._lock = threading.Lock()
         for phase in PHASES:
             self.phase.labels(phase=phase).set(0)
 
     def set_phase(self, key: tuple[str, str], phase: Optional[str]) -> None:
         """Record the phase of one VM (None: the VM is gone) and update the per-phase gauge."""
-        with self._lock:
-            if phase is None:
-                self._phases.pop(key, None)
-            else:
+        with self._lock:  # O(1): only the old and the new phase's gauges move (was a count over every VM)
+            old = self._phases.pop(key, None) if phase is None else self._phases.get(key)
+            if phase is not None:
                 self._phases[key] = phase
-            for p in PHASES:
-                self.phase.labels(phase=p).set(sum(1 for v in self._phases.values() if v == p))
+            if old == phase:
+                return
+            if old is not None:
+                self._counts[old] -= 1
+                self.phase.labels(phase=old).set(self._counts[old])
+            if phase is not None:
+                self._counts[phase] = self._counts.get(phase, 0) + 1
+                self.phase.labels(phase=phase).set(self._counts[phase])
 
     def became_running(self, vm: dict, boot_id: int, pod_created: Optional[str]) -> None:
         """Observe the histograms for a transition to Running of ``boot_id``."""

@@ -10,6 +10,7 @@ controller's finalizer (:data:`.decide.FINALIZER`) is managed by the reconcile i
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from typing import Any, Optional
@@ -22,6 +23,25 @@ from .reconcile import Reconciler
 
 log = logging.getLogger("zjusct_controller")
 _state: dict[str, Any] = {}
+MAX_WORKERS = 32  # kopf's handler threads: reconciles wait on the API server (5 round trips each), not on CPU
+
+
+class NoDiffBase(kopf.DiffBaseStorage):
+    """A diff-base that keeps nothing: these handlers are all ``on.event`` (no create/update/field handlers), so
+    kopf's per-event "essence" of the body is never used. Its default storage deep-copies every watched body on
+    every event before any handler runs - a fifth of the controller's CPU at 1,000 VMs (docs/benchmarks.md,
+    Profiles), all on the one asyncio thread that dispatches the events."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        """An empty essence (no deep copy)."""
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> Optional[kopf.BodyEssence]:
+        """No essence was ever stored."""
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        """Nothing is stored (no annotation is written)."""
 
 
 def install(reconciler: Reconciler, resync_s: float) -> None:
@@ -34,7 +54,9 @@ def install(reconciler: Reconciler, resync_s: float) -> None:
     def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.posting.enabled = False  # our own Events (per transition), not kopf's per-handler ones
         settings.watching.server_timeout = 300
-        settings.execution.max_workers = 16  # reconciles wait on the API server, not on CPU
+        settings.execution.max_workers = MAX_WORKERS
+        settings.persistence.diffbase_storage = NoDiffBase()
+        _state["executor"] = settings.execution.executor
         reconciler.relist()  # the caches are complete before the first event's reconcile
         threading.Thread(target=_resync_loop, name="resync", daemon=True).start()
 
@@ -42,43 +64,43 @@ def install(reconciler: Reconciler, resync_s: float) -> None:
     def _cleanup(**_: Any) -> None:
         _state["stop"].set()
 
+    # The handlers are coroutines: the cache update and the own-write check (memory only) run on kopf's event
+    # loop, and only a reconcile goes to a handler thread - most events (the echoes of our own writes, Pods that
+    # are not launchers) cost no thread hand-off.
     @kopf.on.event(GROUP, VERSION, PLURAL)
-    def _cloudvm(namespace: Optional[str], name: Optional[str], event: Any, **_: Any) -> None:
+    async def _cloudvm(namespace: Optional[str], name: Optional[str], event: Any, **_: Any) -> None:
         obj = plain(event["object"])
         reconciler.observe("cloudvm", event.get("type"), obj)
         if namespace and name and not reconciler.own_write("cloudvm", namespace, name,
                                                            obj["metadata"].get("resourceVersion")):
-            reconciler.reconcile(namespace, name)
+            await _in_thread(reconciler.reconcile, namespace, name)
 
     # every Pod (not only launcher Pods): the cache's claim index needs the Pods that mount a claim
     @kopf.on.event("", "v1", "pods")
-    def _pod(namespace: Optional[str], name: Optional[str], event: Any, **_: Any) -> None:
+    async def _pod(namespace: Optional[str], name: Optional[str], event: Any, **_: Any) -> None:
         obj = plain(event["object"])
         if not reconciler.observe("pod", event.get("type"), obj) or not namespace:
             return
         vm = (obj["metadata"].get("labels") or {}).get(LABEL_VM)
         if vm:
             if not reconciler.own_write("pod", namespace, name or "", obj["metadata"].get("resourceVersion")):
-                reconciler.reconcile(namespace, vm)
+                await _in_thread(reconciler.reconcile, namespace, vm)
             return
         ended = event.get("type") == "DELETED" or (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed")
         if ended:  # a Pod that held a root volume claim let go of it: the VMs blocked on it may start
-            for claim in pod_claims(obj):
-                for ns, vm_name in reconciler.vms_using_claim(namespace, claim):
-                    reconciler.reconcile(ns, vm_name)
+            await _in_thread(_reconcile_claim_users, reconciler, namespace, pod_claims(obj))
 
     @kopf.on.event("", "v1", "persistentvolumeclaims")
-    def _claim(namespace: Optional[str], name: Optional[str], event: Any, **_: Any) -> None:
+    async def _claim(namespace: Optional[str], name: Optional[str], event: Any, **_: Any) -> None:
         obj = plain(event["object"])
         if (reconciler.observe("claim", event.get("type"), obj) and namespace and name
                 and not reconciler.own_write("claim", namespace, name, obj["metadata"].get("resourceVersion"))):
-            for ns, vm_name in reconciler.vms_using_claim(namespace, name):
-                reconciler.reconcile(ns, vm_name)
+            await _in_thread(_reconcile_claim_users, reconciler, namespace, (name,))
 
     ready_seen: dict[str, tuple[Optional[bool], bool]] = {}
 
     @kopf.on.event("", "v1", "nodes")
-    def _node(name: Optional[str], type: Optional[str], event: Any, **_: Any) -> None:
+    async def _node(name: Optional[str], type: Optional[str], event: Any, **_: Any) -> None:
         # Node status heartbeats are frequent; only a change of readiness or of the out-of-service taint (the
         # operator's statement that the node is off: fencing) or a deleted Node concerns the VMs.
         if not name:
@@ -92,8 +114,24 @@ def install(reconciler: Reconciler, resync_s: float) -> None:
         ready_seen[name] = ready
         if first and ready == (True, False):
             return  # a Ready node seen for the first time changes nothing
-        for ns, vm in reconciler.vms_on_node(name):
-            reconciler.reconcile(ns, vm)
+        await _in_thread(lambda: _reconcile_all(reconciler, reconciler.vms_on_node(name)))
+
+
+async def _in_thread(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` in kopf's handler thread pool (the reconciles block on the API server)."""
+    return await asyncio.get_running_loop().run_in_executor(_state.get("executor"), fn, *args)
+
+
+def _reconcile_all(reconciler: Reconciler, vms: list[tuple[str, str]]) -> None:
+    """Reconcile each ``(namespace, name)`` in turn."""
+    for ns, vm in vms:
+        reconciler.reconcile(ns, vm)
+
+
+def _reconcile_claim_users(reconciler: Reconciler, namespace: str, claims: Any) -> None:
+    """Reconcile the CloudVMs of ``namespace`` whose root volume claim is one of ``claims``."""
+    for claim in claims:
+        _reconcile_all(reconciler, reconciler.vms_using_claim(namespace, claim))
 
 
 def _resync_loop() -> None:

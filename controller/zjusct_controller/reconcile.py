@@ -96,6 +96,13 @@ class Reconciler:
         resp = call(*args, _request_timeout=REQUEST_TIMEOUT, _preload_content=False, **kwargs)
         return json.loads(resp.data)
 
+    def _send(self, call: Any, *args: Any, **kwargs: Any) -> None:
+        """``call(*args, **kwargs)`` whose answer is not needed: read to the end, so that the connection goes back
+        to the pool (an unread ``_preload_content=False`` response keeps it: the next request then opens a new
+        connection and pays a TLS handshake)."""
+        resp = call(*args, _request_timeout=REQUEST_TIMEOUT, _preload_content=False, **kwargs)
+        resp.data  # noqa: B018 - reading to the end releases the connection (urllib3)
+
     def relist(self) -> None:
         """LIST every kind the reconciles read (in the watched namespaces; Nodes cluster-wide) into the caches:
         at start-up, before the first reconcile, and at each resync (drops objects whose DELETED event was
@@ -267,8 +274,7 @@ class Reconciler:
         for pod, grace in plan.delete_pods:
             log.info("deleting launcher Pod %s/%s (grace %d s)", ns, pod, grace)
             try:
-                self.core.delete_namespaced_pod(pod, ns, grace_period_seconds=grace,
-                                                _request_timeout=REQUEST_TIMEOUT, _preload_content=False)
+                self._send(self.core.delete_namespaced_pod, pod, ns, grace_period_seconds=grace)
             except ApiException as exc:
                 if exc.status != 404:
                     raise
@@ -362,8 +368,7 @@ class Reconciler:
                 "reason": reason, "message": message, "type": kind, "firstTimestamp": now, "lastTimestamp": now,
                 "count": 1, "source": {"component": COMPONENT}, "reportingComponent": COMPONENT}
         try:
-            self.core.create_namespaced_event(md["namespace"], body, _request_timeout=REQUEST_TIMEOUT,
-                                              _preload_content=False)
+            self._send(self.core.create_namespaced_event, md["namespace"], body)
         except ApiException as exc:  # an Event is best effort; the status is the record
             log.warning("event for %s/%s not written: %s", md["namespace"], md["name"], exc.reason)
 

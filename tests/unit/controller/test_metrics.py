@@ -21,8 +21,12 @@ def test_phase_gauge_counts_vms_per_phase_and_forgets_deleted_ones() -> None:
     get = m.registry.get_sample_value
     assert get("zjusct_cloudvm_phase", {"phase": "Running"}) == 1
     assert get("zjusct_cloudvm_phase", {"phase": "Stopped"}) == 1
+    m.set_phase(("a", "y"), "Stopped")  # the same phase again counts once
+    assert get("zjusct_cloudvm_phase", {"phase": "Stopped"}) == 1
     m.set_phase(("a", "x"), None)
+    m.set_phase(("a", "never-seen"), None)
     assert get("zjusct_cloudvm_phase", {"phase": "Running"}) == 0
+    assert get("zjusct_cloudvm_phase", {"phase": "Stopped"}) == 1
     assert get("zjusct_cloudvm_phase", {"phase": "Failed"}) == 0
 
 

@@ -26,6 +26,7 @@ class _Api:
 
     def __init__(self, namespaces: tuple[str, ...] = ("alice",)) -> None:
         self.rv = 100
+        self.unread = 0  # responses whose body nobody read (their connection would not return to the pool)
         self.calls: list[str] = []
         self.vms = {(ns, "web"): {"metadata": {"name": "web", "namespace": ns, "uid": UID, "generation": 1,
                                                "resourceVersion": "1"},
@@ -119,7 +120,20 @@ class _Api:
 
     def create_namespaced_event(self, *_: Any, **__: Any) -> Any:
         self.calls.append("POST event")
-        return _resp({})
+        return _Unread(self, b"{}")
+
+
+class _Unread:
+    """A ``_preload_content=False`` response: counts whether its body was read (which releases the connection)."""
+
+    def __init__(self, api: _Api, body: bytes) -> None:
+        self.api, self.body = api, body
+        api.unread += 1
+
+    @property
+    def data(self) -> bytes:
+        self.api.unread -= 1
+        return self.body
 
 
 def _reconciler(api: _Api, namespaces: tuple[str, ...] = ()) -> Reconciler:
@@ -128,7 +142,7 @@ def _reconciler(api: _Api, namespaces: tuple[str, ...] = ()) -> Reconciler:
     return r
 
 
-def test_first_reconcile_lists_once_then_reads_only_caches_five_writes_the_binding_one_and_then_nothing() -> None:
+def test_first_reconcile_lists_once_then_reads_only_caches_five_writes_the_binding_none_the_start_one() -> None:
     api = _Api()
     r = _reconciler(api)
     plan = r.reconcile("alice", "web")
@@ -136,16 +150,25 @@ def test_first_reconcile_lists_once_then_reads_only_caches_five_writes_the_bindi
     assert api.calls == ["LIST nodes", "LIST cloudvms", "LIST pods", "LIST claims", "PATCH cloudvm", "PATCH claim",
                          "POST pod", "PATCH cloudvm/status", "POST event"]
     assert api.vms[("alice", "web")]["metadata"]["finalizers"] == [FINALIZER]
+    assert api.unread == 0  # the Event's answer was read to the end too
     assert api.claims[("alice", "web-root")]["metadata"]["annotations"] == {CLAIMED_BY: UID}
     assert list(api.pods) == [("alice", "web-boot-1")]
     api.calls.clear()
     bound = api.pods[("alice", "web-boot-1")]
     bound["spec"]["nodeName"] = "n1"  # the scheduler's binding, as the Pod watch shows it
     assert r.observe("pod", "MODIFIED", api._next(bound))
-    plan = r.reconcile("alice", "web")  # one status write (the node), nothing read
+    plan = r.reconcile("alice", "web")  # bound, not started: the create's status stands, no request
     assert plan is not None and plan.create_pod is None
-    assert api.calls == ["PATCH cloudvm/status"]
+    assert api.calls == []
+    assert "node" not in api.vms[("alice", "web")]["status"]
+    started = api.pods[("alice", "web-boot-1")] = json.loads(json.dumps(bound))  # a new object, as a watch gives
+    started["status"] = {"phase": "Running", "containerStatuses": [
+        {"name": "launcher", "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}
+    assert r.observe("pod", "MODIFIED", api._next(started))
+    r.reconcile("alice", "web")  # the container runs: one status write with the node, nothing read
+    assert api.calls == ["PATCH cloudvm/status", "POST event"]
     assert api.vms[("alice", "web")]["status"]["node"] == "n1"
+    assert api.vms[("alice", "web")]["status"]["reason"] == "WaitingForSSH"
     api.calls.clear()
     r.reconcile("alice", "web")  # the caches hold every write's response: nothing to do, no request
     assert api.calls == []
