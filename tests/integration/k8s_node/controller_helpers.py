@@ -124,18 +124,16 @@ class Vms:
             raise
 
 
-class StatusWatch:
-    """Every distinct ``(bootID, phase, reason)`` the API server held for the CloudVMs of one namespace, in order
-    (a watch of its own, reconnecting)."""
+class _WatchThread:
+    """A watch of its own in a daemon thread, reconnecting (also across an API server restart) until the ``with``
+    block ends; subclasses give the list call and handle each event."""
 
-    def __init__(self, custom: Any, ns: str) -> None:
-        self.custom, self.ns = custom, ns
-        self.seen: list[tuple[Any, Any, Any]] = []
+    def __init__(self) -> None:
         self._stop = threading.Event()
         self._w = watch.Watch()
         self._t = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> StatusWatch:
+    def __enter__(self) -> Any:
         self._t.start()
         return self
 
@@ -143,62 +141,69 @@ class StatusWatch:
         self._stop.set()
         self._w.stop()
 
+    def _stream(self) -> Any:
+        raise NotImplementedError
+
+    def _handle(self, ev: dict[str, Any]) -> None:
+        raise NotImplementedError
+
     def _run(self) -> None:
         while not self._stop.is_set():
             with contextlib.suppress(Exception):
-                for ev in self._w.stream(self.custom.list_namespaced_custom_object, GROUP, VERSION, self.ns, PLURAL,
-                                         timeout_seconds=30):
-                    st = ev["object"].get("status") or {}
-                    seen = (st.get("bootID"), st.get("phase"), st.get("reason"))
-                    if st and (not self.seen or self.seen[-1] != seen):
-                        self.seen.append(seen)
+                for ev in self._stream():
+                    self._handle(ev)
                     if self._stop.is_set():
                         return
             self._stop.wait(0.5)
 
 
-class PodWatch:
-    """Every launcher Pod event of one VM, from a watch of its own (reconnecting, also across an API server
-    restart): the names ever seen and the most launcher Pods alive at once (alive: not ended - no terminal phase,
-    no terminated container - and not deleted)."""
+class StatusWatch(_WatchThread):
+    """Every (bootID, phase, reason) the API server held for the CloudVMs of a namespace, in order (``seen``)."""
+
+    def __init__(self, custom: Any, ns: str) -> None:
+        super().__init__()
+        self.custom, self.ns = custom, ns
+        self.seen: list[tuple[Any, Any, Any]] = []
+
+    def _stream(self) -> Any:
+        return self._w.stream(self.custom.list_namespaced_custom_object, GROUP, VERSION, self.ns, PLURAL,
+                              timeout_seconds=30)
+
+    def _handle(self, ev: dict[str, Any]) -> None:
+        st = ev["object"].get("status") or {}
+        seen = (st.get("bootID"), st.get("phase"), st.get("reason"))
+        if st and (not self.seen or self.seen[-1] != seen):
+            self.seen.append(seen)
+
+
+class PodWatch(_WatchThread):
+    """Every launcher Pod event of one VM: the names ever seen and the most launcher Pods alive at once (alive:
+    not ended - no terminal phase, no terminated container - and not deleted)."""
 
     def __init__(self, core: Any, ns: str, vm: str) -> None:
+        super().__init__()
         self.core, self.ns, self.vm = core, ns, vm
         self.names: list[str] = []
         self.alive: dict[str, bool] = {}
         self.max_alive = 0
         self.overlaps: list[list[str]] = []
-        self._stop = threading.Event()
-        self._w = watch.Watch()
-        self._t = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> PodWatch:
-        self._t.start()
-        return self
+    def _stream(self) -> Any:
+        return self._w.stream(self.core.list_namespaced_pod, self.ns, label_selector=f"{LABEL_VM}={self.vm}",
+                              timeout_seconds=30)
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._w.stop()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            with contextlib.suppress(Exception):
-                for ev in self._w.stream(self.core.list_namespaced_pod, self.ns,
-                                         label_selector=f"{LABEL_VM}={self.vm}", timeout_seconds=30):
-                    pod = ev["object"]
-                    name = pod.metadata.name
-                    if name not in self.names:
-                        self.names.append(name)
-                    ended = pod.status.phase in ("Succeeded", "Failed") or any(
-                        c.state and c.state.terminated for c in pod.status.container_statuses or [])
-                    self.alive[name] = ev["type"] != "DELETED" and not ended
-                    now = sorted(n for n, a in self.alive.items() if a)
-                    self.max_alive = max(self.max_alive, len(now))
-                    if len(now) > 1:
-                        self.overlaps.append(now)
-                    if self._stop.is_set():
-                        return
-            self._stop.wait(0.5)
+    def _handle(self, ev: dict[str, Any]) -> None:
+        pod = ev["object"]
+        name = pod.metadata.name
+        if name not in self.names:
+            self.names.append(name)
+        ended = pod.status.phase in ("Succeeded", "Failed") or any(
+            c.state and c.state.terminated for c in pod.status.container_statuses or [])
+        self.alive[name] = ev["type"] != "DELETED" and not ended
+        now = sorted(n for n, a in self.alive.items() if a)
+        self.max_alive = max(self.max_alive, len(now))
+        if len(now) > 1:
+            self.overlaps.append(now)
 
 
 def ssh_argv(key: Path, host: str, command: str, connect_timeout: int = 60) -> list[str]:
@@ -264,6 +269,24 @@ def rbd_root_volume(ceph: Any, core: Any, guest_image: Any, ns: str, claim: str 
     wait_for(lambda: core.read_namespaced_persistent_volume_claim(claim, ns).status.phase == "Bound", 120,
              f"{claim} Bound")
     return rbd, image, pv_name
+
+
+def hostpath_root_volume(core: Any, ns: str, path: Path, claim: str = "vm1-root", size: str = "4Gi") -> str:
+    """A filesystem root volume: a PV of the directory ``path`` on the node (hostPath, the launcher finds
+    ``root.raw`` in it) pre-bound to the claim ``claim``, and that claim, Bound. Returns the PV's name."""
+    pv_name = f"{ns}-{claim}"
+    core.create_persistent_volume({
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv_name},
+        "spec": {"capacity": {"storage": size}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(path), "type": "Directory"},
+                 "claimRef": {"namespace": ns, "name": claim}}})
+    core.create_namespaced_persistent_volume_claim(ns, {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv_name,
+                 "resources": {"requests": {"storage": size}}}})
+    wait_for(lambda: core.read_namespaced_persistent_volume_claim(claim, ns).status.phase == "Bound", 120,
+             f"{claim} Bound")
+    return pv_name
 
 
 def teardown_vms(vms: Vms, names: list[str], pv_names: list[str]) -> None:

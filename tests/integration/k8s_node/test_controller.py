@@ -37,6 +37,7 @@ from tests.integration.k8s_node.controller_helpers import (
     Vms,
     cloudvm,
     controller_kubeconfig,
+    hostpath_root_volume,
     install_crd,
     teardown_vms,
 )
@@ -65,18 +66,7 @@ def env(k8s_cluster: Cluster, real_node: RealNode, launcher_image: dict[str, Any
     vm_dir.mkdir()
     subprocess.run(["cp", "--sparse=always", "--reflink=auto", str(guest_image.rootfs), str(vm_dir / "root.raw")],
                    check=True, timeout=600)
-    pv_name = f"{ns}-vm1-root"
-    core.create_persistent_volume({
-        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv_name},
-        "spec": {"capacity": {"storage": "4Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
-                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(vm_dir), "type": "Directory"},
-                 "claimRef": {"namespace": ns, "name": "vm1-root"}}})
-    core.create_namespaced_persistent_volume_claim(ns, {
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "vm1-root"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv_name,
-                 "resources": {"requests": {"storage": "4Gi"}}}})
-    wait_for(lambda: core.read_namespaced_persistent_volume_claim("vm1-root", ns).status.phase == "Bound", 120,
-             "root volume claim Bound")
+    pv_name = hostpath_root_volume(core, ns, vm_dir, size="4Gi")
     placement = real_node.pod_placement()
     cfg = tmp_path / "controller.json"
     cfg.write_text(json.dumps({"launcherImage": launcher_image["tag"], "imageDir": str(guest_image.dir),

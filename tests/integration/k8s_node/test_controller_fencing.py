@@ -39,6 +39,7 @@ from tests.integration.k8s_node.controller_helpers import (
     cloudvm,
     controller_kubeconfig,
     controller_role_docs,
+    hostpath_root_volume,
     install_crd,
     rbd_root_volume,
     ssh,
@@ -194,18 +195,7 @@ def test_controller_killed_between_pod_create_and_status_write_makes_no_duplicat
     custom: Any = client.CustomObjectsApi(k8s_api)
     rbac: Any = client.RbacAuthorizationV1Api(k8s_api)
     install_crd(k8s_api)
-    pv_name = f"{ns}-vm1-root"
-    core.create_persistent_volume({
-        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv_name},
-        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
-                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(tmp_path), "type": "Directory"},
-                 "claimRef": {"namespace": ns, "name": "vm1-root"}}})
-    core.create_namespaced_persistent_volume_claim(ns, {
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "vm1-root"},
-        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv_name,
-                 "resources": {"requests": {"storage": "1Gi"}}}})
-    wait_for(lambda: core.read_namespaced_persistent_volume_claim("vm1-root", ns).status.phase == "Bound", 120,
-             "vm1-root Bound")
+    pv_name = hostpath_root_volume(core, ns, tmp_path, size="1Gi")
     placement = real_node.pod_placement()
     cfg = tmp_path / "controller.json"
     cfg.write_text(json.dumps({"launcherImage": "zjusct-launcher:absent", "imageDir": str(tmp_path),
