@@ -150,20 +150,21 @@ def _start_boot(cfg: HostConfig, store: HostStore, vm: dict) -> None:
     with store.transaction():
         others = [a for a in store.allocations(cfg.node) if a["vm_uid"] != uid]
         verdict = check(node, used(others, cfg.node), request)
-        if not verdict.fits:
-            store.record_event("Warning", subject, "InsufficientCapacity", verdict.message)
-            raise CloudVMError(verdict.message, dimension=verdict.dimension)
-        store.put_allocation({"vm_uid": uid, "node": cfg.node, "vcpus": spec["vcpus"],
-                              "memory_mib": spec["memoryMiB"], "disk_mib": volume["size_mib"],
-                              "bandwidth_mbps": bandwidth})
-        lease = store.lease_for(uid)
-        if lease is None:
-            lease = {"ipv4": net.allocate_ipv4(cfg.subnet, [x["ipv4"] for x in store.leases()]),
-                     "vm_uid": uid, "mac": net.mac_address(uid), "tap": net.tap_name(uid)}
-            store.put_lease(lease)
-        if volume.get("claimed_by") != uid:
-            volume["claimed_by"] = uid
-            store.put_volume(volume)
+        if verdict.fits:
+            store.put_allocation({"vm_uid": uid, "node": cfg.node, "vcpus": spec["vcpus"],
+                                  "memory_mib": spec["memoryMiB"], "disk_mib": volume["size_mib"],
+                                  "bandwidth_mbps": bandwidth})
+            lease = store.lease_for(uid)
+            if lease is None:
+                lease = {"ipv4": net.allocate_ipv4(cfg.subnet, [x["ipv4"] for x in store.leases()]),
+                         "vm_uid": uid, "mac": net.mac_address(uid), "tap": net.tap_name(uid)}
+                store.put_lease(lease)
+            if volume.get("claimed_by") != uid:
+                volume["claimed_by"] = uid
+                store.put_volume(volume)
+    if not verdict.fits:  # recorded after the transaction, which wrote nothing (a raise inside would roll it back)
+        store.record_event("Warning", subject, "InsufficientCapacity", verdict.message)
+        raise CloudVMError(verdict.message, dimension=verdict.dimension)
     # the storage's own mark (rbd: the image-meta, for other hosts and the backup tools; none for files)
     _volume_driver(volume["driver"]).claim(cfg.volume_settings(), volume, uid)
     for alert in verdict.alerts:
