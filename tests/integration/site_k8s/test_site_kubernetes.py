@@ -45,3 +45,29 @@ def test_site_installs_the_cloudvm_api_and_second_run_changes_nothing(k8s_cluste
     assert binding.spec.validation_actions == ["Deny"]
     second = run_site(k8s_cluster.kubeconfig)
     assert second["stats"]["localhost"]["changed"] == 0
+
+
+def run_site_failing(kubeconfig: Path, extra: dict) -> str:
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
+    args = {"zjusct_cloud_hosts": "no-hypervisors", "zjusct_cloud_backend": "kubernetes",
+            "cluster_kubeconfig": str(kubeconfig), **extra}
+    proc = subprocess.run([str(VENV_BIN / "ansible-playbook"), "site.yml", "-e", json.dumps(args)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode != 0, proc.stdout[-4000:]
+    return proc.stdout + proc.stderr
+
+
+def test_a_fence_secret_without_fence_user_or_missing_fails_naming_it_and_deploys_nothing(k8s_cluster, k8s_api):
+    config = {"launcherImage": "localhost/zjusct/launcher:0.1.0", "imageDir": "/nonexistent",
+              "cmdline": "console=ttyS0", "ceph": {"monitors": ["10.0.0.1:6789"], "user": "vm", "secretName": "s"}}
+    out = run_site_failing(k8s_cluster.kubeconfig, {"cluster_controller_config": config,
+                                                    "cluster_controller_fence_secret": "no-such-fence"})
+    assert "cluster_controller_fence_secret=no-such-fence" in out and "fenceUser" in out, out[-3000:]
+    config["ceph"]["fenceUser"] = "zjusct-fence"
+    out = run_site_failing(k8s_cluster.kubeconfig, {"cluster_controller_config": config,
+                                                    "cluster_controller_fence_secret": "no-such-fence"})
+    assert "zjusct-cloud-system/no-such-fence does not exist" in out, out[-3000:]
+    deployments = client.AppsV1Api(k8s_api).list_namespaced_deployment("zjusct-cloud-system").items
+    assert [d.metadata.name for d in deployments] == []
+    assert "controller.json" not in json.dumps(
+        [c.data for c in client.CoreV1Api(k8s_api).list_namespaced_config_map("zjusct-cloud-system").items])
