@@ -127,8 +127,10 @@ def run_playbook(playbook: Path, source: Path, env: dict | None = None) -> subpr
 
 
 def start_vm_command(kubeconfig: Path, namespace: str, name: str, owner: str) -> list[str]:
-    """argv that starts a VM through this file's ``__main__`` (for a playbook's command task)."""
-    return [sys.executable, str(Path(__file__)), str(kubeconfig), namespace, name, owner]
+    """argv that starts a VM through this file's ``__main__`` (for a playbook's command task); the collection's
+    ``.collections`` link on its PYTHONPATH, as tests/conftest.py puts it on pytest's ``sys.path``."""
+    return ["env", f"PYTHONPATH={REPO / '.collections'}", sys.executable, str(Path(__file__)), str(kubeconfig),
+            namespace, name, owner]
 
 
 def names(vms: Iterable[str], namespace: str) -> set[str]:
