@@ -96,11 +96,11 @@ class ChunkHasher:
         self.size = 0
 
     def update(self, data: Any) -> None:
-        mv = memoryview(data)
-        self.total.update(mv)
-        self.size += len(mv)
+        self.total.update(data)  # as given: crc32c takes bytes only, a memoryview would be copied
+        self.size += len(data)
         if not self.chunk_size:
             return
+        mv = memoryview(data)
         pos = 0
         while pos < len(mv):
             n = min(len(mv) - pos, self.chunk_size - self._fill)
@@ -766,31 +766,46 @@ def restore(rbd: Rbd, dest: str, target: ImageRef, backup_id: Optional[str] = No
 
 def _import_member(rbd: Rbd, dest: str, m: Manifest, entry: FileEntry, target: ImageRef,
                    base: Optional[List[Optional[str]]], base_size: Optional[int]) -> List[Problem]:
-    """Stream one stored file into ``rbd import-diff -`` while hashing it (one read of the file); return the
-    problems found. On a mismatch (or when rbd rejects the stream) the file is replayed onto the block
-    checksums to name the image blocks it would corrupt."""
-    path = os.path.join(dest, m.id, entry.name)
-    size, sha = -1, ""
-    proc = rbd.popen(["import-diff", "-", target.spec, "--no-progress"], stdin=-1)
-    try:
-        with open(path, "rb", buffering=0) as f:
-            size, sha = copy_hashed(f, proc.stdin, m.checksum)
-    except BrokenPipeError:
-        pass  # rbd stopped reading: its exit status below says why
-    except OSError as exc:
-        proc.kill()
+    """Import one stored file with ``rbd import-diff <file>`` while a thread checksums the same file; return the
+    problems found. rbd reads the file itself (no relay of every byte through this process and a pipe); the
+    checksum is known only at the end of the file either way, and a mismatch fails the restore, which removes
+    the new image — the read-back then compares every block of what was imported with the manifest. On a
+    mismatch (or when rbd rejects the stream) the file is replayed onto the block checksums to name the image
+    blocks it would corrupt."""
+    import threading
+
+    path = os.path.abspath(os.path.join(dest, m.id, entry.name))
+    digest: Dict[str, Any] = {}
+
+    def checksum() -> None:
+        try:
+            h = ChunkHasher(kind=m.checksum)
+            with open(path, "rb", buffering=0) as f:
+                for piece in iter(lambda: f.read(_IO), b""):
+                    h.update(piece)
+            digest["size"], digest["sum"], _chunks = h.finish()
+        except OSError as exc:
+            digest["error"] = exc
+
+    if not os.path.isfile(path):
         return [Problem(m.id, entry.name, -1, 0, 0, f"backup {m.id}: file {entry.name} cannot be read: "
-                        f"{exc.strerror}")]
-    except BaseException:
-        proc.kill()
-        raise
-    intact = size == entry.size and sha == entry.digest
+                        "no such file")]
+    worker = threading.Thread(target=checksum, name="backup-restore-sum", daemon=True)
+    worker.start()
+    rbd_error: Optional[RbdError] = None
     try:
-        proc.finish(timeout=rbd.conn.timeout)
-    except RbdError:
-        if intact:
-            raise
+        rbd.run(["import-diff", path, target.spec, "--no-progress"], json_out=False)
+    except RbdError as exc:
+        rbd_error = exc
+    finally:
+        worker.join()
+    if "error" in digest:
+        return [Problem(m.id, entry.name, -1, 0, 0, f"backup {m.id}: file {entry.name} cannot be read: "
+                        f"{digest['error'].strerror}")]
+    intact = digest["size"] == entry.size and digest["sum"] == entry.digest
     if intact:
+        if rbd_error is not None:
+            raise rbd_error
         return []
     found, _computed = verify_file(dest, m, base, base_size)
     return found or [Problem(m.id, entry.name, -1, 0, 0, f"backup {m.id}: file {entry.name} does not match "

@@ -30,8 +30,8 @@ description:
     id-named directory; the next backup removes its leftovers.
   - V(verified) re-reads the files of a backup's chain and checks them against the manifests, naming each
     damaged file and image block. Nothing in Ceph is touched.
-  - V(restored) imports the chain into the NEW image O(target_name), checking each file as it streams into
-    C(rbd import-diff), then reads the image back and compares every 4 MiB block with the manifest.
+  - V(restored) imports the chain into the NEW image O(target_name), checking each file while C(rbd import-diff)
+    reads it, then reads the image back and compares every 4 MiB block with the manifest.
     On any mismatch the new image is removed and the task fails naming the block. An existing target is
     refused, unless it was restored from the same backup (unchanged).
   - Each V(present) run makes a new backup, so it always reports changed. Check mode reports the plan only.
