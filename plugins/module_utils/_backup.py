@@ -10,10 +10,12 @@ up to B — into a new image. Each backup lives in ``<dest>/<id>/`` with ``data.
 written last, ``complete``; a directory without ``complete`` is not a backup (docs/backup-restore.md "What a backup
 is").
 
-The manifest records, besides identity (VM, owner, pool/image/id, snapshot, parent), the size and sha256 of each
-file plus one sha256 per 4 MiB chunk of it, and one sha256 per 4 MiB block of the image as it reads at the
-snapshot. The file checksums catch damage to the stored bytes; the block checksums prove a restored image
-equals the source, block by block.
+The manifest records, besides identity (VM, owner, pool/image/id, snapshot, parent), the size and checksum of each
+file (optionally one per 4 MiB chunk of it), and one checksum per 4 MiB block of the image as it reads at the
+snapshot. The checksum kind is the manifest's ``checksum``: ``crc32c`` for backups made since crc32c was
+introduced (when the host has google-crc32c), ``sha256`` when the key is absent (every older backup). The file
+checksums catch damage to the stored bytes; the block checksums prove a restored image equals the source, block
+by block.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from ansible_collections.zjusct.cloud.plugins.module_utils import _names
+from ansible_collections.zjusct.cloud.plugins.module_utils._rbd_diff import CHECKSUMS, HEX_LEN
 
 API_VERSION = "backup.cloud.zjusct.io/v1"
 KIND = "RbdBackup"
@@ -35,7 +38,7 @@ COMPLETE_FILE = "complete"
 SNAP_PREFIX = "zjusct-backup-"
 TAG_LEN = 8
 _ID_RE = re.compile(r"^[0-9]{8}T[0-9]{6}Z-[0-9a-f]{6}$")
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEX = {kind: re.compile(r"^[0-9a-f]{%d}$" % n) for kind, n in HEX_LEN.items()}
 
 
 class ManifestError(ValueError):
@@ -44,13 +47,14 @@ class ManifestError(ValueError):
 
 @dataclass
 class FileEntry:
-    """One stored file. ``size`` in bytes; ``sha256`` of the whole file (``sha256sum``-compatible);
-    ``chunks``: optional sha256 of each ``chunk_size`` piece (empty when not recorded — backups rely on the image
-    block checksums to locate damage, which saves a hashing pass)."""
+    """One stored file. ``size`` in bytes; ``digest``: checksum of the whole file, hex, of the manifest's kind
+    (sha256: ``sha256sum``-compatible; crc32c: 8 hex digits); ``chunks``: optional checksum of each
+    ``chunk_size`` piece (empty when not recorded — backups rely on the image block checksums to locate damage,
+    which saves a hashing pass)."""
 
     name: str
     size: int
-    sha256: str
+    digest: str
     chunks: List[str] = field(default_factory=list)
     chunk_size: int = 0
     format: str = "rbd-diff-v1"
@@ -58,8 +62,8 @@ class FileEntry:
 
 @dataclass
 class Manifest:
-    """What one backup holds. Sizes in bytes; ``blocks``: sha256 of each 4 MiB block of the image at
-    ``snapshot`` (the last block may be short)."""
+    """What one backup holds. Sizes in bytes; ``blocks``: checksum (kind ``checksum``: sha256 or crc32c) of each
+    4 MiB block of the image at ``snapshot`` (the last block may be short)."""
 
     id: str
     seq: int
@@ -79,22 +83,29 @@ class Manifest:
     owner: Optional[str] = None
     block_size: int = BLOCK_SIZE
     data_bytes: int = 0
+    checksum: str = "sha256"
     api_version: str = API_VERSION
     kind: str = KIND
 
     def to_dict(self) -> Dict[str, Any]:
-        """The JSON shape written to ``manifest.json`` (camelCase keys)."""
+        """The JSON shape written to ``manifest.json`` (camelCase keys). A sha256 manifest has exactly the shape
+        written before crc32c existed (no ``checksum`` key, ``files[].sha256``); a crc32c one adds
+        ``checksum: crc32c`` and names the file checksum ``files[].crc32c``."""
         d = asdict(self)
-        return {
+        kind = d["checksum"]
+        out = {
             "apiVersion": d["api_version"], "kind": d["kind"], "id": d["id"], "seq": d["seq"],
             "createdAt": d["created_at"], "type": d["type"], "vm": d["vm"], "owner": d["owner"],
             "image": {"pool": d["pool"], "name": d["image"], "id": d["image_id"], "sizeBytes": d["image_size"]},
             "snapshot": d["snapshot"], "parent": d["parent"], "fromSnapshot": d["from_snapshot"],
             "chain": d["chain"], "dataBytes": d["data_bytes"],
-            "files": [{"name": f["name"], "format": f["format"], "sizeBytes": f["size"], "sha256": f["sha256"],
+            "files": [{"name": f["name"], "format": f["format"], "sizeBytes": f["size"], kind: f["digest"],
                        "chunkSize": f["chunk_size"], "chunks": f["chunks"]} for f in d["files"]],
             "blockSize": d["block_size"], "blocks": d["blocks"],
         }
+        if kind != "sha256":
+            out["checksum"] = kind
+        return out
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "Manifest":
@@ -113,12 +124,15 @@ class Manifest:
             raise ManifestError(f"manifest apiVersion/kind: {d.get('apiVersion')!r}/{d.get('kind')!r}, "
                                 f"expected {API_VERSION}/{KIND}")
         img = need(d, "image", dict, "")
+        kind = d.get("checksum", "sha256")
+        if kind not in CHECKSUMS:
+            raise ManifestError(f"manifest checksum: {kind!r}, expected one of {', '.join(CHECKSUMS)}")
         files = []
         for i, f in enumerate(need(d, "files", list, "")):
             where = f"files[{i}]."
             chunks = need(f, "chunks", list, where)
             files.append(FileEntry(name=need(f, "name", str, where), size=need(f, "sizeBytes", int, where),
-                                   sha256=need(f, "sha256", str, where), chunks=chunks,
+                                   digest=need(f, kind, str, where), chunks=chunks,
                                    chunk_size=need(f, "chunkSize", int, where), format=need(f, "format", str, where)))
         m = cls(id=need(d, "id", str, ""), seq=need(d, "seq", int, ""), created_at=need(d, "createdAt", str, ""),
                 type=need(d, "type", str, ""), pool=need(img, "pool", str, "image."),
@@ -126,7 +140,7 @@ class Manifest:
                 image_size=need(img, "sizeBytes", int, "image."), snapshot=need(d, "snapshot", str, ""),
                 parent=d.get("parent"), from_snapshot=d.get("fromSnapshot"), chain=need(d, "chain", list, ""),
                 files=files, blocks=need(d, "blocks", list, ""), vm=d.get("vm"), owner=d.get("owner"),
-                block_size=need(d, "blockSize", int, ""), data_bytes=int(d.get("dataBytes", 0)))
+                block_size=need(d, "blockSize", int, ""), data_bytes=int(d.get("dataBytes", 0)), checksum=kind)
         validate(m)
         return m
 
@@ -147,9 +161,12 @@ def validate(m: Manifest) -> None:
     if len(m.blocks) != nblocks:
         raise ManifestError(f"manifest blocks: {len(m.blocks)} checksums for {m.image_size} bytes, "
                             f"expected {nblocks}")
+    if m.checksum not in CHECKSUMS:
+        raise ManifestError(f"manifest checksum: {m.checksum!r}, expected one of {', '.join(CHECKSUMS)}")
+    hexre = _HEX[m.checksum]
     for i, b in enumerate(m.blocks):
-        if not isinstance(b, str) or not _HEX64.match(b):
-            raise ManifestError(f"manifest blocks[{i}]: {b!r} is not a sha256 hex digest")
+        if not isinstance(b, str) or not hexre.match(b):
+            raise ManifestError(f"manifest blocks[{i}]: {b!r} is not a {m.checksum} hex digest")
     for f in m.files:
         if "/" in f.name or f.name.startswith("."):
             raise ManifestError(f"manifest files: name {f.name!r} must be a plain file name")
@@ -315,6 +332,9 @@ def resolve_chain(backups: Sequence[Manifest], backup_id: Optional[str]) -> List
             raise ValueError(f"backup {target.id}: chain starts at {cid}, which is not a full backup")
         if i > 0 and (m.parent != target.chain[i - 1] or m.from_snapshot != chain[-1].snapshot):
             raise ValueError(f"backup {cid}: parent {m.parent} does not follow {target.chain[i - 1]} in the chain")
+        if i > 0 and m.checksum != chain[0].checksum:  # a diff continues its full's checksum kind
+            raise ValueError(f"backup {cid}: checksum {m.checksum} differs from {chain[0].checksum} of the "
+                             f"chain's full backup {chain[0].id}")
         chain.append(m)
     return chain
 
@@ -334,9 +354,10 @@ class Problem:
     message: str
 
 
-def compare_file(backup: str, entry: FileEntry, size: int, sha256: str, chunks: Sequence[str]) -> List[Problem]:
-    """Compare a file as measured (size, sha256, chunk checksums) with its manifest entry; name each damaged
-    chunk with its byte range."""
+def compare_file(backup: str, entry: FileEntry, size: int, digest: str, chunks: Sequence[str],
+                 kind: str = "sha256") -> List[Problem]:
+    """Compare a file as measured (size, checksum and chunk checksums of kind ``kind``) with its manifest entry;
+    name each damaged chunk with its byte range."""
     problems: List[Problem] = []
     if size != entry.size:
         problems.append(Problem(backup, entry.name, -1, 0, size,
@@ -346,16 +367,16 @@ def compare_file(backup: str, entry: FileEntry, size: int, sha256: str, chunks: 
             start, end = i * entry.chunk_size, min((i + 1) * entry.chunk_size, entry.size) - 1
             problems.append(Problem(backup, entry.name, i, start, end,
                                     f"backup {backup}: file {entry.name} chunk {i} (bytes {start}-{end}) "
-                                    f"is damaged: sha256 {got[:12]}... != manifest {want[:12]}..."))
-    if not problems and sha256 != entry.sha256:
+                                    f"is damaged: {kind} {got[:12]}... != manifest {want[:12]}..."))
+    if not problems and digest != entry.digest:
         problems.append(Problem(backup, entry.name, -1, 0, size,
-                                f"backup {backup}: file {entry.name} sha256 {sha256[:12]}... != manifest "
-                                f"{entry.sha256[:12]}..."))
+                                f"backup {backup}: file {entry.name} {kind} {digest[:12]}... != manifest "
+                                f"{entry.digest[:12]}..."))
     return problems
 
 
-def compare_blocks(backup: str, want: Sequence[str], got: Sequence[Optional[str]], what: str = "image"
-                   ) -> List[Problem]:
+def compare_blocks(backup: str, want: Sequence[str], got: Sequence[Optional[str]], what: str = "image",
+                   kind: str = "sha256") -> List[Problem]:
     """Compare image block checksums (``got`` may hold None = not checked here); name each differing block
     with its byte range and MiB offset."""
     problems: List[Problem] = []
@@ -369,5 +390,5 @@ def compare_blocks(backup: str, want: Sequence[str], got: Sequence[Optional[str]
             problems.append(Problem(backup, what, i, start, start + BLOCK_SIZE - 1,
                                     f"backup {backup}: {what} block {i} (offset {start // (1024 * 1024)} MiB, "
                                     f"bytes {start}-{start + BLOCK_SIZE - 1}) does not match the manifest: "
-                                    f"sha256 {g[:12]}... != {w[:12]}..."))
+                                    f"{kind} {g[:12]}... != {w[:12]}..."))
     return problems

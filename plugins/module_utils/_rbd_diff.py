@@ -11,7 +11,8 @@ records, each one tag byte:
 * ``z`` zeroed data: u64 offset, u64 length
 * ``e`` end of stream (nothing may follow)
 
-``BlockState`` keeps one sha256 per ``BLOCK_SIZE`` (4 MiB) block of an image and applies a diff to it. Blocks
+``BlockState`` keeps one checksum (``crc32c`` or ``sha256``, see ``CHECKSUMS``) per ``BLOCK_SIZE`` (4 MiB)
+block of an image and applies a diff to it. Blocks
 the diff rewrites completely get their new checksum from the stream; blocks it leaves alone keep their base
 checksum; a block only partly rewritten on top of a non-zero base cannot be computed from the stream and is
 reported as *unknown* (the caller reads it from the image). ``rbd export-diff --whole-object`` rewrites whole
@@ -24,6 +25,15 @@ import hashlib
 import struct
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+_crc32c: Any
+try:  # the C extension (hardware CRC32C); its pure-Python fallback is far too slow to use for GiBs
+    import google_crc32c as _crc32c
+
+    HAS_CRC32C = getattr(_crc32c, "implementation", "") == "c"
+except ImportError:
+    _crc32c = None
+    HAS_CRC32C = False
+
 HEADER_V1 = b"rbd diff v1\n"
 HEADER_V2 = b"rbd diff v2\n"
 BLOCK_SIZE = 4 * 1024 * 1024
@@ -34,8 +44,73 @@ _ZERO_BLOCK = bytes(BLOCK_SIZE)
 ZERO_BLOCK_SHA256 = hashlib.sha256(_ZERO_BLOCK).hexdigest()
 
 
+#: checksum kinds a manifest may name: ``sha256`` (64 hex digits; backups made before crc32c, and new ones on a
+#: host without the google-crc32c C extension) and ``crc32c`` (Castagnoli CRC as ``google_crc32c.value``, 8 hex
+#: digits, big-endian: the same number ``gsutil hash -c`` prints in base64)
+CHECKSUMS = ("sha256", "crc32c")
+HEX_LEN = {"sha256": 64, "crc32c": 8}
+
+
 class DiffFormatError(ValueError):
     """The stream is not a well-formed ``rbd diff v1`` stream; the message names the byte offset."""
+
+
+def default_checksum() -> str:
+    """The checksum new full backups use: ``crc32c`` when the google-crc32c C extension is importable (about
+    5x faster than sha256 here, see docs/benchmarks.md), else ``sha256``."""
+    return "crc32c" if HAS_CRC32C else "sha256"
+
+
+def check_checksum(kind: str) -> None:
+    """Raise ValueError when ``kind`` is not in CHECKSUMS or crc32c is wanted without the C extension."""
+    if kind not in CHECKSUMS:
+        raise ValueError(f"checksum: {kind!r} is not one of {', '.join(CHECKSUMS)}")
+    if kind == "crc32c" and not HAS_CRC32C:
+        raise ValueError("checksum: crc32c needs the google-crc32c package with its C extension on the host "
+                         "running the module (pip install 'google-crc32c>=1.5,<2')")
+
+
+def digest_fn(kind: str) -> Callable[[Any], str]:
+    """A function bytes-like -> hex checksum of kind ``kind`` (see CHECKSUMS). Raises ValueError (check_checksum)."""
+    check_checksum(kind)
+    if kind == "sha256":
+        return lambda data: hashlib.sha256(data).hexdigest()
+    value = _crc32c.value
+
+    def crc(data: Any) -> str:  # the extension takes bytes only (PyArg "y#"): other buffers are copied once
+        return "%08x" % value(data if isinstance(data, bytes) else bytes(data))
+
+    return crc
+
+
+class StreamDigest:
+    """Incremental checksum of kind ``kind`` over a byte stream: ``update(bytes-like)``, ``hexdigest()``."""
+
+    def __init__(self, kind: str) -> None:
+        check_checksum(kind)
+        self.kind = kind
+        self._sha = hashlib.sha256() if kind == "sha256" else None
+        self._crc = 0
+
+    def update(self, data: Any) -> None:
+        if self._sha is not None:
+            self._sha.update(data)
+        else:
+            self._crc = _crc32c.extend(self._crc, data if isinstance(data, bytes) else bytes(data))
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest() if self._sha is not None else "%08x" % self._crc
+
+
+_ZERO_DIGESTS: Dict[Tuple[str, int], str] = {}
+
+
+def zero_digest(length: int, kind: str = "sha256") -> str:
+    """Checksum (hex, kind ``kind``) of ``length`` zero bytes (``length`` <= BLOCK_SIZE); cached."""
+    key = (kind, length)
+    if key not in _ZERO_DIGESTS:
+        _ZERO_DIGESTS[key] = digest_fn(kind)(_ZERO_BLOCK[:length])
+    return _ZERO_DIGESTS[key]
 
 
 def zero_sha256(length: int) -> str:
@@ -50,12 +125,12 @@ def block_count(size: int, block_size: int = BLOCK_SIZE) -> int:
     return (size + block_size - 1) // block_size
 
 
-def zero_blocks(size: int) -> List[Optional[str]]:
-    """Checksums of an all-zero image of ``size`` bytes."""
+def zero_blocks(size: int, kind: str = "sha256") -> List[Optional[str]]:
+    """Checksums (kind ``kind``) of an all-zero image of ``size`` bytes."""
     n = block_count(size)
-    out: List[Optional[str]] = [ZERO_BLOCK_SHA256] * n
+    out: List[Optional[str]] = [zero_digest(BLOCK_SIZE, kind)] * n
     if n and size % BLOCK_SIZE:
-        out[-1] = zero_sha256(size % BLOCK_SIZE)
+        out[-1] = zero_digest(size % BLOCK_SIZE, kind)
     return out
 
 
@@ -79,18 +154,23 @@ class _Open:
 
 
 class BlockState:
-    """Per-block sha256 of an image, updated by applying diff records in stream order.
+    """Per-block checksums of an image, updated by applying diff records in stream order.
 
     Args:
         size: image size in bytes before the diff.
         base: checksums before the diff (hex or None = unknown), or None for an all-zero image (a full export
             from nothing: every block the stream does not write is zero).
+        checksum: the kind of every checksum, ``base``'s included (CHECKSUMS).
+    Raises:
+        ValueError: ``base`` does not cover ``size``; unknown ``checksum`` (check_checksum).
     """
 
-    def __init__(self, size: int, base: Optional[List[Optional[str]]] = None) -> None:
+    def __init__(self, size: int, base: Optional[List[Optional[str]]] = None, checksum: str = "sha256") -> None:
+        self.checksum = checksum
+        self._digest = digest_fn(checksum)
         self.zero_base = base is None
         self.size = size
-        self.blocks: List[Optional[str]] = zero_blocks(size) if base is None else list(base)
+        self.blocks: List[Optional[str]] = zero_blocks(size, checksum) if base is None else list(base)
         if len(self.blocks) != block_count(size):
             raise ValueError(f"base: {len(self.blocks)} checksums for {size} bytes, expected {block_count(size)}")
         self._open: Dict[int, _Open] = {}
@@ -114,7 +194,7 @@ class BlockState:
             for i in [i for i in self._open if i >= new_n]:
                 del self._open[i]
         else:
-            self.blocks.extend(zero_blocks(new_size)[old_n:])
+            self.blocks.extend(zero_blocks(new_size, self.checksum)[old_n:])
         # the block holding the old end and the block holding the new end change length
         for size in (old_size, new_size):
             idx = size // BLOCK_SIZE
@@ -122,7 +202,7 @@ class BlockState:
                 self.unknown.add(idx)
                 self.blocks[idx] = None
         if new_size % BLOCK_SIZE and new_n and self.zero_base:
-            self.blocks[new_n - 1] = zero_sha256(self._len(new_n - 1))
+            self.blocks[new_n - 1] = zero_digest(self._len(new_n - 1), self.checksum)
 
     def _advance(self, idx: int) -> None:
         for i in sorted(i for i in self._open if i < idx):
@@ -152,8 +232,9 @@ class BlockState:
             self._advance(idx)
             n = min(len(mv) - pos, BLOCK_SIZE - within)
             if within == 0 and idx not in self._touched and n == self._len(idx):
-                # the piece is the whole block: hash it in place, no copy
-                self.blocks[idx] = hashlib.sha256(mv[pos:pos + n]).hexdigest()
+                # the piece is the whole block: hash it in place, no copy (DiffReader hands whole blocks as the
+                # bytes object it read, which crc32c takes as is)
+                self.blocks[idx] = self._digest(data if n == len(mv) else mv[pos:pos + n])
                 self.unknown.discard(idx)
                 self._touched.add(idx)
                 pos += n
@@ -177,7 +258,7 @@ class BlockState:
             n = min(end - pos, BLOCK_SIZE - within)
             if within == 0 and n >= blen and idx not in self._touched and blen:
                 if idx < block_count(self.size):
-                    self.blocks[idx] = zero_sha256(blen)
+                    self.blocks[idx] = zero_digest(blen, self.checksum)
                     self.unknown.discard(idx)
                     self._touched.add(idx)
             else:
@@ -191,7 +272,7 @@ class BlockState:
     def _close(self, idx: int) -> None:
         op = self._open.pop(idx)
         if op.complete() or self.zero_base:
-            self.blocks[idx] = hashlib.sha256(op.buf).hexdigest()
+            self.blocks[idx] = self._digest(op.buf)
             self.unknown.discard(idx)
         else:
             self.blocks[idx] = None

@@ -12,9 +12,12 @@ version_added: 0.1.0
 author: ZJUSCT cloud team (@zjusct)
 description:
   - V(present) takes one backup of an image that is not in use (no watchers) by a snapshot, an export (full, or only
-    the changes since the previous backup's snapshot), a manifest with the size and sha256 of each file and a
-    sha256 per 4 MiB block of the image, verification of the stored file, then a C(complete) marker written
-    last. Then retention keeps O(keep) backups without ever breaking a chain a kept backup needs, and removes
+    the changes since the previous backup's snapshot), a manifest with the size and checksum of each file and a
+    checksum per 4 MiB block of the image, verification of the stored file, then a C(complete) marker written
+    last. Checksums are CRC32C when the google-crc32c package (with its C extension) is installed where the
+    module runs, else sha256; a diff keeps the kind of its chain, so chains begun before CRC32C stay sha256
+    until their next full backup. Backups of either kind verify and restore.
+  - Then retention keeps O(keep) backups without ever breaking a chain a kept backup needs, and removes
     backup snapshots of the image that are no longer the base of the next diff.
   - One image may be backed up into several destinations (each with its own O(keep)). Each destination owns its
     snapshots, named C(zjusct-backup-<tag>-<id>) where C(tag) is the first 8 hex digits of the sha256
@@ -27,8 +30,8 @@ description:
     id-named directory; the next backup removes its leftovers.
   - V(verified) re-reads the files of a backup's chain and checks them against the manifests, naming each
     damaged file and image block. Nothing in Ceph is touched.
-  - V(restored) imports the chain into the NEW image O(target_name), checking each file as it streams into
-    C(rbd import-diff), then reads the image back and compares every 4 MiB block with the manifest.
+  - V(restored) imports the chain into the NEW image O(target_name), checking each file while C(rbd import-diff)
+    reads it, then reads the image back and compares every 4 MiB block with the manifest.
     On any mismatch the new image is removed and the task fails naming the block. An existing target is
     refused, unless it was restored from the same backup (unchanged).
   - Each V(present) run makes a new backup, so it always reports changed. Check mode reports the plan only.
@@ -36,6 +39,8 @@ description:
     record in that host's store (action C(backup) or C(restore), the backup's owner, the actor, the result, the
     backup id, chain and pruned backups; never a connection setting), listed by M(zjusct.cloud.audit_info).
     Verification, an unchanged restore and check mode record nothing. See docs/security.md, "Audit".
+requirements:
+  - google-crc32c >= 1.5 (optional; CRC32C checksums, needed to verify or restore a CRC32C backup)
 extends_documentation_fragment:
   - zjusct.cloud.ceph
   - zjusct.cloud.host_config
@@ -100,7 +105,7 @@ options:
     description: The NEW image to restore into (V(restored)).
     type: str
   verify:
-    description: With V(present), re-read the stored file and check its sha256 before marking the backup complete.
+    description: With V(present), re-read the stored file and check its checksum before marking the backup complete.
     type: bool
     default: true
   keep_snapshots:

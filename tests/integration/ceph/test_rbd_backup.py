@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -62,10 +63,12 @@ def test_full_then_incremental_backup_restore_into_new_images(rbd, ceph_cluster,
         bio.restore(rbd, dest, ref)
 
 
-def test_corrupted_byte_makes_restore_refuse_naming_the_block(rbd, ceph_cluster, image_name, tmp_path):
+@pytest.mark.parametrize("kind", ["crc32c", "sha256"])
+def test_corrupted_byte_makes_restore_refuse_naming_the_block(rbd, ceph_cluster, image_name, tmp_path, kind):
     dest = str(tmp_path / "bk")
     ref = make_image(rbd, ceph_cluster, image_name, str(tmp_path))
-    b = bio.backup(rbd, ref, dest)["backup"]
+    b = bio.backup(rbd, ref, dest, checksum=kind)["backup"]
+    assert b.get("checksum", "sha256") == kind and len(b["blocks"][0]) == {"crc32c": 8, "sha256": 64}[kind]
     data = os.path.join(dest, b["id"], DATA_FILE)
     # the full stream holds whole 4 MiB objects in order: object 5 (20 MiB) carries the file content
     with open(data, "r+b") as f:
@@ -77,7 +80,7 @@ def test_corrupted_byte_makes_restore_refuse_naming_the_block(rbd, ceph_cluster,
     with pytest.raises(bio.BackupError) as err:
         bio.restore(rbd, dest, target)
     msg = str(err.value)
-    assert f"backup {b['id']}: file {DATA_FILE} sha256" in msg
+    assert f"backup {b['id']}: file {DATA_FILE} {kind}" in msg
     assert f"backup {b['id']}: image block 5 (offset 20 MiB" in msg
     assert rbd.info(target) is None, "a refused restore must not leave an image behind"
     _chain, problems = bio.verify_chain(dest, b["id"])
@@ -227,3 +230,41 @@ def test_snapshots_named_before_tags_stay_usable_and_are_cleaned_by_their_destin
     new = bio.backup(rbd, ref, dest)
     assert new["plan"]["type"] == "diff" and new["removed_snapshots"] == [old["snapshot"]]
     assert {s["name"] for s in rbd.snapshots(ref)} == {foreign, new["backup"]["snapshot"]}
+
+
+def test_backup_made_before_crc32c_restores(rbd, ceph_cluster, image_name, tmp_path):
+    """A sha256 chain (full + diff) written by the code before crc32c (tests/unit/rbd/fixtures/sha256-chain,
+    see make_sha256_chain.py there) restores block-verified into new images, each member of the chain."""
+    sys.path.insert(0, REPO)
+    from tests.unit.rbd.diffgen import apply
+
+    dest = str(tmp_path / "bk")
+    shutil.copytree(os.path.join(REPO, "tests", "unit", "rbd", "fixtures", "sha256-chain"), dest)
+    full_id, diff_id = "20261130T010000Z-a1b2c3", "20261130T020000Z-d4e5f6"
+    size = 2 * 4 * MiB + 65536  # the records below are those make_sha256_chain.py wrote
+    full = [("w", 0, b"written by the sha256 backup format\n" * 100), ("w", 4 * MiB + 100, bytes(range(256)) * 4)]
+    diff = [("w", 8 * MiB, b"second backup, a diff\n" * 20), ("z", 4 * MiB + 100, 512)]
+    want_full = bytes(apply(bytearray(), full, size))
+    want_diff = bytes(apply(bytearray(want_full), diff, size))
+    for bid, want, suffix in ((full_id, want_full, "-old1"), (diff_id, want_diff, "-old2")):
+        target = ImageRef("rbd", image_name + suffix)
+        res = bio.restore(rbd, dest, target, bid)
+        assert res["changed"] and res["verified_blocks"] == 3 and res["owner"] == "alice"
+        assert read_image(ceph_cluster, target, str(tmp_path / suffix)) == want
+
+
+def test_a_sha256_chain_continues_in_sha256_and_the_next_full_is_crc32c(rbd, ceph_cluster, image_name, tmp_path):
+    dest = str(tmp_path / "bk")
+    ref = make_image(rbd, ceph_cluster, image_name, str(tmp_path), size_mib=24)
+    old = bio.backup(rbd, ref, dest, checksum="sha256")["backup"]  # a chain begun before crc32c
+    assert "checksum" not in old and "sha256" in old["files"][0]
+    write_at(ceph_cluster, ref, 8 * MiB, b"after the upgrade" * 100, str(tmp_path))
+    want = read_image(ceph_cluster, ref, str(tmp_path / "w"))
+    inc = bio.backup(rbd, ref, dest)
+    assert inc["plan"]["type"] == "diff" and "checksum" not in inc["backup"], "a diff keeps its chain's kind"
+    new_full = bio.backup(rbd, ref, dest, force_full=True)["backup"]
+    assert new_full["checksum"] == "crc32c" and len(new_full["blocks"][0]) == 8
+    for bid, suffix in ((inc["backup"]["id"], "-d"), (new_full["id"], "-f")):
+        target = ImageRef("rbd", image_name + suffix)
+        bio.restore(rbd, dest, target, bid)
+        assert read_image(ceph_cluster, target, str(tmp_path / suffix)) == want
