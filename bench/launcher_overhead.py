@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Launcher overhead, measured against the same QEMU command run directly, in the same run.
 
-For each of N alternating pairs:
+For each of N pairs (the side that runs first alternates: the launcher first in pairs 1, 3, ...; the direct run
+first in pairs 2, 4, ..., with the argv the launcher logged in the previous pair, so that neither side always
+gets the warmer page cache):
   A. ``python -m zjusct_launcher run``: time from process start to the ready marker (SSH banner seen);
   B. the exact QEMU argv the launcher logged in A (``vmm started``), started directly with the same config disk:
      time from process start to the SSH banner, probed with the launcher's own probe function and interval.
@@ -143,15 +145,24 @@ def main() -> int:
         if args.guest == "image":
             cfg["hypervisor"]["tcgTranslationCacheMiB"] = 256
         a_times, a_probe, b_times, rss_list, cpu_list = [], [], [], [], []
+        argv: list[str] = []
         for i in range(args.pairs):
-            a, ap, argv, rss, hwm, cpu = run_launcher(cfg, work)
-            b = run_direct(argv, cfg)
+            if i % 2 == 0:
+                a, ap, argv, rss, hwm, cpu = run_launcher(cfg, work)
+                b = run_direct(argv, cfg)
+            else:  # direct first, with the argv of the previous pair's launcher run (same config)
+                b = run_direct(argv, cfg)
+                a, ap, again, rss, hwm, cpu = run_launcher(cfg, work)
+                if again != argv:
+                    print(f"pair {i + 1}: note: the launcher's argv differs from the one the direct run used")
+                argv = again
             a_times.append(a)
             a_probe.append(ap)
             b_times.append(b)
             rss_list.append((rss, hwm))
             cpu_list.append(cpu)
-            print(f"pair {i + 1}: launcher marker {a:.2f} s (banner {ap:.2f} s), direct {b:.2f} s, "
+            first = "launcher" if i % 2 == 0 else "direct"
+            print(f"pair {i + 1} ({first} first): launcher marker {a:.2f} s (banner {ap:.2f} s), direct {b:.2f} s, "
                   f"ratio {a / b:.3f}; launcher VmRSS "
                   f"{rss / 1024:.1f} MiB (peak {hwm / 1024:.1f} MiB), launcher CPU before VMM {cpu:.3f} s",
                   flush=True)

@@ -212,16 +212,59 @@ def _grant(request: Request, granted_mbps: int, seq: int) -> Grant:
     """Grant(request, granted_mbps, seq) without the frozen dataclass' per-field object.__setattr__ calls
     (same fields, same equality and hash); the batch builds one per VM."""
     g = _new(Grant)
-    g.__dict__.update(request=request, granted_mbps=granted_mbps, seq=seq)
+    d = g.__dict__
+    d["request"] = request
+    d["granted_mbps"] = granted_mbps
+    d["seq"] = seq
     return g
+
+
+def _request(vm: str, guaranteed_mbps: int, ceil_mbps: int, priority: int, pool: str) -> Request:
+    """Request(...) built like :func:`_grant`."""
+    r = _new(Request)
+    d = r.__dict__
+    d["vm"] = vm
+    d["guaranteed_mbps"] = guaranteed_mbps
+    d["ceil_mbps"] = ceil_mbps
+    d["priority"] = priority
+    d["pool"] = pool
+    return r
+
+
+def grants_from_rows(rows: Iterable[tuple[str, str, int, int, int, int, int]]) -> dict[str, Grant]:
+    """The admitted VMs from stored rows ``(vm, pool, guaranteed_mbps, ceil_mbps, priority, granted_mbps, seq)``
+    (all Mbit/s integers; the host store's ``qos_grants`` columns): vm id -> Grant, in row order.
+
+    Same Requests and Grants as their constructors give (equal, same hash), built without the frozen dataclass'
+    per-field ``object.__setattr__``: loading a node's 10,000 grants is part of every VM start on it
+    (docs/benchmarks.md). Values are not validated here (the store wrote them from validated requests;
+    :func:`check_invariants` checks a loaded State). Raises ValueError/TypeError when a number is not an int."""
+    out: dict[str, Grant] = {}
+    for vm, pool, guaranteed, ceil, priority, granted, seq in rows:
+        out[vm] = _grant(_request(vm, int(guaranteed), int(ceil), int(priority), pool), int(granted), int(seq))
+    return out
+
+
+def _preemption(vm: str, lost_mbps: int) -> Preemption:
+    """Preemption(vm, lost_mbps) built like :func:`_grant`."""
+    p = _new(Preemption)
+    d = p.__dict__
+    d["vm"] = vm
+    d["lost_mbps"] = lost_mbps
+    return p
 
 
 def _decision(vm: str, outcome: str, admitted: bool, granted_mbps: int, preemptions: tuple[Preemption, ...],
               reason: str) -> Decision:
     """Decision(...) built like :func:`_grant` (same fields, same equality)."""
     d = _new(Decision)
-    d.__dict__.update(vm=vm, outcome=outcome, admitted=admitted, granted_mbps=granted_mbps,
-                      preemptions=preemptions, reason=reason)
+    f = d.__dict__
+    f["vm"] = vm
+    f["outcome"] = outcome
+    f["admitted"] = admitted
+    f["granted_mbps"] = granted_mbps
+    f["preemptions"] = preemptions
+    f["reason"] = reason
     return d
 
 
@@ -253,8 +296,30 @@ class _Ledger:
         self.borrowed: dict[str, dict[int, int]] = {p: {} for p in state.pools}
         self.prio_keys: dict[str, list[int]] = {p: [] for p in state.pools}  # sorted keys of borrowed[pool]
         self.listed: set[str] = set()
+        # self._add(vm, g.request, g.seq, g.granted_mbps) per grant, inlined: request() on a node of n VMs
+        # builds this working copy, so it is the O(n) part of every VM start.
+        reqs, granted_of, seqs, used, pool_guaranteed = self.reqs, self.granted, self.seqs, self.used, \
+            self.pool_guaranteed
+        node_guaranteed = 0
+        borrowing = []
         for vm, g in state.grants.items():
-            self._add(vm, g.request, g.seq, g.granted_mbps)
+            r = g.request
+            granted = g.granted_mbps
+            reqs[vm] = r
+            granted_of[vm] = granted
+            seqs[vm] = g.seq
+            gm = r.guaranteed_mbps
+            node_guaranteed += gm
+            pool_guaranteed[r.pool] += gm
+            used[r.pool] += gm + granted
+            if granted:
+                borrowing.append((vm, r, g.seq, granted))
+        self.node_guaranteed = node_guaranteed
+        for vm, r, seq, granted in borrowing:
+            self._borrow(r, granted)
+            if granted > 0 and vm not in self.listed:
+                bisect.insort(self.borrowers[r.pool].setdefault(r.priority, []), (seq, vm))
+                self.listed.add(vm)
 
     def _add(self, vm: str, r: Request, seq: int, granted: int) -> None:
         self.reqs[vm] = r
@@ -296,10 +361,18 @@ class _Ledger:
         delta = granted - self.granted[vm]
         self.granted[vm] = granted
         if delta:
-            self.used[r.pool] += delta
-            self._borrow(r, delta)
+            pool = r.pool
+            prio = r.priority
+            self.used[pool] += delta
+            # self._borrow(r, delta), inlined (called per victim)
+            by_prio = self.borrowed[pool]
+            total = by_prio.get(prio)
+            if total is None:
+                bisect.insort(self.prio_keys[pool], prio)
+                total = 0
+            by_prio[prio] = total + delta
             if delta > 0 and vm not in self.listed:
-                bisect.insort(self.borrowers[r.pool].setdefault(r.priority, []), (self.seqs[vm], vm))
+                bisect.insort(self.borrowers[pool].setdefault(prio, []), (self.seqs[vm], vm))
                 self.listed.add(vm)
         if granted == 0 and vm in self.listed:
             lst = self.borrowers[r.pool][r.priority]
@@ -347,7 +420,7 @@ class _Ledger:
                 if vm == exclude or g <= 0:
                     continue
                 take = g if g < left else left
-                plan.append(Preemption(vm, take))
+                plan.append(_preemption(vm, take))
                 left -= take
                 if left <= 0:
                     return plan, need
@@ -442,10 +515,11 @@ class _Ledger:
 
 
 def _merge(a: list[Preemption], b: list[Preemption]) -> list[Preemption]:
+    """a then b, with the losses of a VM in both summed (at its place in a)."""
     total: dict[str, int] = {}
     for p in a + b:
         total[p.vm] = total.get(p.vm, 0) + p.lost_mbps
-    return [Preemption(vm, mbps) for vm, mbps in total.items()]
+    return [_preemption(vm, mbps) for vm, mbps in total.items()]
 
 
 def request(state: State, req: Request) -> tuple[State, Decision]:
@@ -522,8 +596,18 @@ class ClassRate:
 
 def desired_rates(state: State, vms: Iterable[str] | None = None) -> list[ClassRate]:
     """The class rates of the given admitted VMs (all when ``vms`` is None), sorted by vm id."""
-    wanted = set(state.grants) if vms is None else set(vms) & set(state.grants)
-    return [ClassRate(vm, state.grants[vm].rate_mbps, state.grants[vm].ceil_mbps) for vm in sorted(wanted)]
+    grants = state.grants
+    wanted = sorted(grants) if vms is None else sorted(set(vms) & set(grants))
+    out = []
+    for vm in wanted:
+        r = grants[vm].request
+        c = _new(ClassRate)  # ClassRate(vm, rate, ceil) without the frozen per-field __setattr__ (see _grant)
+        d = c.__dict__
+        d["vm"] = vm
+        d["rate_mbps"] = r.guaranteed_mbps
+        d["ceil_mbps"] = r.guaranteed_mbps + grants[vm].granted_mbps
+        out.append(c)
+    return out
 
 
 def check_invariants(state: State) -> list[str]:
