@@ -169,14 +169,16 @@ def test_wait_timeout_names_last_phase_and_reason(play: Callable[..., PlayRun], 
                                                   root_claim: Callable[[str], str], k8s_api: Any,
                                                   k8s_namespace: str) -> None:
     """The real controller's status at the timeout: a bound root volume claim gets a launcher Pod that the
-    scheduler cannot place (Pending/Starting); a missing claim blocks the start (Blocked/VolumeClaimNotReady)."""
+    scheduler cannot place (Pending/Unschedulable, with the scheduler's message); a missing claim blocks the start
+    (Blocked/VolumeClaimNotReady)."""
     ns = k8s_namespace
     root_claim("slow-root")
     slow, blocked = play([_vm(ns, "slow", owner="alice", power_state="running", wait_timeout=20),
                           _vm(ns, "lost", owner="alice", power_state="running", wait_timeout=20)]).results
     assert slow.get("failed") is True and slow["changed"] is True, slow  # the start request was written
     assert "timed out after 20 s waiting until Running (SSH ready) with bootID 1" in slow["msg"], slow["msg"]
-    assert "last phase Pending, reason Starting, status.bootID 1" in slow["msg"], slow["msg"]
+    assert "last phase Pending, reason Unschedulable, status.bootID 1" in slow["msg"], slow["msg"]
+    assert "launcher Pod slow-boot-1 cannot be scheduled: 0/" in slow["msg"], slow["msg"]
     # what the controller waits on: its launcher Pod, which the real scheduler cannot place
     assert slow["cloudvm"]["status"]["pod"] == "slow-boot-1", slow["cloudvm"]["status"]
     pod: Any = client.CoreV1Api(k8s_api).read_namespaced_pod("slow-boot-1", ns)
