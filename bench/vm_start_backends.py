@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import fcntl
 import json
 import os
 import statistics
@@ -66,7 +65,6 @@ from host_backend import host_cleanup, host_setup, key_args, last_guest_boot, pl
 from kubernetes import client  # noqa: E402
 
 from tests.cluster import Cluster, RealNode, wait_for  # noqa: E402
-from tests.cluster._realnode import LOCK_PATH  # noqa: E402
 from tests.guest_image_fixture import GuestImage, ensure_image_set  # noqa: E402
 from tests.integration.k8s_node.controller_helpers import (  # noqa: E402
     GROUP,
@@ -280,31 +278,6 @@ class KubeSide:
                 self.core.delete_persistent_volume(self.pv)
 
 
-def wait_node_free(timeout: float) -> None:
-    """Wait until no real node holds the machine's lock (tests/cluster/_realnode.py ``LOCK_PATH``), so the control
-    plane is not started (and left idle, loading the machine) while another session's node runs. The lock is only
-    tested here; :class:`RealNode` takes it.
-
-    Raises:
-        TimeoutError: still held after ``timeout`` s.
-    """
-    deadline = time.monotonic() + timeout
-    fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                return
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{LOCK_PATH} held for more than {timeout:.0f} s: "
-                                       f"{os.pread(fd, 200, 0).decode(errors='replace').strip()}") from None
-                time.sleep(5)
-    finally:
-        os.close(fd)
-
-
 def launcher_archive(work: Path) -> tuple[Path, str]:
     """``playbooks/launcher_image.yml`` without its own import (cached): ``(archive, tag)``."""
     report = work / "launcher-image.json"
@@ -372,12 +345,11 @@ def main() -> int:
             if not a.host_only:
                 work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="zjc-bench-start-k8s-")))
                 archive, tag = launcher_archive(work)
-                t_wait = time.monotonic()
-                wait_node_free(a.lock_timeout)
-                out["node_lock_wait_s"] = round(time.monotonic() - t_wait, 1)
                 cluster = stack.enter_context(Cluster())
+                t_node = time.monotonic()  # includes the wait for another session's real node (the lock)
                 node = stack.enter_context(RealNode(cluster.state_dir, extra_images=(archive,),
                                                     lock_timeout=a.lock_timeout))
+                out["node_start_s"] = round(time.monotonic() - t_node, 1)
                 kube = KubeSide(cluster, node, image, tag, work)
                 stack.callback(kube.cleanup)
                 kube.setup()
