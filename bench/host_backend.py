@@ -29,7 +29,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -52,59 +54,113 @@ def _shutdown_s(state: Path, log: Path, boot: int) -> float:
     return _ts(finished) - _ts(sent[-1])
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=2)
-    args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="zjc-bench-"))
+def host_setup(root: Path, image: str | None = None, subnet: str = "10.215.0.0/24",
+               ) -> tuple[dict[str, Any], dict[str, str]]:
+    """A host backend of its own under ``root``: the host config (``root/host.json``, store, volumes, state and
+    logs under ``root``, a private netns ``zjc-bench-<tag>`` with ``subnet``, no NAT, the launcher from this
+    checkout) and an ssh key pair ``root/key`` (+ ``.pub``). Nothing runs yet; the netns is made by the first
+    ``vm_start``.
+
+    Args:
+        root: an empty directory (removed by :func:`host_cleanup`).
+        image: the image set's name (manifest ``name``) the VMs boot; None: the newest set in the cache.
+
+    Returns:
+        ``(config, env)``: the host config (dict of ``host.json``) and the environment for ``ansible-playbook``.
+
+    Raises:
+        SystemExit: no image set in the cache.
+    """
     tag = uuid.uuid4().hex[:6]
-    images = sorted((CACHE / "images").glob("*/manifest.json"))
-    if not images:
-        print("no image set in the cache: run the tests or playbooks/guest_image.yml first")
-        return 1
+    if image is None:
+        images = sorted((CACHE / "images").glob("*/manifest.json"))
+        if not images:
+            raise SystemExit("no image set in the cache: run the tests or playbooks/guest_image.yml first")
+        image = json.loads(images[-1].read_text())["name"]
     config = {
         "node": "bench", "store_path": str(root / "cloud.db"), "images_dir": str(CACHE / "images"),
-        "default_image": json.loads(images[-1].read_text())["name"], "volumes_dir": str(root / "volumes"),
+        "default_image": image, "volumes_dir": str(root / "volumes"),
         "state_dir": str(root / "state"), "runtime_dir": f"/run/zjc-bench-{tag}", "log_dir": str(root / "log"),
-        "netns": f"zjc-bench-{tag}", "subnet": "10.215.0.0/24", "nat": False,
+        "netns": f"zjc-bench-{tag}", "subnet": subnet, "nat": False,
         "launcher_command": [sys.executable, "-m", "zjusct_launcher"], "launcher_pythonpath": str(REPO / "launcher"),
     }
     (root / "host.json").write_text(json.dumps(config))
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "key")], check=True)
     env = dict(os.environ, ZJUSCT_CLOUD_CONFIG=str(root / "host.json"), ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
                PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
+    return config, env
 
-    def playbook(name: str) -> float:
-        t0 = time.monotonic()
-        proc = subprocess.run([str(VENV_BIN / "ansible-playbook"), f"playbooks/{name}.yml", "-e", "owner=bench",
-                               "-e", f"ssh_public_key_file={root / 'key'}.pub"], cwd=REPO, env=env, check=False,
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise SystemExit(f"{name} failed:\n{proc.stdout[-3000:]}")
-        return time.monotonic() - t0
 
+def playbook(name: str, env: dict[str, str], extra: Sequence[str] = (), json_output: bool = False,
+             ) -> tuple[float, dict[str, Any] | None]:
+    """Run ``playbooks/<name>.yml`` with ``-e owner=bench`` (and ``extra`` arguments) from the checkout.
+
+    Args:
+        env: the environment (:func:`host_setup`'s, or another backend's).
+        json_output: use the ``ansible.posix.json`` stdout callback and return its document.
+
+    Returns:
+        ``(wall seconds, the JSON document or None)``.
+
+    Raises:
+        SystemExit: the playbook failed (its output tail in the message).
+    """
+    run_env = dict(env, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json") if json_output else env
+    t0 = time.monotonic()
+    proc = subprocess.run([str(VENV_BIN / "ansible-playbook"), f"playbooks/{name}.yml", "-e", "owner=bench",
+                           *extra], cwd=REPO, env=run_env, check=False, capture_output=True, text=True)
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}")
+    return wall, json.loads(proc.stdout[proc.stdout.index("{"):]) if json_output else None
+
+
+def key_args(root: Path) -> list[str]:
+    """The ``-e ssh_public_key_file=...`` of the key :func:`host_setup` made."""
+    return ["-e", f"ssh_public_key_file={root / 'key'}.pub"]
+
+
+def last_guest_boot(config: dict[str, Any], vm: str = "default_bench") -> float:
+    """Seconds of the last boot of ``vm`` (state dir name ``<namespace>_<name>``) from the launcher's spawn
+    (``spawned-<boot>``) to its ready marker (``readyAt``, else the marker's mtime): the guest's own boot time."""
+    state = Path(config["state_dir"]) / "vms" / vm
+    boot = max(int(p.stem.split("-")[1]) for p in state.glob("boot-*.json"))
+    spawned = json.loads((state / f"spawned-{boot}").read_text())
+    ready = state / f"ready-{boot}"
+    ready_at = json.loads(ready.read_text()).get("readyAt") if ready.read_text().strip().startswith("{") else None
+    return (_ts(ready_at) if ready_at else ready.stat().st_mtime) - float(spawned["time"])
+
+
+def host_cleanup(root: Path, config: dict[str, Any], env: dict[str, str]) -> None:
+    """Delete the VM ``bench`` with its volume (``vm_delete.yml``), the netns, the runtime dir and ``root``."""
+    subprocess.run([str(VENV_BIN / "ansible-playbook"), "playbooks/vm_delete.yml", "-e", "owner=bench",
+                    "-e", "delete_volume=true"], cwd=REPO, env=env, check=False, capture_output=True)
+    subprocess.run(["ip", "netns", "del", config["netns"]], check=False, capture_output=True)
+    shutil.rmtree(config["runtime_dir"], ignore_errors=True)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="zjc-bench-"))
+    config, env = host_setup(root)
     rows = []
     try:
-        playbook("vm_start")  # creates the VM and its volume, first boot
-        playbook("vm_stop")
+        playbook("vm_start", env, key_args(root))  # creates the VM and its volume, first boot
+        playbook("vm_stop", env)
         for _ in range(args.rounds):
-            wall = playbook("vm_start")
-            state = root / "state" / "vms" / "default_bench"
-            boot = max(int(p.stem.split("-")[1]) for p in state.glob("boot-*.json"))
-            spawned = json.loads((state / f"spawned-{boot}").read_text())
-            ready = (state / f"ready-{boot}")
-            ready_at = json.loads(ready.read_text()).get("readyAt") if ready.read_text().strip().startswith("{") \
-                else None
-            guest = (_ts(ready_at) if ready_at else ready.stat().st_mtime) - float(spawned["time"])
-            stop_wall = playbook("vm_stop")
-            shutdown = _shutdown_s(state, root / "log" / "default_bench.launcher.log", boot)
+            wall, _doc = playbook("vm_start", env, key_args(root))
+            guest = last_guest_boot(config)
+            boot = max(int(p.stem.split("-")[1]) for p in (root / "state" / "vms" / "default_bench").glob(
+                "boot-*.json"))
+            stop_wall, _doc = playbook("vm_stop", env)
+            shutdown = _shutdown_s(root / "state" / "vms" / "default_bench",
+                                   root / "log" / "default_bench.launcher.log", boot)
             rows.append((wall, guest, stop_wall, shutdown))
     finally:
-        subprocess.run([str(VENV_BIN / "ansible-playbook"), "playbooks/vm_delete.yml", "-e", "owner=bench",
-                        "-e", "delete_volume=true"], cwd=REPO, env=env, check=False, capture_output=True)
-        subprocess.run(["ip", "netns", "del", config["netns"]], check=False, capture_output=True)
-        shutil.rmtree(config["runtime_dir"], ignore_errors=True)
-        shutil.rmtree(root, ignore_errors=True)
+        host_cleanup(root, config, env)
     print(f"{'round':>5} {'vm_start wall s':>16} {'guest boot s':>13} {'overhead s':>11} {'vm_stop wall s':>15} "
           f"{'guest shutdown s':>17} {'stop overhead s':>16}")
     for i, (wall, guest, stop_wall, shutdown) in enumerate(rows, 1):
