@@ -35,7 +35,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 GRANTED = "granted"
 PREEMPTED = "preempted"
@@ -208,27 +208,24 @@ def _refill_order(g: Grant) -> tuple[int, int, str]:
 _new = object.__new__
 
 
+def _frozen(cls: Any, **fields: Any) -> Any:
+    """An instance of the frozen dataclass ``cls`` with ``fields`` (all of them), without the per-field
+    ``object.__setattr__`` calls of its ``__init__``: same fields, same equality and hash. The batch paths build one
+    Request, Grant, Decision and ClassRate per VM (docs/benchmarks.md); values are not validated here."""
+    obj = _new(cls)
+    obj.__dict__.update(fields)
+    return obj
+
+
 def _grant(request: Request, granted_mbps: int, seq: int) -> Grant:
-    """Grant(request, granted_mbps, seq) without the frozen dataclass' per-field object.__setattr__ calls
-    (same fields, same equality and hash); the batch builds one per VM."""
-    g = _new(Grant)
-    d = g.__dict__
-    d["request"] = request
-    d["granted_mbps"] = granted_mbps
-    d["seq"] = seq
-    return g
+    """Grant(request, granted_mbps, seq) built by :func:`_frozen`."""
+    return _frozen(Grant, request=request, granted_mbps=granted_mbps, seq=seq)
 
 
 def _request(vm: str, guaranteed_mbps: int, ceil_mbps: int, priority: int, pool: str) -> Request:
-    """Request(...) built like :func:`_grant`."""
-    r = _new(Request)
-    d = r.__dict__
-    d["vm"] = vm
-    d["guaranteed_mbps"] = guaranteed_mbps
-    d["ceil_mbps"] = ceil_mbps
-    d["priority"] = priority
-    d["pool"] = pool
-    return r
+    """Request(...) built by :func:`_frozen`."""
+    return _frozen(Request, vm=vm, guaranteed_mbps=guaranteed_mbps, ceil_mbps=ceil_mbps, priority=priority,
+                   pool=pool)
 
 
 def grants_from_rows(rows: Iterable[tuple[str, str, int, int, int, int, int]]) -> dict[str, Grant]:
@@ -246,26 +243,15 @@ def grants_from_rows(rows: Iterable[tuple[str, str, int, int, int, int, int]]) -
 
 
 def _preemption(vm: str, lost_mbps: int) -> Preemption:
-    """Preemption(vm, lost_mbps) built like :func:`_grant`."""
-    p = _new(Preemption)
-    d = p.__dict__
-    d["vm"] = vm
-    d["lost_mbps"] = lost_mbps
-    return p
+    """Preemption(vm, lost_mbps) built by :func:`_frozen`."""
+    return _frozen(Preemption, vm=vm, lost_mbps=lost_mbps)
 
 
 def _decision(vm: str, outcome: str, admitted: bool, granted_mbps: int, preemptions: tuple[Preemption, ...],
               reason: str) -> Decision:
-    """Decision(...) built like :func:`_grant` (same fields, same equality)."""
-    d = _new(Decision)
-    f = d.__dict__
-    f["vm"] = vm
-    f["outcome"] = outcome
-    f["admitted"] = admitted
-    f["granted_mbps"] = granted_mbps
-    f["preemptions"] = preemptions
-    f["reason"] = reason
-    return d
+    """Decision(...) built by :func:`_frozen`."""
+    return _frozen(Decision, vm=vm, outcome=outcome, admitted=admitted, granted_mbps=granted_mbps,
+                   preemptions=preemptions, reason=reason)
 
 
 class _Ledger:
@@ -601,12 +587,8 @@ def desired_rates(state: State, vms: Iterable[str] | None = None) -> list[ClassR
     out = []
     for vm in wanted:
         r = grants[vm].request
-        c = _new(ClassRate)  # ClassRate(vm, rate, ceil) without the frozen per-field __setattr__ (see _grant)
-        d = c.__dict__
-        d["vm"] = vm
-        d["rate_mbps"] = r.guaranteed_mbps
-        d["ceil_mbps"] = r.guaranteed_mbps + grants[vm].granted_mbps
-        out.append(c)
+        out.append(_frozen(ClassRate, vm=vm, rate_mbps=r.guaranteed_mbps,
+                           ceil_mbps=r.guaranteed_mbps + grants[vm].granted_mbps))
     return out
 
 
