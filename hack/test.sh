@@ -91,8 +91,10 @@ lane_rc() { # lane_rc NAME RC: record a lane's verdict
 if [ "$paths" -eq 1 ] || [ "${ZJUSCT_TEST_LANES:-3}" = 1 ]; then
   if [ "$paths" -eq 0 ]; then set -- tests "$@"; fi
   echo "==> pytest ${order[*]} $* (seed $seed)"
-  pytest "${common[@]}" "$@"
+  pytest "${common[@]}" "$@" > >(tee "$checks_dir/single") 2>&1
   lane_rc "" $?
+  sleep 1  # let tee drain
+  grep -E "^(FAILED|ERROR) " "$checks_dir/single" >"$checks_dir/pytest-failures"
 else
   ignores=()
   for d in "${guest_lane[@]}" "${node_lane[@]}"; do ignores+=("--ignore=$d"); done
@@ -119,6 +121,8 @@ else
   done
   echo "==> pytest lane summaries:"
   for lane in "${lanes[@]}"; do grep -E "=+ .* in [0-9.]+s.* =+" "$logs/$lane" | tail -n 1; done
+  # the failing tests' ids, repeated as the last lines of the run (CI keeps only the tail of the output)
+  for lane in "${lanes[@]}"; do grep -E "^\[$lane\] (FAILED|ERROR) " "$logs/$lane"; done >"$checks_dir/pytest-failures"
   rm -rf "$logs"
 fi
 echo "==> pytest: $((SECONDS - t0)) s"
@@ -136,6 +140,10 @@ if [ -s "$checks_dir/failed" ]; then
   while IFS= read -r name; do failed+=("$name"); done <"$checks_dir/failed"
 fi
 
+if [ -s "$checks_dir/pytest-failures" ]; then
+  echo "==> pytest failures (seed $seed):"
+  cut -c1-300 "$checks_dir/pytest-failures"
+fi
 if ((${#failed[@]})); then
   echo "==> FAILED: ${failed[*]}"
   exit 1
