@@ -12,7 +12,7 @@ in between, and the plan is recomputed from a fresh GET. That is what makes ``po
 bump ``bootID`` exactly once even when two runs race or a task is retried.
 
 Connection options, their ``K8S_AUTH_*`` environment fallbacks and client caching come from
-kubernetes.core (``module_utils.k8s.client.get_api_client``); CRUD uses the typed
+kubernetes.core (through :mod:`._k8s_client`); CRUD uses the typed
 ``CustomObjectsApi`` on that client, so no API discovery is needed.
 
 Shapes: ``params`` is the module's parameter dict (``_cloudvm_module.cloudvm_argument_spec``).
@@ -22,10 +22,11 @@ Objects are plain dicts as the API returns them (``managedFields`` removed). Tim
 from __future__ import annotations
 
 import copy
-import os
 import time
 from typing import Any, Callable, Optional, Protocol
 
+from ansible_collections.zjusct.cloud.plugins.module_utils._k8s_client import ApiException
+from ansible_collections.zjusct.cloud.plugins.module_utils._k8s_client import api_client as _api_client
 from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import (
     CloudVMError,
     authorize,
@@ -34,34 +35,6 @@ from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import (
     plan_power,
 )
 from ansible_collections.zjusct.cloud.plugins.module_utils._spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
-
-try:
-    from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_MAP
-    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client
-    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.exceptions import CoreException
-
-    HAS_K8S_CORE = True
-except ImportError:  # pragma: no cover - reported by _client()
-    HAS_K8S_CORE = False
-    AUTH_ARG_MAP = {}
-
-    class CoreException(Exception):  # type: ignore[no-redef]
-        """Placeholder when kubernetes.core is missing."""
-
-try:
-    from kubernetes.client import CustomObjectsApi
-    from kubernetes.client.exceptions import ApiException
-
-    HAS_KUBERNETES = True
-except ImportError:  # pragma: no cover - reported by _client()
-    HAS_KUBERNETES = False
-
-    class ApiException(Exception):  # type: ignore[no-redef]
-        """Placeholder when the kubernetes library is missing."""
-
-        status = 0
-        reason = ""
-        body = ""
 
 FIELD_MANAGER = "zjusct.cloud.cloudvm"
 REQUEST_TIMEOUT = 30  # seconds, every API call
@@ -187,7 +160,10 @@ class KubernetesCloudVMApi:
 
 def _client(params: dict) -> KubernetesCloudVMApi:
     """The real adapter, authenticated the way kubernetes.core modules are (options, then K8S_AUTH_*)."""
-    return KubernetesCloudVMApi(CustomObjectsApi(api_client(params)))
+    client = api_client(params)  # names a missing library first
+    from kubernetes.client import CustomObjectsApi
+
+    return KubernetesCloudVMApi(CustomObjectsApi(client))
 
 
 def api_client(params: dict) -> Any:
@@ -196,26 +172,7 @@ def api_client(params: dict) -> Any:
     Raises:
         CloudVMError: the libraries are missing, the kubeconfig does not exist, or the client cannot be set up.
     """
-    if not HAS_KUBERNETES:
-        raise CloudVMError("backend kubernetes: the Python library 'kubernetes' is not installed on the managed node")
-    if not HAS_K8S_CORE:
-        raise CloudVMError("backend kubernetes: the collection kubernetes.core is not installed")
-    auth = {option: params.get(option) for option in AUTH_ARG_MAP.values() if params.get(option) is not None}
-    for option in ("impersonate_user", "impersonate_groups"):
-        if params.get(option):
-            auth[option] = params[option]
-    kubeconfig = auth.get("kubeconfig") or os.environ.get("K8S_AUTH_KUBECONFIG")
-    if isinstance(kubeconfig, str) and not os.path.exists(os.path.expanduser(kubeconfig)):
-        raise CloudVMError(f"kubeconfig: {kubeconfig} does not exist")
-    try:
-        k8s = get_api_client(**auth)
-    except CoreException as exc:
-        raise CloudVMError(f"backend kubernetes: {exc}") from exc
-    except Exception as exc:  # unreachable server (discovery asks /version), bad context name ...
-        what = "cannot reach the Kubernetes API" if "MaxRetryError" in type(exc).__name__ else \
-            "cannot configure the API client"
-        raise CloudVMError(f"backend kubernetes: {what}: {type(exc).__name__}: {exc}") from exc
-    return k8s.client.client
+    return _api_client(params, lambda message: CloudVMError(f"backend kubernetes: {message}"))
 
 
 # --------------------------------------------------------------------------- pure helpers

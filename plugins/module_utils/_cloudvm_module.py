@@ -14,13 +14,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ansible_collections.zjusct.cloud.plugins.module_utils._k8s_client import auth_argument_spec
 from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import CloudVMError
 from ansible_collections.zjusct.cloud.plugins.module_utils._spec import in_user_terms, is_dns_label
-
-try:
-    from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
-except ImportError:  # kubernetes.core missing: only the host backend can be used
-    AUTH_ARG_SPEC = {}
 
 BACKENDS = ("host", "kubernetes")
 
@@ -31,7 +27,7 @@ def backend_argument_spec() -> dict:
         "backend": {"type": "str", "choices": list(BACKENDS)},
         "host_config": {"type": "path"},
     }
-    spec.update({k: dict(v) for k, v in AUTH_ARG_SPEC.items()})
+    spec.update(auth_argument_spec())  # empty when kubernetes.core is missing: only the host backend works
     return spec
 
 

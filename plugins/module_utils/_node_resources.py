@@ -22,33 +22,11 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Any, Optional
 
-try:
-    from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_MAP, AUTH_ARG_SPEC
-    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client
-    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.exceptions import CoreException
-
-    HAS_K8S_CORE = True
-except ImportError:  # pragma: no cover - reported by run()
-    HAS_K8S_CORE = False
-    AUTH_ARG_MAP, AUTH_ARG_SPEC = {}, {}
-
-    class CoreException(Exception):  # type: ignore[no-redef]
-        """Placeholder when kubernetes.core is missing."""
-
-try:
-    from kubernetes.client import CoreV1Api
-    from kubernetes.client.exceptions import ApiException
-
-    HAS_KUBERNETES = True
-except ImportError:  # pragma: no cover - reported by run()
-    HAS_KUBERNETES = False
-
-    class ApiException(Exception):  # type: ignore[no-redef]
-        """Placeholder when the kubernetes library is missing."""
-
-        status = 0
-        reason = ""
-        body = ""
+from ansible_collections.zjusct.cloud.plugins.module_utils._k8s_client import (
+    ApiException,
+    api_client,
+    auth_argument_spec,
+)
 
 FIELDS = ("capacity", "allocatable")
 REQUEST_TIMEOUT = 30  # seconds, each API call
@@ -69,7 +47,7 @@ def argument_spec() -> dict:
         "resources": {"type": "dict", "required": True},
         "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
     }
-    spec.update({k: dict(v) for k, v in AUTH_ARG_SPEC.items()})
+    spec.update(auth_argument_spec())
     return spec
 
 
@@ -168,20 +146,10 @@ def plan(status: dict, wanted: dict, state: str) -> tuple[list, dict, dict]:
 
 
 def _core(params: dict) -> Any:
-    if not HAS_KUBERNETES:
-        raise NodeResourcesError("the Python library 'kubernetes' is not installed on the managed node")
-    if not HAS_K8S_CORE:
-        raise NodeResourcesError("the collection kubernetes.core is not installed")
-    auth = {option: params.get(option) for option in AUTH_ARG_MAP.values() if params.get(option) is not None}
-    for option in ("impersonate_user", "impersonate_groups"):
-        if params.get(option):
-            auth[option] = params[option]
-    try:
-        return CoreV1Api(get_api_client(**auth).client.client)
-    except CoreException as exc:
-        raise NodeResourcesError(str(exc)) from exc
-    except Exception as exc:  # unreachable server, bad context name ...
-        raise NodeResourcesError(f"cannot reach the Kubernetes API: {type(exc).__name__}: {exc}") from exc
+    client = api_client(params, NodeResourcesError)  # names a missing library first
+    from kubernetes.client import CoreV1Api
+
+    return CoreV1Api(client)
 
 
 def run(params: dict, check_mode: bool, core: Any = None) -> dict:

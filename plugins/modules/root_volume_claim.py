@@ -134,6 +134,7 @@ diff:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.zjusct.cloud.plugins.module_utils._k8s_client import auth_argument_spec
 from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import CloudVMError
 from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import Connection, Rbd, connection_argument_spec
 from ansible_collections.zjusct.cloud.plugins.module_utils._root_volume_claim import (
@@ -143,10 +144,6 @@ from ansible_collections.zjusct.cloud.plugins.module_utils._root_volume_claim im
     ensure,
 )
 
-try:
-    from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_SPEC
-except ImportError:  # reported when the client is built
-    AUTH_ARG_SPEC = {}
 
 
 def main() -> None:
@@ -164,7 +161,7 @@ def main() -> None:
         wait_timeout=dict(type="int", default=120),
         **connection_argument_spec(),
     )
-    spec.update({k: dict(v) for k, v in AUTH_ARG_SPEC.items()})
+    spec.update(auth_argument_spec())
     module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
     p = dict(module.params)
     p["rbd_image"] = p.get("rbd_image") or derived_name(str(p["namespace"]), str(p["name"]))
