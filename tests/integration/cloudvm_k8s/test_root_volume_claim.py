@@ -117,14 +117,18 @@ def exists_pvc(core: Any, ns: str, name: str) -> bool:
     return True
 
 
+def _web_root(ns: str, pvs: list[str]) -> tuple[str, str, str, ImageRef]:
+    """The claim ``web-root`` in ``ns``: (namespace, claim, PV name, RBD image); the PV is deleted at teardown."""
+    pv_name = f"{ns}.web-root"
+    pvs.append(pv_name)
+    return ns, "web-root", pv_name, ImageRef("rbd", pv_name)
+
+
 def test_creates_clone_pv_and_bound_claim_once_and_check_mode_creates_nothing(
     play: Callable[..., PlayRun], ceph_cluster: CephCluster, rbd: Rbd, core: Any, k8s_namespace: str,
     image_set: Path, pvs: list[str],
 ) -> None:
-    ns, claim = k8s_namespace, "web-root"
-    pv_name = f"{ns}.{claim}"
-    pvs.append(pv_name)
-    ref = ImageRef("rbd", pv_name)
+    ns, claim, pv_name, ref = _web_root(k8s_namespace, pvs)
     task = claim_task(ns, claim, "alice", image_set.parent, image_set.name)
     env = ceph_env(ceph_cluster)
 
@@ -175,10 +179,7 @@ def test_refuses_an_object_of_someone_else_naming_it_and_creates_nothing(
     case: str, play: Callable[..., PlayRun], ceph_cluster: CephCluster, rbd: Rbd, core: Any, k8s_namespace: str,
     image_set: Path, pvs: list[str],
 ) -> None:
-    ns, claim = k8s_namespace, "web-root"
-    pv_name = f"{ns}.{claim}"
-    pvs.append(pv_name)
-    ref = ImageRef("rbd", pv_name)
+    ns, claim, pv_name, ref = _web_root(k8s_namespace, pvs)
     pv = {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv_name, "labels": {OWNER_LABEL: "bob"}},
           "spec": {"capacity": {"storage": "4Mi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
                    "volumeMode": "Block", "persistentVolumeReclaimPolicy": "Retain",

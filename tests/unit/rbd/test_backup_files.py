@@ -60,18 +60,24 @@ def write_backup(dest, stream: bytes, size: int) -> Manifest:
     return m
 
 
+def _flip_second_record_and_verify(tmp_path, backup_id: str, from_end: int, checksum: str) -> None:
+    """Flip one bit ``from_end`` bytes before the end of the backup's data file (inside its second record, image
+    block 2) and check that verification names block 2 and the file's ``checksum``."""
+    path = tmp_path / backup_id / "data.rbdiff"
+    blob = bytearray(path.read_bytes())
+    blob[len(blob) - from_end] ^= 1
+    path.write_bytes(bytes(blob))
+    _chain, problems = bio.verify_chain(str(tmp_path), None)
+    assert [p.index for p in problems if p.where == "image"] == [2]
+    assert any(f"file data.rbdiff {checksum}" in p.message for p in problems)
+
+
 def test_verify_names_the_block_a_flipped_byte_lands_in(tmp_path):
     size = 4 * BLOCK_SIZE
     stream = diff_stream([("w", 0, b"a" * BLOCK_SIZE), ("w", 2 * BLOCK_SIZE, b"c" * BLOCK_SIZE)], size=size)
     m = write_backup(str(tmp_path), stream, size)
     assert bio.verify_chain(str(tmp_path), None)[1] == []
-    path = tmp_path / m.id / "data.rbdiff"
-    blob = bytearray(path.read_bytes())
-    blob[len(blob) - 100] ^= 1  # inside the second record: image block 2
-    path.write_bytes(bytes(blob))
-    _chain, problems = bio.verify_chain(str(tmp_path), None)
-    assert [p.index for p in problems if p.where == "image"] == [2]
-    assert any("file data.rbdiff sha256" in p.message for p in problems)
+    _flip_second_record_and_verify(tmp_path, m.id, 100, "sha256")
 
 
 def test_scan_ignores_partial_and_tampered_backups(tmp_path):
@@ -144,13 +150,7 @@ def test_crc32c_manifest_round_trips_and_verify_names_the_damaged_block(tmp_path
     (tmp_path / bid / MANIFEST_FILE).write_bytes(raw)
     (tmp_path / bid / COMPLETE_FILE).write_text(hashlib.sha256(raw).hexdigest())
     assert bio.verify_chain(str(tmp_path), None)[1] == []
-    path = tmp_path / bid / "data.rbdiff"
-    blob = bytearray(path.read_bytes())
-    blob[len(blob) - 300] ^= 1  # inside the second record: image block 2
-    path.write_bytes(bytes(blob))
-    _chain, problems = bio.verify_chain(str(tmp_path), None)
-    assert [p.index for p in problems if p.where == "image"] == [2]
-    assert any("file data.rbdiff crc32c" in p.message for p in problems)
+    _flip_second_record_and_verify(tmp_path, bid, 300, "crc32c")
 
 
 def test_a_chain_mixing_checksum_kinds_is_refused_by_name(tmp_path):
