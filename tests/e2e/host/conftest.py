@@ -81,20 +81,27 @@ class Cloud:
 
 
 def launcher_pids(cloud: Cloud, vm: str, namespace: str = "default") -> list[int]:
-    """Pids of launcher processes (not their VMMs) of one VM, found by their config path."""
+    """Pids of launcher processes (not their VMMs) of one VM, found by their config path.
+
+    A process the launcher forks shows the launcher's command line until it calls exec (for the VMM: while
+    subprocess runs ``preexec_fn`` in it, which takes a while on a loaded machine); its parent is a launcher,
+    so it is not counted: only processes whose parent is not a launcher of the VM are.
+    """
     marker = f"{cloud.config['state_dir']}/vms/{namespace}_{vm}/boot-"
-    pids = []
+    parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as fh:
                 args = fh.read().decode(errors="replace").split("\0")
-        except OSError:
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
         if "zjusct_launcher" in " ".join(args) and any(a.startswith(marker) for a in args):
-            pids.append(int(entry))
-    return pids
+            parents[int(entry)] = ppid
+    return sorted(pid for pid, ppid in parents.items() if ppid not in parents)
 
 
 @pytest.fixture(scope="module")
