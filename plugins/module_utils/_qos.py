@@ -445,6 +445,8 @@ class _Ledger:
         return plan, need
 
     def request(self, req: Request) -> Decision:
+        """Decide ``req`` against the ledger and apply it (see :func:`request` for the outcomes; the rules and
+        tie-breaks are the module docstring's). Rates in Mbit/s. Raises QoSInputError for an invalid request."""
         vm = req.vm
         pool = req.pool
         g_req = req.guaranteed_mbps
