@@ -7,7 +7,9 @@ Goals (issues 9, 20): netlink batch >= 10x faster than one tc process per class 
 (bench/qos_baseline.py) on the same requests.
 
 Run as root:  /var/cache/zjusct-cloud/venv/bin/python bench/qos_apply.py [--classes 1000] [--vms 10000]
-[--repeat 5] [--arbitration-only]
+[--repeat 7] [--arbitration-only] [--against REV]
+``--against REV`` also times ``arbitrate_all`` of ``git show REV:plugins/module_utils/_qos.py`` (loaded as a separate
+module) in the same alternation and asserts its decisions and final state equal this tree's.
 Creates two network namespaces with a veth device each and deletes them at the end.
 """
 
@@ -21,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -135,6 +138,8 @@ def main() -> int:
     ap.add_argument("--loop-baseline", type=int, default=0, metavar="N",
                     help="also time the previous tc_qos form (one request() per VM, quadratic) on N requests")
     ap.add_argument("--arbitration-only", action="store_true", help="skip the tc/netlink part (no root needed)")
+    ap.add_argument("--against", metavar="REV", help="also time arbitrate_all of _qos.py at git revision REV "
+                    "(same run, alternating; decisions and state asserted equal)")
     args = ap.parse_args()
     if not args.arbitration_only:
         apply_classes(args)
@@ -169,6 +174,23 @@ def load() -> str:
     return f"load average {one:.1f} (5 min {five:.1f}) on {os.cpu_count()} CPUs"
 
 
+def module_at(rev: str) -> types.ModuleType:
+    """plugins/module_utils/_qos.py as it is at git revision ``rev``, loaded as a separate module (it imports only
+    the standard library)."""
+    src = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:plugins/module_utils/_qos.py"], check=True,
+                         capture_output=True, text=True, timeout=30).stdout
+    mod = types.ModuleType(f"_qos_at_{abs(hash(rev))}")
+    sys.modules[mod.__name__] = mod  # dataclasses looks its module up
+    exec(compile(src, f"{rev}:plugins/module_utils/_qos.py", "exec"), mod.__dict__)  # our own file at REV
+    return mod
+
+
+def grant_rows(state: object) -> tuple:
+    """A State's grants as plain tuples, in order, and its next seq: comparable across module copies."""
+    return ([(vm, g.request.vm, g.request.guaranteed_mbps, g.request.ceil_mbps, g.request.priority, g.request.pool,
+              g.granted_mbps, g.seq) for vm, g in state.grants.items()], state.next_seq)  # type: ignore[attr-defined]
+
+
 def arbitrate(args: argparse.Namespace) -> None:
     t = time.perf_counter()
     x = 0
@@ -183,15 +205,25 @@ def arbitrate(args: argparse.Namespace) -> None:
     # (bench/qos_baseline.py) on the same requests, alternating which side runs first.
     reqs = requests_of(n, 10, 3)
     state = q.State(q.NodeCapacity(400_000, 1.0), {f"p{i}": q.Pool(f"p{i}", 60_000) for i in range(10)})
-    new_s: list[tuple[float, float]] = []
-    base_s: list[tuple[float, float]] = []
+    sides: dict[str, Callable[[], tuple]] = {
+        "new": lambda: q.arbitrate_all(state, reqs),
+        "base": lambda: qos_baseline.arbitrate_all(state, reqs),
+    }
+    if args.against:
+        prev = module_at(args.against)
+        p_reqs = [prev.Request(r.vm, r.guaranteed_mbps, r.ceil_mbps, r.priority, r.pool) for r in reqs]
+        p_state = prev.State(prev.NodeCapacity(400_000, 1.0),
+                             {f"p{i}": prev.Pool(f"p{i}", 60_000) for i in range(10)})
+        sides["prev"] = lambda: prev.arbitrate_all(p_state, p_reqs)
+    samples: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}
     out: dict = {}
+    order = list(sides)
     for k in range(runs):
-        for side in ((0, 1) if k % 2 == 0 else (1, 0)):
-            if side == 0:
-                new_s.append(timed(lambda: out.__setitem__("new", q.arbitrate_all(state, reqs))))
-            else:
-                base_s.append(timed(lambda: out.__setitem__("base", qos_baseline.arbitrate_all(state, reqs))))
+        for side in order[k % len(order):] + order[:k % len(order)]:  # each side first in turn
+            out.pop(side, None)  # free the previous run's result outside the timed call
+            run = sides[side]
+            samples[side].append(timed(lambda: out.__setitem__(side, run())))  # noqa: B023 - called right here
+    new_s, base_s = samples["new"], samples["base"]
     final, decisions = out["new"]
     assert out["new"] == out["base"], "optimised arbitration differs from the baseline"
     outcomes = {o: sum(d.outcome == o for d in decisions) for o in q.OUTCOMES}
@@ -201,6 +233,16 @@ def arbitrate(args: argparse.Namespace) -> None:
           f"previous ledger {figures(base_s)}: same-run ratio {ratio:.2f}x faster (wall medians); identical "
           f"decisions and state; outcomes {outcomes}, {preempt} preemptions; invariants ok: "
           f"{not q.check_invariants(final)}")
+    if args.against:
+        p_final, p_decisions = out["prev"]
+        assert [d.as_dict() for d in p_decisions] == [d.as_dict() for d in decisions], \
+            f"{args.against} decides otherwise"
+        assert grant_rows(p_final) == grant_rows(final), f"{args.against} leaves another state"
+        prev_s = samples["prev"]
+        print(f"  _qos.py at {args.against}: {figures(prev_s)}; same-run ratio {args.against} / this tree: "
+              f"{statistics.median(w for w, _ in prev_s) / statistics.median(w for w, _ in new_s):.2f}x (wall "
+              f"medians), {statistics.median(c for _, c in prev_s) / statistics.median(c for _, c in new_s):.2f}x "
+              f"(CPU medians); identical decisions and state")
     # 2. The same batch through the tc_qos module's requests form (arbitration + class specs).
     params = {"node": {"nic_mbps": 400_000, "ratio": 1.0},
               "pools": [{"name": f"p{i}", "capacity_mbps": 60_000} for i in range(10)],

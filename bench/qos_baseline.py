@@ -10,7 +10,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / ".collections"))
 
 from ansible_collections.zjusct.cloud.plugins.module_utils._qos import (  # noqa: E402
-    DENIED, GRANTED, PREEMPTED, Decision, Grant, Preemption, Request, State, _merge, validate_request)
+    DENIED, GRANTED, PREEMPTED, Decision, Grant, Preemption, Request, State, validate_request)
+
+
+def _merge(a: list[Preemption], b: list[Preemption]) -> list[Preemption]:
+    total: dict[str, int] = {}
+    for p in a + b:
+        total[p.vm] = total.get(p.vm, 0) + p.lost_mbps
+    return [Preemption(vm, mbps) for vm, mbps in total.items()]
 
 
 class _Ledger:

@@ -242,16 +242,33 @@ def grants_from_rows(rows: Iterable[tuple[str, str, int, int, int, int, int]]) -
     return out
 
 
-def _preemption(vm: str, lost_mbps: int) -> Preemption:
-    """Preemption(vm, lost_mbps) built by :func:`_frozen`."""
-    return _frozen(Preemption, vm=vm, lost_mbps=lost_mbps)
+def _preemptions(losses: list[tuple[str, int]]) -> tuple[Preemption, ...]:
+    """Preemption(vm, lost_mbps) per ``(vm, lost Mbit/s)`` pair, in order, built like :func:`_frozen` does."""
+    if not losses:
+        return ()
+    out = []
+    for vm, lost_mbps in losses:
+        p = _new(Preemption)
+        p.__dict__.update(vm=vm, lost_mbps=lost_mbps)
+        out.append(p)
+    return tuple(out)
 
 
 def _decision(vm: str, outcome: str, admitted: bool, granted_mbps: int, preemptions: tuple[Preemption, ...],
               reason: str) -> Decision:
-    """Decision(...) built by :func:`_frozen`."""
-    return _frozen(Decision, vm=vm, outcome=outcome, admitted=admitted, granted_mbps=granted_mbps,
-                   preemptions=preemptions, reason=reason)
+    """Decision(...) built like :func:`_frozen` does (one per request: without the keyword-argument round trip)."""
+    d = _new(Decision)
+    d.__dict__.update(vm=vm, outcome=outcome, admitted=admitted, granted_mbps=granted_mbps, preemptions=preemptions,
+                      reason=reason)
+    return d
+
+
+def _merge(a: list[tuple[str, int]], b: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """Losses ``(vm, Mbit/s)``: a then b, with the losses of a VM in both summed (at its place in a)."""
+    total: dict[str, int] = {}
+    for vm, mbps in a + b:
+        total[vm] = total.get(vm, 0) + mbps
+    return list(total.items())
 
 
 class _Ledger:
@@ -260,7 +277,13 @@ class _Ledger:
     :func:`request`, :func:`release` and :func:`arbitrate_all`, which return immutable States.
 
     Per VM it keeps three plain dicts (request, granted Mbit/s, admission seq) in the State's grant order instead
-    of one frozen Grant per change; Grants are built once, in :meth:`state` (unchanged ones are reused)."""
+    of one frozen Grant per change; Grants are built once, in :meth:`state` (unchanged ones are reused).
+
+    Borrowers are indexed per pool and priority, so that a denial costs O(priorities) and a reclaim O(victims
+    touched): ``borrowed[pool][prio]`` is the sum of what they borrow (Mbit/s), ``prio_keys[pool]`` the sorted
+    priorities seen in the pool (kept when their sum drops to 0), ``borrowers[pool][prio]`` the ``(seq, vm)`` of the
+    VMs whose granted > 0, seq ascending (the victim order within a priority is the reverse). A VM is listed
+    exactly when its granted is > 0."""
 
     def __init__(self, state: State) -> None:
         self.node = state.node
@@ -272,18 +295,13 @@ class _Ledger:
         self.granted: dict[str, int] = {}
         self.seqs: dict[str, int] = {}
         self.next_seq = state.next_seq
-        self.node_guaranteed = 0
         self.used = dict.fromkeys(state.pools, 0)
         self.pool_guaranteed = dict.fromkeys(state.pools, 0)
-        # Borrowers per (pool, priority): seq-ascending lists of (seq, vm) (the victim order within a priority is
-        # the reverse), with the sum of what they borrow, so a denial costs O(priorities) and a preemption
-        # O(victims touched). Entries of VMs that no longer borrow are skipped lazily.
         self.borrowers: dict[str, dict[int, list[tuple[int, str]]]] = {p: {} for p in state.pools}
         self.borrowed: dict[str, dict[int, int]] = {p: {} for p in state.pools}
-        self.prio_keys: dict[str, list[int]] = {p: [] for p in state.pools}  # sorted keys of borrowed[pool]
-        self.listed: set[str] = set()
-        # self._add(vm, g.request, g.seq, g.granted_mbps) per grant, inlined: request() on a node of n VMs
-        # builds this working copy, so it is the O(n) part of every VM start.
+        self.prio_keys: dict[str, list[int]] = {p: [] for p in state.pools}
+        # One inlined loop: request() on a node of n VMs builds this working copy, so it is the O(n) part of every
+        # VM start.
         reqs, granted_of, seqs, used, pool_guaranteed = self.reqs, self.granted, self.seqs, self.used, \
             self.pool_guaranteed
         node_guaranteed = 0
@@ -302,31 +320,42 @@ class _Ledger:
                 borrowing.append((vm, r, g.seq, granted))
         self.node_guaranteed = node_guaranteed
         for vm, r, seq, granted in borrowing:
-            self._borrow(r, granted)
-            if granted > 0 and vm not in self.listed:
-                bisect.insort(self.borrowers[r.pool].setdefault(r.priority, []), (seq, vm))
-                self.listed.add(vm)
+            self._borrow(r.pool, r.priority, granted)
+            if granted > 0:
+                self._list(r.pool, r.priority, (seq, vm))
 
-    def _add(self, vm: str, r: Request, seq: int, granted: int) -> None:
-        self.reqs[vm] = r
-        self.granted[vm] = granted
-        self.seqs[vm] = seq
-        self.node_guaranteed += r.guaranteed_mbps
-        self.pool_guaranteed[r.pool] += r.guaranteed_mbps
-        self.used[r.pool] += r.guaranteed_mbps + granted
-        if granted:
-            self._borrow(r, granted)
-            if granted > 0 and vm not in self.listed:
-                bisect.insort(self.borrowers[r.pool].setdefault(r.priority, []), (seq, vm))
-                self.listed.add(vm)
-
-    def _borrow(self, r: Request, delta: int) -> None:
-        by_prio = self.borrowed[r.pool]
-        total = by_prio.get(r.priority)
+    def _borrow(self, pool: str, prio: int, delta: int) -> None:
+        """Add ``delta`` Mbit/s to what ``pool``'s VMs of priority ``prio`` borrow."""
+        by_prio = self.borrowed[pool]
+        total = by_prio.get(prio)
         if total is None:
-            bisect.insort(self.prio_keys[r.pool], r.priority)
+            bisect.insort(self.prio_keys[pool], prio)
             total = 0
-        by_prio[r.priority] = total + delta
+        by_prio[prio] = total + delta
+
+    def _lend(self, vm: str, pool: str, prio: int, seq: int, mbps: int) -> None:
+        """``vm`` (admitted, granted 0) now borrows ``mbps`` > 0 from ``pool``."""
+        self.granted[vm] = mbps
+        self.used[pool] += mbps
+        # self._borrow(pool, prio, mbps), inlined (once per borrowing request)
+        by_prio = self.borrowed[pool]
+        total = by_prio.get(prio)
+        if total is None:
+            bisect.insort(self.prio_keys[pool], prio)
+            total = 0
+        by_prio[prio] = total + mbps
+        self._list(pool, prio, (seq, vm))
+
+    def _list(self, pool: str, prio: int, entry: tuple[int, str]) -> None:
+        """Add ``(seq, vm)`` to the borrowers of ``pool`` and ``prio``, keeping them sorted. A new VM's seq is the
+        largest so far, so the entry usually goes last (one comparison instead of a bisection)."""
+        lst = self.borrowers[pool].get(prio)
+        if lst is None:
+            self.borrowers[pool][prio] = [entry]
+        elif not lst or lst[-1] < entry:
+            lst.append(entry)
+        else:
+            bisect.insort(lst, entry)
 
     def _remove(self, vm: str) -> None:
         r = self.reqs.pop(vm)
@@ -336,51 +365,34 @@ class _Ledger:
         self.pool_guaranteed[r.pool] -= r.guaranteed_mbps
         self.used[r.pool] -= r.guaranteed_mbps + granted
         if granted:
-            self._borrow(r, -granted)
-        if vm in self.listed:
+            self._borrow(r.pool, r.priority, -granted)
+        if granted > 0:
             lst = self.borrowers[r.pool][r.priority]
-            lst.pop(bisect.bisect_left(lst, (seq, vm)))
-            self.listed.discard(vm)
-
-    def _set_granted(self, vm: str, granted: int) -> None:
-        r = self.reqs[vm]
-        delta = granted - self.granted[vm]
-        self.granted[vm] = granted
-        if delta:
-            pool = r.pool
-            prio = r.priority
-            self.used[pool] += delta
-            # self._borrow(r, delta), inlined (called per victim)
-            by_prio = self.borrowed[pool]
-            total = by_prio.get(prio)
-            if total is None:
-                bisect.insort(self.prio_keys[pool], prio)
-                total = 0
-            by_prio[prio] = total + delta
-            if delta > 0 and vm not in self.listed:
-                bisect.insort(self.borrowers[pool].setdefault(prio, []), (self.seqs[vm], vm))
-                self.listed.add(vm)
-        if granted == 0 and vm in self.listed:
-            lst = self.borrowers[r.pool][r.priority]
-            lst.pop(bisect.bisect_left(lst, (self.seqs[vm], vm)))
-            self.listed.discard(vm)
+            del lst[bisect.bisect_left(lst, (seq, vm))]
 
     def state(self) -> State:
+        """The immutable State of the ledger: unchanged Grants of the original State reused, the others built like
+        :func:`_grant` does (inlined: one per admitted VM of a batch)."""
         grants: dict[str, Grant] = {}
         orig = self.orig
         granted = self.granted
         seqs = self.seqs
         for vm, r in self.reqs.items():
             o = orig.get(vm)
-            if o is not None and o.request is r and o.granted_mbps == granted[vm] and o.seq == seqs[vm]:
+            g = granted[vm]
+            seq = seqs[vm]
+            if o is not None and o.request is r and o.granted_mbps == g and o.seq == seq:
                 grants[vm] = o
             else:
-                grants[vm] = _grant(r, granted[vm], seqs[vm])
+                grants[vm] = o = _new(Grant)
+                o.__dict__.update(request=r, granted_mbps=g, seq=seq)
         return State(self.node, self.pools, grants, self.next_seq)
 
-    def _reclaim_plan(self, pool: str, priority: int, need: int, exclude: str) -> tuple[list[Preemption], int]:
-        """Plan taking ``need`` Mbit/s from borrowers of ``pool`` with priority < ``priority`` in victim order
-        (priority ascending, seq descending); returns (plan, amount found <= need). Nothing is changed."""
+    def _reclaim(self, pool: str, priority: int, need: int, exclude: str) -> tuple[list[tuple[str, int]], int]:
+        """Take ``need`` Mbit/s from what borrowers of ``pool`` with priority < ``priority`` borrow (never from
+        ``exclude``), in victim order: priority ascending, admission seq descending, each victim losing only what is
+        still needed. All or nothing: returns ``([(vm, lost Mbit/s), ...] in victim order, need)`` when taken, else
+        ``([], found)`` with found < need and nothing changed."""
         borrowed = self.borrowed[pool]
         prios = []
         available = 0
@@ -396,23 +408,45 @@ class _Ledger:
             available -= self.granted[exclude]
         if available < need:
             return [], max(available, 0)
-        plan: list[Preemption] = []
-        left = need
+        # Plan first (victims and where they are listed), change only if the plan covers ``need``.
         granted = self.granted
         borrowers = self.borrowers[pool]
+        plan: list[tuple[str, int]] = []
+        where: list[tuple[int, int]] = []
+        left = need
         for p in prios:
-            for _seq, vm in reversed(borrowers[p]):
-                g = granted.get(vm, 0)
-                if vm == exclude or g <= 0:
+            lst = borrowers[p]
+            i = len(lst)
+            while i:
+                i -= 1
+                vm = lst[i][1]
+                if vm == exclude:
                     continue
+                g = granted[vm]  # > 0: listed
                 take = g if g < left else left
-                plan.append(_preemption(vm, take))
+                plan.append((vm, take))
+                where.append((p, i))
                 left -= take
-                if left <= 0:
-                    return plan, need
-        return plan, need - left
+                if not left:
+                    break
+            if not left:
+                break
+        if left:
+            return [], need - left
+        # Apply: indices were collected in descending order per priority, so a deletion never moves one still to
+        # be visited.
+        for (vm, take), (p, i) in zip(plan, where):
+            g = granted[vm] - take
+            granted[vm] = g
+            borrowed[p] -= take
+            if not g:
+                del borrowers[p][i]
+        self.used[pool] -= need
+        return plan, need
 
     def request(self, req: Request) -> Decision:
+        """Decide ``req`` against the ledger and apply it (see :func:`request` for the outcomes; the rules and
+        tie-breaks are the module docstring's). Rates in Mbit/s. Raises QoSInputError for an invalid request."""
         vm = req.vm
         pool = req.pool
         g_req = req.guaranteed_mbps
@@ -425,14 +459,17 @@ class _Ledger:
                 and 1 <= g_req <= ceil <= cap and ceil <= MAX_MBPS and -1_000_000 <= prio <= 1_000_000):
             validate_request(req, self.pools)
             cap = self.caps[pool]
+        granted = self.granted
         prev_r = self.reqs.get(vm)
-        if prev_r is not None:
-            prev_g = prev_r.guaranteed_mbps
-            same_pool = prev_r.pool == pool
-            prev_same_pool = prev_g if same_pool else 0
-            own = prev_g + self.granted[vm] if same_pool else 0
-        else:
+        if prev_r is None:
             prev_g = prev_same_pool = own = 0
+        else:
+            prev_g = prev_r.guaranteed_mbps
+            if prev_r.pool == pool:
+                prev_same_pool = prev_g
+                own = prev_g + granted[vm]
+            else:
+                prev_same_pool = own = 0
         node_sum = self.node_guaranteed - prev_g + g_req
         limit = self.limit
         if node_sum > limit:
@@ -443,69 +480,51 @@ class _Ledger:
         if pool_sum > cap:
             return _decision(vm, DENIED, False, 0, (), (
                 f"pool {pool}: guarantees would total {pool_sum} Mbit/s, above its capacity {cap} Mbit/s"))
-        admitted = (f"guarantee {g_req} Mbit/s admitted (node {node_sum}/{limit}, "
-                    f"pool {pool} {pool_sum}/{cap})")
         # Room for the guarantee next to current borrowers: reclaim from strictly lower priority only.
-        overflow = self.used[pool] - own + g_req - cap
-        plan: list[Preemption] = []
+        used = self.used
+        overflow = used[pool] - own + g_req - cap
+        first: list[tuple[str, int]] = []
         if overflow > 0:
-            plan, got = self._reclaim_plan(pool, prio, overflow, vm)
+            first, got = self._reclaim(pool, prio, overflow, vm)
             if got < overflow:
                 return _decision(vm, DENIED, False, 0, (), (
                     f"pool {pool}: guarantee {g_req} Mbit/s needs {overflow} Mbit/s held by "
                     f"borrowers of equal or higher priority (reclaimable: {got} Mbit/s)"))
-        # Commit the guarantee (and the reclaim it needed).
-        if prev_r is not None:
+        admitted = (f"guarantee {g_req} Mbit/s admitted (node {node_sum}/{limit}, "
+                    f"pool {pool} {pool_sum}/{cap})")
+        # Commit the guarantee (the reclaim it needed is done): vm holds g_req and borrows 0.
+        if prev_r is None:
+            seq = self.next_seq
+            self.next_seq = seq + 1
+        else:
             seq = self.seqs[vm]
             self._remove(vm)
-        else:
-            seq = self.next_seq
-            self.next_seq += 1
-        for p in plan:
-            self._set_granted(p.vm, self.granted[p.vm] - p.lost_mbps)
-        # self._add(vm, req, seq, 0), inlined (the hot path of a batch)
         self.reqs[vm] = req
-        self.granted[vm] = 0
+        granted[vm] = 0
         self.seqs[vm] = seq
-        self.node_guaranteed += g_req
-        self.pool_guaranteed[pool] += g_req
-        used = self.used[pool] + g_req
-        self.used[pool] = used
+        self.node_guaranteed = node_sum
+        self.pool_guaranteed[pool] = pool_sum
+        in_use = used[pool] + g_req
+        used[pool] = in_use
         want = ceil - g_req
         if want == 0:
-            return _decision(vm, PREEMPTED if plan else GRANTED, True, 0, tuple(plan), admitted)
-        free = cap - used
+            return _decision(vm, PREEMPTED if first else GRANTED, True, 0, _preemptions(first), admitted)
+        free = cap - in_use
         if want <= free:
-            # self._set_granted(vm, want), inlined: vm holds 0 and is not listed as a borrower here.
-            self.granted[vm] = want
-            self.used[pool] = used + want
-            self._borrow(req, want)
-            bisect.insort(self.borrowers[pool].setdefault(prio, []), (seq, vm))
-            self.listed.add(vm)
-            return _decision(vm, PREEMPTED if plan else GRANTED, True, want, tuple(plan), (
+            self._lend(vm, pool, prio, seq, want)
+            return _decision(vm, PREEMPTED if first else GRANTED, True, want, _preemptions(first), (
                 f"{admitted}; borrow {want} Mbit/s from pool {pool} (free {free} Mbit/s before)"))
         need = want - free
-        more, got = self._reclaim_plan(pool, prio, need, vm)
+        more, got = self._reclaim(pool, prio, need, vm)
         if got < need:
-            return _decision(vm, PREEMPTED if plan else DENIED, True, 0, tuple(plan), (
+            return _decision(vm, PREEMPTED if first else DENIED, True, 0, _preemptions(first), (
                 f"{admitted}; borrow {want} Mbit/s from pool {pool} denied: free {free} Mbit/s, reclaimable "
                 f"from lower priority than {prio}: {got} Mbit/s, short by {need - got} Mbit/s"))
-        for p in more:
-            self._set_granted(p.vm, self.granted[p.vm] - p.lost_mbps)
-        self._set_granted(vm, want)
-        merged = _merge(plan, more) if plan else more
-        lost = ", ".join(f"{p.vm} -{p.lost_mbps}" for p in more)
-        return _decision(vm, PREEMPTED, True, want, tuple(merged), (
+        self._lend(vm, pool, prio, seq, want)
+        lost = ", ".join(f"{v} -{mbps}" for v, mbps in more)
+        return _decision(vm, PREEMPTED, True, want, _preemptions(_merge(first, more) if first else more), (
             f"{admitted}; borrow {want} Mbit/s from pool {pool}: free {free} Mbit/s, reclaimed {need} Mbit/s "
             f"from lower priority ({lost})"))
-
-
-def _merge(a: list[Preemption], b: list[Preemption]) -> list[Preemption]:
-    """a then b, with the losses of a VM in both summed (at its place in a)."""
-    total: dict[str, int] = {}
-    for p in a + b:
-        total[p.vm] = total.get(p.vm, 0) + p.lost_mbps
-    return [_preemption(vm, mbps) for vm, mbps in total.items()]
 
 
 def request(state: State, req: Request) -> tuple[State, Decision]:

@@ -152,3 +152,48 @@ def test_optimised_path_raises_the_same_input_errors(bad):
     with pytest.raises(q.QoSInputError, match=str(want.value).replace(".", r"\.").replace("(", r"\(")
                        .replace(")", r"\)").replace("[", r"\[")):
         q.arbitrate_all(s, [bad])
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_long_batches_equal_the_reference(seed):
+    """Hundreds of VMs per pool: long borrower lists per priority, so reclaims walk and shorten them (victims taken
+    from the end, a re-requesting VM skipped in the middle), re-requests with a new priority or pool, a second batch
+    from a state with borrowers. Same decisions, state and grant order as the reference."""
+    import random
+
+    rnd = random.Random(seed)
+    pools = {"a": 3_000, "b": 2_000}
+    start = q.State(q.NodeCapacity(4_500, 1.0), {n: q.Pool(n, c) for n, c in pools.items()})
+    state = start
+    for _batch in range(2):
+        reqs = []
+        for _ in range(300):
+            vm = f"vm{rnd.randrange(400)}"
+            pool = rnd.choice(sorted(pools))
+            g = rnd.randint(1, 12)
+            reqs.append(q.Request(vm, g, min(pools[pool], g + rnd.randint(0, 60)), rnd.randint(0, 4), pool))
+        ref, ref_decisions = state, []
+        for r in reqs:
+            ref, d = reference_request(ref, r)
+            ref_decisions.append(d)
+        got, decisions = q.arbitrate_all(state, reqs)
+        assert decisions == ref_decisions
+        assert got == ref and list(got.grants) == list(ref.grants)
+        assert q.check_invariants(got) == []
+        state = got
+    outcomes = {d.outcome for d in decisions}
+    assert outcomes == {q.GRANTED, q.PREEMPTED, q.DENIED}  # not vacuous
+
+
+def test_a_vm_raising_its_priority_never_preempts_itself():
+    """x borrows at priority 0 and is the most recently admitted (first in victim order); re-requested at priority 1
+    with a larger guarantee, the room for it is taken from a, not from x's own (released) borrow."""
+    s = q.State(q.NodeCapacity(1000), {"p": q.Pool("p", 100)})
+    s, _ = q.arbitrate_all(s, [q.Request("a", 10, 50, 0, "p"), q.Request("x", 10, 50, 0, "p")])
+    assert s.grants["x"].granted_mbps == 40 and s.grants["a"].granted_mbps == 40
+    again = q.Request("x", 60, 60, 1, "p")
+    got, [decision] = q.arbitrate_all(s, [again])
+    ref, ref_decision = reference_request(s, again)
+    assert decision == ref_decision
+    assert got == ref
+    assert decision.outcome == q.PREEMPTED and decision.preemptions == (q.Preemption("a", 10),)
