@@ -124,6 +124,21 @@ options:
         (it warns) and C(node) or C(labels) easily collide with a site's own variables.
     type: str
     default: cloudvm_
+  hostvars_layout:
+    description:
+      - How the VM's fields become host variables; the connection variables C(ansible_host), C(ansible_port),
+        C(ansible_user) and C(ansible_ssh_common_args) are set the same way in both.
+      - V(flat) sets one variable per field, C(<hostvar_prefix><field>), e.g. C(cloudvm_owner) and
+        C(cloudvm_labels).
+      - V(nested) sets one dict variable named O(hostvar_prefix) without its trailing C(_) (C(cloudvm) by
+        default) holding the same fields under their bare names, e.g. C(cloudvm.owner) and C(cloudvm.labels);
+        O(compose), O(groups) and O(keyed_groups) read it as C(cloudvm.memory_mib). Fewer variables per host
+        make large inventories cheaper to build and to print (docs/inventory.md, "Speed"). It needs a
+        O(hostvar_prefix) that is not empty.
+    type: str
+    choices: [flat, nested]
+    default: flat
+    version_added: 0.1.0
   group_by:
     description:
       - Built-in groups. V(owner) adds C(owner_<owner>), V(namespace) C(namespace_<namespace>), V(node)
