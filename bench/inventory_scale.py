@@ -1,26 +1,45 @@
-"""Benchmark of the zjusct.cloud.cloudvm inventory on a large fleet (case A1).
+"""Benchmark of the zjusct.cloud.cloudvm inventory on a large fleet (case A1), both sources, both host variable layouts.
 
     /var/cache/zjusct-cloud/venv/bin/python bench/inventory_scale.py [--vms 10000] [--runs 3]
-        [--kubeconfig PATH] [--threads 16] [--json]
+        [--kubeconfig PATH] [--threads 16] [--host-vms N] [--skip-kubernetes] [--skip-host] [--json]
+
+Kubernetes source (skipped with ``--skip-kubernetes``):
 
 * Starts the test control plane (tests/cluster) unless ``--kubeconfig`` names a running one
   (``eval "$(python -m tests.cluster up)"`` keeps one up between runs), installs the CloudVM CRD
   and creates ``--vms`` CloudVMs in namespace ``bench-inventory`` (threads over keep-alive HTTPS;
   each is created, then reported Running through the status subresource as the controller would).
   An existing namespace with enough Running VMs is reused.
-* Measures, in the same run and on the same objects, best and median of ``--runs``:
+* Measures, in the same run and on the same objects, ``--runs`` rounds of:
   - ``baseline``: a fresh Python process that imports the kubernetes client and lists every
     CloudVM with ``list_cluster_custom_object`` page by page (limit 500), like
-    ``kubectl get cloudvms -A -o json`` end to end;
+    ``kubectl get cloudvms -A -o json`` end to end (kubectl itself is not built: the project's Go
+    module cache lacks k8s.io/cli-runtime and sigs.k8s.io/kustomize, which cmd/kubectl needs);
   - ``baseline_list_only``: the same paginated list inside this process (no start-up, no import);
   - ``floor``: ``ansible-inventory --list`` of an empty inventory (Ansible's own start-up);
-  - ``inventory``: ``ansible-inventory -i bench.cloudvm.yml --list`` end to end, no cache;
-  - ``inventory_cached``: the same with the jsonfile cache warm;
-  - ``playbook_inventory``: ``ansible -i bench.cloudvm.yml all --list-hosts`` (what ansible-playbook pays for
-    the inventory: no per-host variable resolution, no JSON output), with the plugin's own split into
-    listing and building the in-memory inventory (from its ``-vvv`` line).
-* Prints each figure, the ratio inventory / baseline and the goals (at most 2 s, at most 2x the baseline).
-  No assertion: the machine's load decides the absolute numbers, the ratio is the comparison.
+  - ``inventory_flat`` / ``inventory_nested``: ``ansible-inventory -i bench.cloudvm.yml --list`` end to
+    end, no cache, with ``hostvars_layout: flat`` (today's, the default) and ``nested`` (one ``cloudvm``
+    dict); the two run back to back and the one that runs first alternates per round;
+  - ``inventory_export``: the flat layout with ``--list --export`` (host variables as the inventory set
+    them, without Ansible's per-host variable resolution; the same JSON for this inventory);
+  - ``inventory_cached``: the flat layout with the jsonfile cache warm;
+  - ``list_hosts_flat`` / ``list_hosts_nested``: ``ansible -i … all --list-hosts -vvv`` (what ansible-playbook
+    pays for the inventory: no per-host variable resolution, no JSON output), alternating like the pair
+    above, with the plugin's own split into listing and building the in-memory inventory (its ``-vvv`` line).
+
+Host source (skipped with ``--skip-host``):
+
+* Writes a host store (SQLite, ``HostStore`` as the host backend does) with ``--host-vms`` (default
+  ``--vms``) Running VMs in a temporary directory, each with the launcher files of boot 1, and starts
+  one stand-in launcher process that holds every VM's launcher lock (``boot-1.json`` on its command
+  line), so the listing derives Running for each from what runs, as for real launchers.
+* Measures ``--runs`` rounds of ``host_baseline`` (a fresh Python process listing the store with
+  ``observed_vms``, the read path of cloudvm_info and of the host source) and ``host_flat`` /
+  ``host_nested`` (``ansible-inventory --list`` with ``source: host``, alternating which runs first).
+
+Every figure is wall seconds and the child's CPU seconds (user + system, ``RUSAGE_CHILDREN``); the CPU
+figure depends less on what else the machine runs. Prints best and median, same-run ratios (each side
+against its baseline; nested against flat per round) and the load average before and after. No assertion.
 """
 
 from __future__ import annotations
@@ -29,6 +48,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -46,6 +66,7 @@ sys.path.insert(0, str(REPO / ".collections"))
 import yaml  # noqa: E402
 from ansible_collections.zjusct.cloud.plugins.module_utils._spec import GROUP, PLURAL, VERSION  # noqa: E402
 from ansible_collections.zjusct.cloud.plugins.plugin_utils import _kube_list as kube  # noqa: E402
+from benchlib import stop_process  # noqa: E402
 
 VENV_BIN = Path(os.environ.get("ZJUSCT_VENV", "/var/cache/zjusct-cloud/venv")) / "bin"
 NAMESPACE = "bench-inventory"
@@ -157,31 +178,57 @@ def running_count(kubeconfig: str) -> int:
 
 
 SPLIT = re.compile(r"listing ([0-9.]+) s, building the inventory ([0-9.]+) s")
+LAYOUTS = ("flat", "nested")
+Figures = dict[str, list[tuple[float, float]]]  # name -> [(wall s, CPU s)] per round
 
 
-def timed(argv: list[str], env: dict, split: dict[str, list[float]] | None = None) -> float:
+def timed(argv: list[str], env: dict, split: dict[str, list[float]] | None = None,
+          split_key: str = "") -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the child) of one command; with ``split`` the plugin's -vvv listing and
+    building seconds are appended under ``plugin_listing<split_key>`` / ``plugin_building<split_key>``."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
-    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False)
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800, check=False)
     elapsed = time.monotonic() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"{argv[0]} failed: {proc.stderr[-2000:]}")
     if split is not None:
         m = SPLIT.search(proc.stdout + proc.stderr)
         if m:
-            split["plugin_listing"].append(float(m.group(1)))
-            split["plugin_building"].append(float(m.group(2)))
-    return elapsed
+            split.setdefault("plugin_listing" + split_key, []).append(float(m.group(1)))
+            split.setdefault("plugin_building" + split_key, []).append(float(m.group(2)))
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return elapsed, cpu
 
 
-def measure(kubeconfig: str, count: int, runs: int) -> dict[str, Any]:
+def ansible_env() -> dict:
+    return dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_INVENTORY_UNPARSED_FAILED="1",
+                PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
+
+
+def host_count(argv: list[str], env: dict) -> int:
+    """Hosts in the JSON of ``ansible-inventory … --list`` (checks that the inventory really has every VM)."""
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800, check=True)
+    return len(json.loads(proc.stdout)["_meta"]["hostvars"])
+
+
+def pair_order(round_no: int) -> tuple[str, ...]:
+    """The layouts in the order they run in round ``round_no``: flat first in even rounds, nested first in odd."""
+    return LAYOUTS if round_no % 2 == 0 else LAYOUTS[::-1]
+
+
+def measure_kubernetes(kubeconfig: str, runs: int) -> dict[str, Any]:
     from kubernetes import client, config
 
     work = Path(tempfile.mkdtemp(prefix="zjusct-inv-bench-"))
     try:
-        env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_INVENTORY_UNPARSED_FAILED="1",
-                   PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}")
-        src = work / "bench.cloudvm.yml"
-        src.write_text(yaml.safe_dump({"plugin": "zjusct.cloud.cloudvm", "kubeconfig": kubeconfig}))
+        env = ansible_env()
+        sources = {}
+        for layout in LAYOUTS:
+            sources[layout] = work / f"{layout}.cloudvm.yml"
+            sources[layout].write_text(yaml.safe_dump({"plugin": "zjusct.cloud.cloudvm", "kubeconfig": kubeconfig,
+                                                       "hostvars_layout": layout}))
         cached = work / "cached.cloudvm.yml"
         cached.write_text(yaml.safe_dump({"plugin": "zjusct.cloud.cloudvm", "kubeconfig": kubeconfig, "cache": True,
                                           "cache_plugin": "ansible.builtin.jsonfile",
@@ -190,17 +237,13 @@ def measure(kubeconfig: str, count: int, runs: int) -> dict[str, Any]:
         empty.write_text("")
         script = work / "baseline.py"
         script.write_text(BASELINE)
-        inventory_cmd = [str(VENV_BIN / "ansible-inventory"), "-i", str(src), "--list"]
-        # check once that the inventory really has every VM
-        proc = subprocess.run(inventory_cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
-                              check=True)
-        hosts = len(json.loads(proc.stdout)["_meta"]["hostvars"])
-        subprocess.run([str(VENV_BIN / "ansible-inventory"), "-i", str(cached), "--list"], cwd=REPO, env=env,
-                       capture_output=True, timeout=900, check=True)  # warm the cache
+        inv = str(VENV_BIN / "ansible-inventory")
+        hosts = {layout: host_count([inv, "-i", str(sources[layout]), "--list"], env) for layout in LAYOUTS}
+        host_count([inv, "-i", str(cached), "--list"], env)  # warm the cache
         api = client.CustomObjectsApi(config.new_client_from_config(config_file=kubeconfig))
 
-        def list_only() -> float:
-            t0 = time.monotonic()
+        def list_only() -> tuple[float, float]:
+            t0, c0 = time.monotonic(), time.process_time()
             token, n = None, 0
             while True:
                 page = api.list_cluster_custom_object(GROUP, VERSION, PLURAL, limit=500, _continue=token,
@@ -209,78 +252,254 @@ def measure(kubeconfig: str, count: int, runs: int) -> dict[str, Any]:
                 token = page["metadata"].get("continue")
                 if not token:
                     break
-            return time.monotonic() - t0
+            return time.monotonic() - t0, time.process_time() - c0
 
-        figures: dict[str, list[float]] = {k: [] for k in (
-            "baseline", "baseline_list_only", "floor", "inventory", "inventory_cached", "playbook_inventory",
-            "plugin_listing", "plugin_building")}
-        for _ in range(runs):  # interleaved, so load changes hit every figure alike
-            figures["baseline"].append(timed([str(VENV_BIN / "python"), str(script), kubeconfig], env))
-            figures["baseline_list_only"].append(list_only())
-            figures["floor"].append(timed([str(VENV_BIN / "ansible-inventory"), "-i", str(empty), "--list"], env))
-            figures["inventory"].append(timed(inventory_cmd, env))
-            figures["inventory_cached"].append(timed([str(VENV_BIN / "ansible-inventory"), "-i", str(cached),
-                                                      "--list"], env))
-            figures["playbook_inventory"].append(timed([str(VENV_BIN / "ansible"), "-i", str(src), "all",
-                                                        "--list-hosts", "-vvv"], env, split=figures))
-        return {"hosts": hosts, "figures": figures}
+        figures: Figures = {}
+        split: dict[str, list[float]] = {}
+        orders = []
+
+        def add(name: str, value: tuple[float, float]) -> None:
+            figures.setdefault(name, []).append(value)
+
+        for round_no in range(runs):  # interleaved, so load changes hit every figure alike
+            add("baseline", timed([str(VENV_BIN / "python"), str(script), kubeconfig], env))
+            add("baseline_list_only", list_only())
+            add("floor", timed([inv, "-i", str(empty), "--list"], env))
+            order = pair_order(round_no)
+            orders.append(order[0])
+            for layout in order:
+                add(f"inventory_{layout}", timed([inv, "-i", str(sources[layout]), "--list"], env))
+            add("inventory_export", timed([inv, "-i", str(sources["flat"]), "--list", "--export"], env))
+            add("inventory_cached", timed([inv, "-i", str(cached), "--list"], env))
+            for layout in order:
+                add(f"list_hosts_{layout}", timed([str(VENV_BIN / "ansible"), "-i", str(sources[layout]), "all",
+                                                   "--list-hosts", "-vvv"], env, split=split, split_key=f"_{layout}"))
+        return {"hosts": hosts, "figures": figures, "split": split, "first": orders}
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+# One stand-in launcher for every VM: raises its open-file limit, takes each lock file named on stdin (one a line),
+# says "locked N"; "boot-1.json" on its command line attributes the locks to boot 1, as a real launcher's argv does.
+HOLDER = """
+import fcntl, resource, sys, time
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+held = []
+for path in sys.stdin.read().split():
+    fh = open(path, "a")
+    fcntl.flock(fh, fcntl.LOCK_EX)
+    held.append(fh)
+print("locked", len(held), flush=True)
+time.sleep(86400)
+"""
+HOST_BASELINE = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+from ansible_collections.zjusct.cloud.plugins.module_utils import _hostconfig
+from ansible_collections.zjusct.cloud.plugins.module_utils._cloudvm_host import observed_vms
+vms = observed_vms(_hostconfig.load(sys.argv[2]))
+print(sum(1 for vm in vms if vm["status"].get("phase") == "Running"))
+"""
+
+
+def build_host_fleet(root: Path, count: int) -> tuple[Path, subprocess.Popen]:
+    """A host configuration whose store holds ``count`` VMs, Running with boot 1, and the process holding their
+    launcher locks (stop it with :func:`benchlib.stop_process`)."""
+    from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore
+
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < count + 64:
+        raise SystemExit(f"--host-vms {count}: one process holds every launcher lock, but the open-file limit is "
+                         f"{hard}; raise it (ulimit -Hn) or lower --host-vms")
+    config = root / "host.json"
+    cfg_doc = {"store_path": str(root / "lib" / "cloud.db"), "node": "hv1", "state_dir": str(root / "state"),
+               "runtime_dir": str(root / "run")}
+    config.write_text(json.dumps(cfg_doc))
+    earlier = time.time() - 60
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(earlier))
+    locks = []
+    with HostStore(cfg_doc["store_path"]) as db, db.transaction():
+        for i in range(count):
+            name = f"vm-{i:05d}"
+            db.create_vm(NAMESPACE, name, {"owner": f"user{i % 500}", "vcpus": 1 + i % 4, "memoryMiB": 512,
+                                           "bootID": 1, "powerState": "Running"},
+                         labels={"cloud.zjusct.io/course": f"c{i % 20}"})
+            db.update_vm(NAMESPACE, name, status={
+                "phase": "Running", "reason": "SSHReady", "bootID": 1, "node": "hv1",
+                "sshEndpoint": {"host": f"10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}", "port": 22},
+                "sshProxyCommand": "ip netns exec zjusct-cloud nc %h %p"})
+            state = root / "state" / "vms" / f"{NAMESPACE}_{name}"
+            runtime = root / "run" / "vms" / f"{NAMESPACE}_{name}"
+            state.mkdir(parents=True)
+            runtime.mkdir(parents=True)
+            (state / "boot-1.json").write_text("{}")
+            (state / "spawned-1").write_text(json.dumps({"pid": 1, "time": earlier, "startedAt": stamp}))
+            (state / "ready-1").write_text(json.dumps({"readyAt": stamp}))
+            locks.append(str(runtime / "launcher.lock"))
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(root / "boot-1.json")], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdin is not None and holder.stdout is not None
+    holder.stdin.write("\n".join(locks))
+    holder.stdin.close()
+    line = holder.stdout.readline().strip()
+    if line != f"locked {count}":
+        stop_process(holder)
+        raise SystemExit(f"the stand-in launcher did not take the {count} locks: {line!r}")
+    return config, holder
+
+
+def measure_host(count: int, runs: int) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="zjusct-inv-bench-host-"))
+    holder = None
+    try:
+        t0 = time.monotonic()
+        config, holder = build_host_fleet(root, count)
+        build_s = time.monotonic() - t0
+        env = ansible_env()
+        sources = {}
+        for layout in LAYOUTS:
+            sources[layout] = root / f"{layout}.cloudvm.yml"
+            sources[layout].write_text(yaml.safe_dump({"plugin": "zjusct.cloud.cloudvm", "source": "host",
+                                                       "host_config": str(config), "hostvars_layout": layout}))
+        inv = str(VENV_BIN / "ansible-inventory")
+        baseline = [str(VENV_BIN / "python"), "-c", HOST_BASELINE, str(REPO / ".collections"), str(config)]
+        running = int(subprocess.run(baseline, capture_output=True, text=True, check=True, timeout=1800).stdout)
+        hosts = {layout: host_count([inv, "-i", str(sources[layout]), "--list"], env) for layout in LAYOUTS}
+        figures: Figures = {}
+        orders = []
+        for round_no in range(runs):
+            figures.setdefault("host_baseline", []).append(timed(baseline, env))
+            order = pair_order(round_no)
+            orders.append(order[0])
+            for layout in order:
+                figures.setdefault(f"host_{layout}", []).append(timed([inv, "-i", str(sources[layout]), "--list"],
+                                                                      env))
+        return {"running": running, "hosts": hosts, "figures": figures, "build_s": build_s, "first": orders}
+    finally:
+        if holder is not None:
+            stop_process(holder)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def summary(figures: Figures) -> dict[str, dict[str, float]]:
+    """Best and median of wall and CPU seconds per figure."""
+    out = {}
+    for key, values in figures.items():
+        walls, cpus = [w for w, _ in values], [c for _, c in values]
+        out[key] = {"best_wall": min(walls), "median_wall": statistics.median(walls),
+                    "best_cpu": min(cpus), "median_cpu": statistics.median(cpus)}
+    return out
+
+
+def pair_ratios(figures: Figures, a: str, b: str) -> dict[str, list[float]]:
+    """Per round ``a / b`` of wall and of CPU seconds (the two ran back to back in that round)."""
+    return {"wall": [x[0] / y[0] for x, y in zip(figures[a], figures[b], strict=True)],
+            "cpu": [x[1] / y[1] for x, y in zip(figures[a], figures[b], strict=True)]}
+
+
+def ratios(s: dict[str, dict[str, float]], figures: Figures, pairs: list[tuple[str, str, str]]) -> dict[str, Any]:
+    """Same-run ratios: best and median wall, median CPU, and the per-round ratios of paired figures."""
+    out: dict[str, Any] = {}
+    for name, a, b in pairs:
+        if a not in s or b not in s:
+            continue
+        out[name] = {"best_wall": s[a]["best_wall"] / s[b]["best_wall"],
+                     "median_wall": s[a]["median_wall"] / s[b]["median_wall"],
+                     "median_cpu": s[a]["median_cpu"] / s[b]["median_cpu"],
+                     "per_round": pair_ratios(figures, a, b)}
+    return out
+
+
+K8S_RATIOS = [("inventory_flat / baseline", "inventory_flat", "baseline"),
+              ("inventory_nested / baseline", "inventory_nested", "baseline"),
+              ("inventory_nested / inventory_flat", "inventory_nested", "inventory_flat"),
+              ("inventory_export / baseline", "inventory_export", "baseline"),
+              ("inventory_cached / baseline", "inventory_cached", "baseline"),
+              ("list_hosts_nested / list_hosts_flat", "list_hosts_nested", "list_hosts_flat"),
+              ("inventory_flat / baseline_list_only", "inventory_flat", "baseline_list_only")]
+HOST_RATIOS = [("host_flat / host_baseline", "host_flat", "host_baseline"),
+               ("host_nested / host_baseline", "host_nested", "host_baseline"),
+               ("host_nested / host_flat", "host_nested", "host_flat")]
+
+
+def print_part(title: str, s: dict[str, dict[str, float]], r: dict[str, Any], first: list[str]) -> None:
+    print(f"\n{title} (first of each pair per round: {', '.join(first)})")
+    print(f"{'figure':<24}{'best s':>9}{'median s':>10}{'best CPU s':>12}{'median CPU s':>14}")
+    for key, v in s.items():
+        print(f"{key:<24}{v['best_wall']:>9.2f}{v['median_wall']:>10.2f}{v['best_cpu']:>12.2f}{v['median_cpu']:>14.2f}")
+    for name, v in r.items():
+        rounds = " ".join(f"{x:.2f}" for x in v["per_round"]["wall"])
+        print(f"same-run ratio {name:<38} best {v['best_wall']:.2f}x, median {v['median_wall']:.2f}x, "
+              f"median CPU {v['median_cpu']:.2f}x; per round {rounds}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--vms", type=int, default=10000)
+    parser.add_argument("--host-vms", type=int, help="VMs in the host store (default: --vms)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--kubeconfig", help="admin kubeconfig of a running cluster (default: start one)")
+    parser.add_argument("--skip-kubernetes", action="store_true")
+    parser.add_argument("--skip-host", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    host_vms = args.host_vms or args.vms
+    load_before = os.getloadavg()
+    report: dict[str, Any] = {"vms": args.vms, "runs": args.runs, "cpus": os.cpu_count(),
+                              "loadavg_before": load_before}
+    if not args.skip_kubernetes:
+        cluster = None
+        if args.kubeconfig:
+            kubeconfig = args.kubeconfig
+        else:
+            from tests.cluster import Cluster
 
-    cluster = None
-    if args.kubeconfig:
-        kubeconfig = args.kubeconfig
-    else:
-        from tests.cluster import Cluster
-
-        cluster = Cluster()
-        cluster.start()
-        kubeconfig = str(cluster.kubeconfig)
-    try:
-        ensure_crd(kubeconfig)
-        have = running_count(kubeconfig)
-        populate_s = 0.0
-        if have < args.vms:
-            populate_s = populate(kubeconfig, args.vms, args.threads)
-        result = measure(kubeconfig, args.vms, args.runs)
-    finally:
-        if cluster is not None:
-            cluster.stop()
-    figures = result["figures"]
-    best = {k: min(v) for k, v in figures.items()}
-    median = {k: statistics.median(v) for k, v in figures.items()}
-    load = os.getloadavg()
-    report = {"vms": args.vms, "hosts_listed": result["hosts"], "populate_s": round(populate_s, 1),
-              "best_s": best, "median_s": median, "runs": args.runs, "cpus": os.cpu_count(),
-              "loadavg_1m": load[0],
-              "ratio_inventory_to_baseline": best["inventory"] / best["baseline"],
-              "ratio_inventory_to_list_only": best["inventory"] / best["baseline_list_only"],
-              "ratio_cached_to_baseline": best["inventory_cached"] / best["baseline"],
-              "ratio_plugin_listing_to_list_only": best["plugin_listing"] / best["baseline_list_only"]}
+            cluster = Cluster()
+            cluster.start()
+            kubeconfig = str(cluster.kubeconfig)
+        try:
+            ensure_crd(kubeconfig)
+            populate_s = populate(kubeconfig, args.vms, args.threads) if running_count(kubeconfig) < args.vms else 0.0
+            result = measure_kubernetes(kubeconfig, args.runs)
+        finally:
+            if cluster is not None:
+                cluster.stop()
+        s = summary(result["figures"])
+        s.update({k: {"best_wall": min(v), "median_wall": statistics.median(v), "best_cpu": float("nan"),
+                      "median_cpu": float("nan")} for k, v in result["split"].items()})
+        report["kubernetes"] = {"hosts_listed": result["hosts"], "populate_s": round(populate_s, 1), "figures": s,
+                                "rounds": result["figures"], "first": result["first"],
+                                "ratios": ratios(s, result["figures"], K8S_RATIOS)}
+    if not args.skip_host:
+        result = measure_host(host_vms, args.runs)
+        s = summary(result["figures"])
+        report["host"] = {"vms": host_vms, "running": result["running"], "hosts_listed": result["hosts"],
+                          "build_s": round(result["build_s"], 1), "figures": s, "rounds": result["figures"],
+                          "first": result["first"], "ratios": ratios(s, result["figures"], HOST_RATIOS)}
+    report["loadavg_after"] = os.getloadavg()
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(f"CloudVMs: {args.vms} (Running, listed by the inventory: {result['hosts']}); populate {populate_s:.1f} s; "
-          f"{os.cpu_count()} CPUs, load average {load[0]:.1f}")
-    print(f"{'figure':<22}{'best s':>9}{'median s':>10}")
-    for key in figures:
-        print(f"{key:<22}{best[key]:>9.2f}{median[key]:>10.2f}")
-    print(f"ratio inventory / baseline (end to end)      {report['ratio_inventory_to_baseline']:.2f}x  (goal <= 2x)")
-    print(f"ratio inventory / list only (in process)     {report['ratio_inventory_to_list_only']:.2f}x")
-    print(f"ratio cached inventory / baseline            {report['ratio_cached_to_baseline']:.2f}x")
-    print(f"ratio plugin's listing / list only           {report['ratio_plugin_listing_to_list_only']:.2f}x")
-    print(f"inventory end to end {best['inventory']:.2f} s (goal <= 2 s); Ansible's own start-up (floor) "
-          f"{best['floor']:.2f} s")
+    print(f"{os.cpu_count()} CPUs; load average before {load_before[0]:.1f} / {load_before[1]:.1f} / "
+          f"{load_before[2]:.1f}, after {report['loadavg_after'][0]:.1f} / {report['loadavg_after'][1]:.1f} / "
+          f"{report['loadavg_after'][2]:.1f}")
+    if "kubernetes" in report:
+        k = report["kubernetes"]
+        print(f"Kubernetes: {args.vms} Running CloudVMs (hosts listed: {k['hosts_listed']}); populate "
+              f"{k['populate_s']:.1f} s")
+        print_part("Kubernetes source", k["figures"], k["ratios"], k["first"])
+        flat, nested = k["ratios"]["inventory_flat / baseline"], k["ratios"]["inventory_nested / baseline"]
+        print(f"goal <= 2x the baseline: flat {'met' if flat['best_wall'] <= 2 else 'not met'} "
+              f"({flat['best_wall']:.2f}x best), nested {'met' if nested['best_wall'] <= 2 else 'not met'} "
+              f"({nested['best_wall']:.2f}x best); goal <= 2 s: best "
+              f"{k['figures']['inventory_flat']['best_wall']:.2f} s")
+    if "host" in report:
+        h = report["host"]
+        print(f"\nHost store: {h['vms']} VMs, {h['running']} Running as the listing derives them (hosts listed: "
+              f"{h['hosts_listed']}); store + launcher files written in {h['build_s']:.1f} s")
+        print_part("Host source", h["figures"], h["ratios"], h["first"])
     return 0
 
 

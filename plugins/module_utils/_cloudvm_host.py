@@ -574,11 +574,12 @@ def _absent(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, d
     return _result(None, True, existing["spec"], diff, [off] if off else None)
 
 
-def observed_status(cfg: HostConfig, vm: dict) -> dict:
+def observed_status(cfg: HostConfig, vm: dict, locks: Optional[sup.LockTable] = None) -> dict:
     """The status derived from what runs now, without acting (for reads: info, inventory).
 
     A stored status is never returned as is: a launcher killed since the last reconcile shows as
-    Failed/LauncherLost here, not Running (case L2).
+    Failed/LauncherLost here, not Running (case L2). ``locks`` is a :func:`_supervisor.lock_table`
+    read for many VMs at once (see :func:`_supervisor.observe`); without it the lock is read now.
     """
     meta, spec = vm["metadata"], vm["spec"]
     paths = _paths(cfg, meta["namespace"], meta["name"])
@@ -587,7 +588,7 @@ def observed_status(cfg: HostConfig, vm: dict) -> dict:
         # a refused start (Unschedulable, StartFailed, VolumeInUse) is recorded before any boot exists
         return vm.get("status") or {}
     # a stored Running/Stopping without any boot on disk has no launcher: derived from nothing below
-    latest = sup.observe(paths, known[-1], cfg.node) if known else None
+    latest = sup.observe(paths, known[-1], cfg.node, locks) if known else None
     current: Optional[BootObservation] = latest
     others: tuple[BootObservation, ...] = ()
     if latest is not None and spec["powerState"] == "Running" and latest.boot_id < int(spec["bootID"]) and \
@@ -612,7 +613,9 @@ def observed_vms(cfg: HostConfig, namespace: Optional[str] = None, owner: Option
     source, so both always show the same phase.
 
     The store is opened read-only (no migration, no write lock); a store that does not exist yet
-    means no VM.
+    means no VM. The kernel's lock table is read once for all VMs (:func:`_supervisor.lock_table`),
+    not once per VM: it has a line per running launcher, so per-VM reads grew with the square of
+    the fleet.
 
     Raises:
         StoreError: the store cannot be read or its schema is older or newer than this code.
@@ -621,7 +624,9 @@ def observed_vms(cfg: HostConfig, namespace: Optional[str] = None, owner: Option
         return []
     with HostStore(cfg.store_path, busy_timeout=busy_timeout, read_only=True) as store:
         items = store.list_vms(namespace, owner)
-    return [dict(vm, status=observed_status(cfg, vm)) for vm in items if where is None or where(vm)]
+    items = [vm for vm in items if where is None or where(vm)]
+    locks = sup.lock_table() if items else None
+    return [dict(vm, status=observed_status(cfg, vm, locks)) for vm in items]
 
 
 def info(params: dict) -> list[dict]:

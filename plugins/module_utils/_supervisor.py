@@ -26,7 +26,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterable, Iterator, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils._phase import BootObservation
 
@@ -78,26 +78,68 @@ class LauncherPaths:
         return os.path.join(self.log_dir, f"{self.name}.serial.log")
 
 
-def lock_holder(path: str) -> Optional[int]:
-    """The pid holding a flock on ``path`` according to ``/proc/locks``, else None.
-
-    Reads the kernel's lock table (proc(5), "/proc/locks") by device and inode, so it never takes
-    the lock itself.
-    """
+def _lock_ident(path: str) -> Optional[str]:
+    """``MAJ:MIN:INODE`` of ``path`` as ``/proc/locks`` writes it (hex device numbers), None if it does not exist."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
         return None
-    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    return f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+
+
+def _flock_holders(lines: Iterable[str]) -> Iterator[tuple[str, int]]:
+    """``(MAJ:MIN:INODE, pid)`` of each granted flock in ``/proc/locks`` lines, in file order."""
+    for line in lines:
+        parts = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF" ("->" marks blocked waiters)
+        if "->" in parts:
+            continue
+        if len(parts) >= 6 and parts[1] == "FLOCK":
+            yield parts[5].lower(), int(parts[4])
+
+
+def lock_holder(path: str) -> Optional[int]:
+    """The pid holding a flock on ``path`` according to ``/proc/locks``, else None.
+
+    Reads the kernel's lock table (proc(5), "/proc/locks") by device and inode, so it never takes
+    the lock itself. One call reads the whole table; to observe many VMs read it once with
+    :func:`lock_table`.
+    """
+    ident = _lock_ident(path)
+    if ident is None:
+        return None
     with open("/proc/locks", encoding="ascii") as fh:
-        for line in fh:
-            parts = line.split()
-            # "1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF" ("->" marks blocked waiters)
-            if "->" in parts:
-                continue
-            if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5].lower() == ident:
-                return int(parts[4])
+        for held, pid in _flock_holders(fh):
+            if held == ident:
+                return pid
     return None
+
+
+@dataclass(frozen=True)
+class LockTable:
+    """One read of ``/proc/locks``: the flock holders by ``MAJ:MIN:INODE`` and when the table was read.
+
+    ``/proc/locks`` has one line per lock on the host, so reading it once per VM costs O(VMs x locks):
+    285 s for 10,000 running VMs (bench/inventory_scale.py). Listing reads it once (:func:`lock_table`).
+    """
+
+    holders: dict[str, int]
+    taken: float  # time.time() when the table was read
+
+    def holder(self, path: str) -> Optional[int]:
+        """The pid that held a flock on ``path`` when the table was read, else None (as :func:`lock_holder`)."""
+        ident = _lock_ident(path)
+        return None if ident is None else self.holders.get(ident)
+
+
+def lock_table() -> LockTable:
+    """Read ``/proc/locks`` once (the first holder of an inode wins, as in :func:`lock_holder`)."""
+    holders: dict[str, int] = {}
+    taken = time.time()
+    with open("/proc/locks", encoding="ascii") as fh:
+        for ident, pid in _flock_holders(fh):
+            holders.setdefault(ident, pid)
+    return LockTable(holders, taken)
 
 
 def _cmdline_boot(pid: int) -> Optional[int]:
@@ -130,16 +172,17 @@ def _read_json(path: str) -> Optional[dict]:
         return None
 
 
-def running_boot(paths: LauncherPaths) -> Optional[tuple[int, int]]:
-    """``(boot_id, pid)`` of the launcher alive for this VM, if any."""
-    pid = lock_holder(paths.lock)
+def running_boot(paths: LauncherPaths, locks: Optional[LockTable] = None) -> Optional[tuple[int, int]]:
+    """``(boot_id, pid)`` of the launcher alive for this VM, if any (as of ``locks`` when given, else now)."""
+    pid = lock_holder(paths.lock) if locks is None else locks.holder(paths.lock)
     if pid is None:
         return None
     boot = _cmdline_boot(pid)
     return (boot if boot is not None else -1, pid)
 
 
-def observe(paths: LauncherPaths, boot_id: int, node: Optional[str] = None) -> BootObservation:
+def observe(paths: LauncherPaths, boot_id: int, node: Optional[str] = None,
+            locks: Optional[LockTable] = None) -> BootObservation:
     """What is there of boot ``boot_id``: alive, starting, exited (with its result) or lost.
 
     Reads the lock BEFORE the result. The launcher writes its result (temp file, fsync, rename,
@@ -150,6 +193,11 @@ def observe(paths: LauncherPaths, boot_id: int, node: Optional[str] = None) -> B
     a result (``lost``, shown as Failed/LauncherLost). A result on disk wins over a held lock: the
     launcher has decided how the boot ended and is only exiting.
 
+    ``locks``, a :func:`lock_table` read before this call, stands for the lock read (listing many
+    VMs reads ``/proc/locks`` once); the order above holds since it was read before the result.
+    When it shows no holder for a launcher spawned less than :data:`SPAWN_GRACE_SECONDS` before it
+    was read, or after, the lock is read again now: that launcher may have taken it since.
+
     Returns:
         A :class:`BootObservation`; ``lost`` only when the launcher was spawned more than
         :data:`SPAWN_GRACE_SECONDS` ago, no live launcher of this boot held the lock and no result
@@ -157,7 +205,10 @@ def observe(paths: LauncherPaths, boot_id: int, node: Optional[str] = None) -> B
     """
     spawned = _read_json(paths.spawned(boot_id)) or {}
     started_at = spawned.get("startedAt")
-    live = running_boot(paths)  # first: see the docstring
+    live = running_boot(paths, locks)  # first: see the docstring
+    if locks is not None and live is None and spawned and \
+            locks.taken - float(spawned.get("time", 0)) < SPAWN_GRACE_SECONDS:
+        live = running_boot(paths)
     result = _read_json(paths.result(boot_id))
     ready_at = (_read_json(paths.ready(boot_id)) or {}).get("readyAt") or (result or {}).get("readyAt")
     if ready_at is None and os.path.exists(paths.ready(boot_id)):

@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterable, Optional
 from ansible_collections.zjusct.cloud.plugins.module_utils._spec import PHASES
 
 SOURCES = ("kubernetes", "host")
+HOSTVARS_LAYOUTS = ("flat", "nested")
 GROUP_BY = ("owner", "namespace", "node", "phase")
 HOSTNAME_FIELDS = ("namespace", "name", "owner", "uid", "node")
 DEFAULT_HOSTNAME = "{name}.{namespace}"
@@ -69,6 +70,9 @@ class InventoryOptions:
         hostvar_prefix: prefix of every host variable this plugin sets except the ``ansible_*`` ones
             (default ``cloudvm_``; "" gives the bare names, of which ``name`` and ``namespace`` are
             reserved by Ansible).
+        hostvars_layout: ``flat`` (one variable per field, ``<prefix><field>``) or ``nested`` (one dict
+            variable named by the prefix without its trailing ``_``, e.g. ``cloudvm``, holding the same
+            fields under their bare names); the ``ansible_*`` connection variables are set in both.
         group_by: built-in groups: ``owner`` → ``owner_<owner>``, ``namespace`` →
             ``namespace_<namespace>``, ``node`` → ``node_<node>``, ``phase`` → ``phase_<phase>``
             (characters other than letters, digits and ``_`` become ``_``).
@@ -88,6 +92,7 @@ class InventoryOptions:
     include_all: bool = False
     hostname_format: str = DEFAULT_HOSTNAME
     hostvar_prefix: str = DEFAULT_PREFIX
+    hostvars_layout: str = "flat"
     group_by: tuple[str, ...] = ("owner", "namespace", "node")
     ansible_user: str = "root"
     use_proxy_command: bool = True
@@ -123,6 +128,13 @@ class InventoryOptions:
         if prefix and not _VAR_NAME.match(prefix):
             raise InventoryOptionError(
                 f"hostvar_prefix: {prefix!r} must start with a letter or _ and contain only letters, digits and _")
+        layout = get("hostvars_layout") or "flat"
+        if layout not in HOSTVARS_LAYOUTS:
+            raise InventoryOptionError(f"hostvars_layout: {layout!r} is not one of {', '.join(HOSTVARS_LAYOUTS)}")
+        if layout == "nested" and not prefix.rstrip("_"):
+            raise InventoryOptionError(
+                f"hostvars_layout: nested names its one variable after hostvar_prefix without the trailing _, "
+                f"and hostvar_prefix {prefix!r} leaves no name; set hostvar_prefix, e.g. cloudvm_")
         selector_text = get("label_selector") or ""
         return cls(
             source=source,
@@ -133,6 +145,7 @@ class InventoryOptions:
             include_all=bool(get("include_all")),
             hostname_format=fmt,
             hostvar_prefix=prefix,
+            hostvars_layout=layout,
             group_by=group_by,
             ansible_user=get("ansible_user") or "root",
             use_proxy_command=bool(get("use_proxy_command")) if get("use_proxy_command") is not None else True,
@@ -340,9 +353,21 @@ def ssh_common_args(rec: dict, opts: InventoryOptions) -> Optional[str]:
     return None
 
 
+def nested_name(opts: InventoryOptions) -> str:
+    """The one variable of ``hostvars_layout: nested``: ``hostvar_prefix`` without its trailing ``_``
+    (``cloudvm_`` gives ``cloudvm``)."""
+    return opts.hostvar_prefix.rstrip("_")
+
+
 def hostvars_for(rec: dict, opts: InventoryOptions) -> dict:
-    """The host variables of one VM (``ansible_*`` from status.sshEndpoint, the rest prefixed)."""
-    p = opts.hostvar_prefix
+    """The host variables of one VM.
+
+    ``ansible_user``, ``ansible_host``, ``ansible_port`` (from status.sshEndpoint) and
+    ``ansible_ssh_common_args`` (:func:`ssh_common_args`) in both layouts; then the fields
+    ``namespace name uid owner vcpus memory_mib node boot_id phase reason labels`` either each as
+    ``<prefix><field>`` (``flat``) or together as one dict ``{field: value}`` under
+    :func:`nested_name` (``nested``).
+    """
     hv: dict = {"ansible_user": opts.ansible_user}
     if rec.get("ssh_host"):
         hv["ansible_host"] = rec["ssh_host"]
@@ -351,12 +376,14 @@ def hostvars_for(rec: dict, opts: InventoryOptions) -> dict:
     args = ssh_common_args(rec, opts)
     if args:
         hv["ansible_ssh_common_args"] = args
-    hv.update({
-        p + "namespace": rec["namespace"], p + "name": rec["name"], p + "uid": rec["uid"],
-        p + "owner": rec["owner"], p + "vcpus": rec["vcpus"], p + "memory_mib": rec["memory_mib"],
-        p + "node": rec["node"], p + "boot_id": rec["boot_id"], p + "phase": rec["phase"],
-        p + "reason": rec["reason"], p + "labels": rec["labels"],
-    })
+    fields = {"namespace": rec["namespace"], "name": rec["name"], "uid": rec["uid"], "owner": rec["owner"],
+              "vcpus": rec["vcpus"], "memory_mib": rec["memory_mib"], "node": rec["node"],
+              "boot_id": rec["boot_id"], "phase": rec["phase"], "reason": rec["reason"], "labels": rec["labels"]}
+    if opts.hostvars_layout == "nested":
+        hv[nested_name(opts)] = fields
+    else:
+        p = opts.hostvar_prefix
+        hv.update({p + key: value for key, value in fields.items()})
     return hv
 
 

@@ -143,6 +143,26 @@ def test_quickstart_inventory_lists_alices_running_vm_under_owner_alice(cloud):
     assert hv["cloudvm_labels"] == {"course": "os"} and hv["cloudvm_boot_id"] == 1
 
 
+def test_nested_layout_lists_the_host_stores_vm_as_one_cloudvm_dict(cloud, tmp_path):
+    add_vm(cloud, "alice", "alice", "Running", "10.200.0.2", labels={"course": "os"})
+    add_vm(cloud, "bob", "bob", "Stopped", "10.200.0.3")
+    src = tmp_path / "nested.cloudvm.yml"
+    src.write_text(f"plugin: zjusct.cloud.cloudvm\nsource: host\nhost_config: {cloud.config}\n"
+                   "hostvars_layout: nested\nkeyed_groups: [{key: cloudvm.labels.course, prefix: course}]\n")
+    inv = list_via_inventory(cloud.config, inventory=src)
+    assert set(inv["_meta"]["hostvars"]) == {"alice.default"}
+    hv = inv["_meta"]["hostvars"]["alice.default"]
+    assert set(hv) == {"ansible_host", "ansible_port", "ansible_user", "ansible_ssh_common_args", "cloudvm"}
+    assert (hv["ansible_host"], hv["ansible_port"], hv["ansible_user"]) == ("10.200.0.2", 22, "root")
+    assert shlex.split(hv["ansible_ssh_common_args"]) == ["-o", f"ProxyCommand={PROXY}"]
+    with HostStore(str(cloud.store)) as db:
+        uid = db.get_vm("default", "alice")["metadata"]["uid"]
+    assert hv["cloudvm"] == {"namespace": "default", "name": "alice", "uid": uid, "owner": "alice", "vcpus": 2,
+                             "memory_mib": 1024, "node": "hv1", "boot_id": 1, "phase": "Running",
+                             "reason": "SSHReady", "labels": {"course": "os"}}
+    assert inv["course_os"]["hosts"] == ["alice.default"] and inv["owner_alice"]["hosts"] == ["alice.default"]
+
+
 def test_graph_shows_the_vm_under_its_owner_group(cloud):
     config = cloud.config
     add_vm(cloud, "alice", "alice", "Running")

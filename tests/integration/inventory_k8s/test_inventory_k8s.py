@@ -129,6 +129,30 @@ def test_compose_groups_and_keyed_groups(k8s_cluster, vms, k8s_namespace, tmp_pa
     assert run.group("course_os") == {small} and run.group("course_db") == {large}
 
 
+def test_nested_layout_one_cloudvm_dict_that_compose_and_keyed_groups_read(k8s_cluster, vms, k8s_namespace,
+                                                                            tmp_path):
+    vms.create(k8s_namespace, "web", owner="bob-smith", labels={"course": "os"}, vcpus=2, memory_mib=4096)
+    vms.report(k8s_namespace, "web", "Running", ip="192.0.2.21", port=2222, node="node-a")
+    vms.start(k8s_namespace, "small", labels={"course": "db"}, memory_mib=512)
+    run = run_inventory(source(
+        tmp_path, k8s_cluster.kubeconfig, namespaces=[k8s_namespace], hostvars_layout="nested",
+        compose={"memory_gib": "cloudvm.memory_mib // 1024"}, groups={"big": "cloudvm.memory_mib >= 2048"},
+        keyed_groups=[{"key": "cloudvm.labels.course", "prefix": "course"}], strict=True))
+    web, small = f"web.{k8s_namespace}", f"small.{k8s_namespace}"
+    assert run.hosts() == {web, small}
+    hv = run.hostvars(web)
+    assert set(hv) == {"ansible_host", "ansible_port", "ansible_user", "cloudvm", "memory_gib"}
+    assert (hv["ansible_host"], hv["ansible_port"], hv["ansible_user"]) == ("192.0.2.21", 2222, "root")
+    uid = vms.api.get_namespaced_custom_object(GROUP, VERSION, k8s_namespace, PLURAL, "web")["metadata"]["uid"]
+    assert hv["cloudvm"] == {"namespace": k8s_namespace, "name": "web", "uid": uid, "owner": "bob-smith", "vcpus": 2,
+                             "memory_mib": 4096, "node": "node-a", "boot_id": 1, "phase": "Running",
+                             "reason": "SSHReady", "labels": {"course": "os"}}
+    assert hv["memory_gib"] == 4 and run.hostvars(small)["memory_gib"] == 0
+    assert run.group("big") == {web}
+    assert run.group("course_os") == {web} and run.group("course_db") == {small}
+    assert run.group("owner_bob_smith") == {web} and run.group("node_node_a") == {web, small}
+
+
 def test_values_from_the_api_are_marked_unsafe_never_templated(k8s_cluster, vms, k8s_namespace, tmp_path):
     vms.start(k8s_namespace, "data", labels={"course": "os"})
     run = run_inventory(source(tmp_path, k8s_cluster.kubeconfig, namespaces=[k8s_namespace]))

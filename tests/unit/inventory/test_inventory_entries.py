@@ -131,6 +131,31 @@ def test_hostvar_prefix_applies_to_plugin_vars_only():
     assert hv["owner"] == "alice"
 
 
+FIELDS = ("namespace", "name", "uid", "owner", "vcpus", "memory_mib", "node", "boot_id", "phase", "reason", "labels")
+
+
+def test_nested_layout_sets_one_dict_with_the_flat_layouts_fields_and_the_same_connection_vars():
+    vm = cloudvm("web", "tenant-alice", labels={"course": "os"}, proxy="ip netns exec zjusct-cloud nc %h %p")
+    flat = hosts([vm])["web.tenant-alice"]
+    nested = hosts([vm], hostvars_layout="nested")["web.tenant-alice"]
+    connection = ("ansible_user", "ansible_host", "ansible_port", "ansible_ssh_common_args")
+    assert set(nested.hostvars) == {*connection, "cloudvm"}
+    assert {k: nested.hostvars[k] for k in connection} == {k: flat.hostvars[k] for k in connection}
+    assert nested.hostvars["cloudvm"] == {field: flat.hostvars["cloudvm_" + field] for field in FIELDS}
+    assert nested.hostvars["cloudvm"]["labels"] == {"course": "os"} and nested.hostvars["cloudvm"]["vcpus"] == 2
+    assert nested.groups == flat.groups
+    assert set(flat.hostvars) == {*connection, *("cloudvm_" + f for f in FIELDS)}, "flat (the default) unchanged"
+
+
+def test_nested_layout_names_its_variable_after_the_prefix_and_refuses_an_empty_one():
+    hv = hosts([cloudvm("a")], hostvars_layout="nested", hostvar_prefix="vm_")["a.default"].hostvars
+    assert hv["vm"]["owner"] == "alice" and "vm_owner" not in hv and "cloudvm" not in hv
+    for prefix in ("", "_"):
+        with pytest.raises(InventoryOptionError) as err:
+            opts(hostvars_layout="nested", hostvar_prefix=prefix)
+        assert f"hostvar_prefix {prefix!r} leaves no name" in str(err.value)
+
+
 @pytest.mark.parametrize(("option", "value", "message"), [
     ("source", "aws", "source: 'aws' is not one of kubernetes, host"),
     ("include_phases", ["Runing"], "include_phases: 'Runing' is not a phase"),
@@ -141,6 +166,7 @@ def test_hostvar_prefix_applies_to_plugin_vars_only():
     ("hostvar_prefix", "9x-", "hostvar_prefix: '9x-' must start with a letter"),
     ("label_selector", "a=b,,c", "label_selector: 'a=b,,c' has an empty requirement"),
     ("label_selector", "bad key=x", "invalid label key 'bad key'"),
+    ("hostvars_layout", "tree", "hostvars_layout: 'tree' is not one of flat, nested"),
 ])
 def test_bad_options_name_the_option_the_value_and_what_is_allowed(option, value, message):
     with pytest.raises(InventoryOptionError, match=None) as err:
