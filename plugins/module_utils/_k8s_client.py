@@ -15,6 +15,9 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
+# ApiException is re-exported: callers catch the client's error type from here, also when the library is missing
+__all__ = ["HAS_K8S_CORE", "HAS_KUBERNETES", "ApiException", "CoreException", "api_client", "auth_argument_spec"]
+
 try:
     from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_MAP, AUTH_ARG_SPEC
     from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client

@@ -145,7 +145,6 @@ from ansible_collections.zjusct.cloud.plugins.module_utils._root_volume_claim im
 )
 
 
-
 def main() -> None:
     spec = dict(
         name=dict(type="str", required=True),
