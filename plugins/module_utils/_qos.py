@@ -337,13 +337,7 @@ class _Ledger:
         """``vm`` (admitted, granted 0) now borrows ``mbps`` > 0 from ``pool``."""
         self.granted[vm] = mbps
         self.used[pool] += mbps
-        # self._borrow(pool, prio, mbps), inlined (once per borrowing request)
-        by_prio = self.borrowed[pool]
-        total = by_prio.get(prio)
-        if total is None:
-            bisect.insort(self.prio_keys[pool], prio)
-            total = 0
-        by_prio[prio] = total + mbps
+        self._borrow(pool, prio, mbps)
         self._list(pool, prio, (seq, vm))
 
     def _list(self, pool: str, prio: int, entry: tuple[int, str]) -> None:
