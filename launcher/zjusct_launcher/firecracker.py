@@ -111,16 +111,28 @@ class ApiError(Exception):
     pass
 
 
+class ApiNotListening(ApiError):
+    """The API socket is not there or not yet listening (the VMM binds it, then listens, shortly after its start):
+    a request may be retried."""
+
+
 def api_request(socket_path: str, method: str, path: str, body: dict[str, Any] | None = None,
                 timeout_seconds: float = 5.0) -> tuple[int, bytes]:
-    """One HTTP/1.1 request over the API unix socket (``Connection: close``). Returns (status, body)."""
+    """One HTTP/1.1 request over the API unix socket (``Connection: close``). Returns (status, body).
+
+    Raises ApiNotListening when the socket cannot be connected to yet (missing, or bound but not listening), and
+    ApiError for any other failure (timeout in seconds, reset, malformed response).
+    """
     payload = json.dumps(body).encode() if body is not None else b""
     head = (f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nAccept: application/json\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n")
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
             sock.settimeout(timeout_seconds)
-            sock.connect(socket_path)
+            try:
+                sock.connect(socket_path)
+            except (FileNotFoundError, ConnectionRefusedError) as exc:
+                raise ApiNotListening(f"{method} {path}: {exc}") from exc
             sock.sendall(head.encode() + payload)
             data = b""
             while True:
@@ -143,6 +155,10 @@ def api_request(socket_path: str, method: str, path: str, body: dict[str, Any] |
 
 
 def send_ctrl_alt_del(socket_path: str, timeout_seconds: float = 5.0) -> None:
+    """``PUT /actions {"action_type": "SendCtrlAltDel"}``; Firecracker answers 204 (docs/api_requests/actions.md).
+
+    Raises ApiNotListening (retry) or ApiError, as api_request, and ApiError on any other status.
+    """
     status, body = api_request(socket_path, "PUT", "/actions", {"action_type": "SendCtrlAltDel"},
                                timeout_seconds)
     if status != 204:

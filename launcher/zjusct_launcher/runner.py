@@ -34,6 +34,7 @@ from zjusct_launcher.result import EXIT_ALREADY_RUNNING, Result, publish, write_
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 QMP_CONNECT_TIMEOUT_SECONDS = 30.0
 POLL_SECONDS = 1.0
+GRACEFUL_RETRY_SECONDS = 0.05  # Firecracker API not listening yet at a stop: try SendCtrlAltDel again this often
 PANIC_MARKER = b"Kernel panic - not syncing"
 WATCHDOG_EXIT_SECONDS = 5.0
 # The VMM watchdog (a separate process, started before the VMM). A VMM that changes credentials (QEMU -runas, the
@@ -462,8 +463,7 @@ class Runner:
                 if (self.stop_requested or self.readiness_timed_out) and stop_deadline is None:
                     stop_deadline = time.monotonic() + cfg.stop_timeout_seconds
                 if stop_deadline is not None and not graceful_sent:
-                    graceful_sent = True
-                    self._graceful_stop()
+                    graceful_sent = self._graceful_stop()
                     if self.qmp is not None:  # events that arrived with the command's reply
                         self._handle_events(self.qmp.poll_events())
                 if self.proc.poll() is not None:
@@ -481,7 +481,8 @@ class Runner:
                     fds.append(self.pidfd)
                 timeout = POLL_SECONDS if self.pidfd is None else 60.0
                 if stop_deadline is not None:
-                    timeout = max(0.0, min(timeout, stop_deadline - time.monotonic()))
+                    retry = GRACEFUL_RETRY_SECONDS if not graceful_sent else timeout
+                    timeout = max(0.0, min(timeout, retry, stop_deadline - time.monotonic()))
                 readable, _unused, _unused = select.select(fds, [], [], timeout)
                 if self._wake_r in readable:
                     self._drain(self._wake_r)
@@ -506,20 +507,29 @@ class Runner:
             message += f"; last stderr: {self.vmm_stderr[-1]}"
         return reason, message, exit_status(rc)
 
-    def _graceful_stop(self) -> None:
+    def _graceful_stop(self) -> bool:
+        """Ask the guest to shut down (QMP system_powerdown, or Firecracker's SendCtrlAltDel).
+
+        Returns False when it should be tried again: Firecracker's API socket is not listening yet (a stop that
+        arrives right after the VMM started); the loop retries every GRACEFUL_RETRY_SECONDS until the stop
+        deadline. True when sent, or when it failed for good (the stop timeout then ends in a kill).
+        """
         why = "readiness timeout" if self.readiness_timed_out and not self.stop_requested else self.stop_signal
         try:
             if self.cfg.hypervisor.type == "qemu":
                 if self.qmp is None or self.qmp.closed:
                     log.warning("graceful stop impossible without QMP; waiting for the stop timeout")
-                    return
+                    return True
                 self.qmp.execute("system_powerdown")
                 log.info("graceful stop sent", method="QMP system_powerdown", cause=why)
             else:
                 firecracker.send_ctrl_alt_del(self.fc_api_socket)
                 log.info("graceful stop sent", method="SendCtrlAltDel", cause=why)
+        except firecracker.ApiNotListening:
+            return False
         except (QmpError, firecracker.ApiError) as exc:
             log.warning("graceful stop failed; waiting for the stop timeout", error=str(exc))
+        return True
 
     def _handle_events(self, events: list[dict[str, Any]]) -> None:
         for ev in events:

@@ -49,6 +49,7 @@ if mode in ("reboot", "crash"):
     sys.exit(0 if mode == "reboot" else 148)
 srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 srv.bind(args["--api-sock"])
+time.sleep(float(os.environ.get("FAKE_FC_LISTEN_DELAY", "0")))  # bound, not yet listening: connect is refused
 srv.listen(4)
 while True:
     conn, _ = srv.accept()
@@ -98,7 +99,10 @@ LAUNCH = ("import sys; from zjusct_launcher import runner; runner.Runner._decide
           "from zjusct_launcher.cli import main; sys.exit(main(sys.argv[1:]))")
 
 
-def setup(tmp_path: Path, mode: str, jailed: bool = False) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+def setup(tmp_path: Path, mode: str, jailed: bool = False, stop_timeout_seconds: int = 60,
+          listen_delay_seconds: float = 0) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    """Start the real launcher on the fake. A guest that obeys ends the stop as soon as it answers, so only the
+    test of an ignored stop needs a short stop timeout; the others keep a long one (a loaded machine)."""
     fake = tmp_path / "firecracker"
     # jailed, it runs as an unprivileged uid that may not reach the venv's interpreter (under /root here)
     fake.write_text(f"#!{'/usr/bin/python3' if jailed else sys.executable}\n{FAKE}")
@@ -124,13 +128,14 @@ def setup(tmp_path: Path, mode: str, jailed: bool = False) -> tuple[subprocess.P
         cfg["hypervisor"].update(runAs={"uid": RUN_AS, "gid": RUN_AS},
                                  jailer={"binary": str(jailer), "chrootBaseDir": str(base)})
         disk.chmod(0o600)
-    cfg["stopTimeoutSeconds"] = 3
+    cfg["stopTimeoutSeconds"] = stop_timeout_seconds
     cfg["runtimeDir"] = str(tmp_path / "run")
     cfg["serialLogPath"] = str(tmp_path / "serial.log")
     cfg["result"] = {"path": str(tmp_path / "result.json"), "terminationMessagePath": str(tmp_path / "term")}
     cfg.pop("readyMarkerPath")
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
-    env = dict(os.environ, PYTHONPATH=str(REPO / "launcher"), FAKE_FC_MODE=mode)
+    env = dict(os.environ, PYTHONPATH=str(REPO / "launcher"), FAKE_FC_MODE=mode,
+               FAKE_FC_LISTEN_DELAY=str(listen_delay_seconds))
     proc = subprocess.Popen([sys.executable, "-c", LAUNCH, "run", "--config", str(tmp_path / "cfg.json")],
                             env=env, stderr=subprocess.PIPE)
     return proc, cfg
@@ -164,8 +169,18 @@ def test_sigterm_sends_ctrl_alt_del_and_ends_stop_requested(tmp_path: Path) -> N
     assert "fake console: console=ttyS0 reboot=k pci=off" in console and "fake console: reset" in console
 
 
+def test_stop_before_the_api_listens_is_still_graceful(tmp_path: Path) -> None:
+    """Firecracker binds its API socket, then listens: a stop in between is retried, not turned into a kill."""
+    proc, cfg = setup(tmp_path, "obey", listen_delay_seconds=2)
+    wait_for(tmp_path / "run" / "firecracker.sock", proc)
+    proc.send_signal(signal.SIGTERM)
+    rc, result = outcome(proc, cfg)
+    assert (rc, result["reason"]) == (0, "StopRequested"), result
+    assert "fake console: reset" in (tmp_path / "serial.log").read_text()
+
+
 def test_ignored_ctrl_alt_del_is_killed_after_the_stop_timeout(tmp_path: Path) -> None:
-    proc, cfg = setup(tmp_path, "ignore")
+    proc, cfg = setup(tmp_path, "ignore", stop_timeout_seconds=3)
     wait_for(tmp_path / "run" / "firecracker.sock", proc)
     proc.send_signal(signal.SIGTERM)
     rc, result = outcome(proc, cfg)
