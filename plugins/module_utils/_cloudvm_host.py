@@ -15,23 +15,21 @@ launcher still holds the VM's lock (case L3).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import time
 from typing import Callable, Iterator, Optional
 
-from ansible_collections.zjusct.cloud.plugins.module_utils import _bandwidth as bw
 from ansible_collections.zjusct.cloud.plugins.module_utils import _flock
-from ansible_collections.zjusct.cloud.plugins.module_utils import _gateway as gw
 from ansible_collections.zjusct.cloud.plugins.module_utils import _hostnet as net
 from ansible_collections.zjusct.cloud.plugins.module_utils import _quota as quota
 from ansible_collections.zjusct.cloud.plugins.module_utils import _supervisor as sup
-from ansible_collections.zjusct.cloud.plugins.module_utils._host_network_module import (
-    ensure_network,
-    sync_gateway,
-    sync_isolation,
+from ansible_collections.zjusct.cloud.plugins.module_utils._host_backend import HostBackend, launcher_config
+from ansible_collections.zjusct.cloud.plugins.module_utils._host_backend import (
+    observed_status as host_backend_observed_status,
 )
+from ansible_collections.zjusct.cloud.plugins.module_utils._host_network_module import sync_gateway, sync_isolation
+from ansible_collections.zjusct.cloud.plugins.module_utils._host_ports import HostSupervisor
 from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import HostConfig, load
 from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import (
     CloudVMError,
@@ -40,19 +38,16 @@ from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import (
     params_to_spec,
     plan_power,
 )
-from ansible_collections.zjusct.cloud.plugins.module_utils._phase import BootObservation, derive_status
-from ansible_collections.zjusct.cloud.plugins.module_utils._placement import Node, check, used
 from ansible_collections.zjusct.cloud.plugins.module_utils._spec import (
     is_dns_label,
     validate_spec,
     validate_update,
 )
-from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore, StoreError, audited, now
+from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore, StoreError, audited
 from ansible_collections.zjusct.cloud.plugins.module_utils._voldriver import UnknownDriver, VolumeDriver, driver
 from ansible_collections.zjusct.cloud.plugins.module_utils._volume import VolumeError, resolve_image
 from ansible_collections.zjusct.cloud.plugins.module_utils._volume_claim import settle as settle_claim
 
-LAUNCHER_API = "launcher.cloud.zjusct.io/v1"
 POLL_SECONDS = 1.0
 
 
@@ -76,23 +71,6 @@ def _vm_lock(cfg: HostConfig, namespace: str, name: str) -> Iterator[None]:
         yield
 
 
-def _host_node(cfg: HostConfig) -> Node:
-    physical = dict(cfg.physical)
-    if not physical.get("cpu"):
-        physical["cpu"] = os.cpu_count() or 1
-    if not physical.get("memory"):
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            kib = next(int(line.split()[1]) for line in fh if line.startswith("MemTotal:"))
-        physical["memory"] = kib // 1024
-    if not physical.get("disk"):
-        os.makedirs(cfg.volumes_dir, exist_ok=True)
-        st = os.statvfs(cfg.volumes_dir)
-        physical["disk"] = st.f_blocks * st.f_frsize // (1024 * 1024)
-    ratios = {"cpu": 4.0, "memory": 1.5, "disk": 2.0, "bandwidth": 1.0}
-    ratios.update(cfg.ratios)
-    return Node(cfg.node, physical, ratios)
-
-
 def _volume_driver(name: Optional[str], what: str = "volume driver") -> VolumeDriver:
     """The registered driver ``name`` (a volume record's or the host config's), as :mod:`._voldriver`."""
     try:
@@ -101,201 +79,36 @@ def _volume_driver(name: Optional[str], what: str = "volume driver") -> VolumeDr
         raise CloudVMError(str(exc)) from exc
 
 
-# --- reconcile ------------------------------------------------------------------------------------
+# --- reconcile (the pass is _host_backend.HostBackend's; these wire it to the real ports) --------------
+def _backend(cfg: HostConfig, store: HostStore) -> HostBackend:
+    return HostBackend.from_config(cfg, store)
+
+
 def _launcher_config(cfg: HostConfig, vm: dict, volume: dict, lease: dict) -> dict:
-    meta, spec = vm["metadata"], vm["spec"]
-    ns, name, boot = meta["namespace"], meta["name"], int(spec["bootID"])
-    paths = _paths(cfg, ns, name)
-    with open(os.path.join(volume["image"], "manifest.json"), encoding="utf-8") as fh:
-        manifest = json.load(fh)
-    prefix = net.prefix_length(cfg.subnet)
-    return {
-        "apiVersion": LAUNCHER_API,
-        "kind": "LauncherConfig",
-        "vm": {"namespace": ns, "name": name, "uid": meta["uid"], "bootID": boot},
-        "machine": {"vcpus": spec["vcpus"], "memoryMiB": spec["memoryMiB"]},
-        "boot": {"kernel": os.path.join(volume["image"], "vmlinuz"),
-                 "initrd": os.path.join(volume["image"], "initrd.img"),
-                 "cmdline": manifest["defaultCmdline"]},
-        "rootDisk": _volume_driver(volume["driver"]).root_disk(cfg.volume_settings(), volume),
-        "identity": {"hostname": name, "instanceID": meta["uid"],
-                     "sshAuthorizedKeys": list(spec.get("sshAuthorizedKeys") or [])},
-        "network": {"mode": "tap", "tap": lease["tap"], "createTap": False, "mac": lease["mac"],
-                    "ipv4": f"{lease['ipv4']}/{prefix}", "gateway": net.gateway(cfg.subnet),
-                    "dns": list(cfg.dns) or net.host_resolvers()},
-        "hypervisor": {"type": cfg.hypervisor, "accel": cfg.accel, "allowTCG": cfg.allow_tcg,
-                       "kvmProbeTimeoutSeconds": 5, "tcgTranslationCacheMiB": cfg.tcg_translation_cache_mib,
-                       **cfg.hypervisor_sandbox(lease["ipv4"])},
-        "readiness": {"host": lease["ipv4"], "port": 22, "timeoutSeconds": cfg.readiness_timeout_seconds},
-        "stopTimeoutSeconds": cfg.stop_timeout_seconds,
-        "runtimeDir": paths.runtime_dir,
-        "serialLogPath": paths.serial_log,
-        "result": {"path": paths.result(boot)},
-        "readyMarkerPath": paths.ready(boot),
-    }
+    """The LauncherConfig of the VM's current boot (:func:`._host_backend.launcher_config`, root disk from the
+    volume's driver)."""
+    return launcher_config(cfg, vm, volume, lease,
+                           _volume_driver(volume["driver"]).root_disk(cfg.volume_settings(), volume))
 
 
 def _start_boot(cfg: HostConfig, store: HostStore, vm: dict) -> None:
-    """Place, network, validate and spawn the launcher of ``spec.bootID`` (all or nothing)."""
-    meta, spec = vm["metadata"], vm["spec"]
-    uid, subject = meta["uid"], f"{meta['namespace']}/{meta['name']}"
-    volume = store.get_volume(spec["rootVolumeClaim"])
-    if volume is None:
-        raise CloudVMError(f"spec.rootVolumeClaim: volume {spec['rootVolumeClaim']!r} does not exist")
-    volume = settle_claim(store, volume, spec["owner"], uid, creating=False, rbd=cfg.rbd, subject=subject)
-    bandwidth = ((spec.get("network") or {}).get("bandwidth") or {}).get("guaranteedMbps", 0)
-    # bandwidth is admitted by the QoS arbitration alone (_apply_bandwidth: node limit and pool), not placement
-    request = {"cpu": spec["vcpus"], "memory": spec["memoryMiB"], "disk": volume["size_mib"]}
-    node = _host_node(cfg)
-    with store.transaction():
-        others = [a for a in store.allocations(cfg.node) if a["vm_uid"] != uid]
-        verdict = check(node, used(others, cfg.node), request)
-        if verdict.fits:
-            store.put_allocation({"vm_uid": uid, "node": cfg.node, "vcpus": spec["vcpus"],
-                                  "memory_mib": spec["memoryMiB"], "disk_mib": volume["size_mib"],
-                                  "bandwidth_mbps": bandwidth})
-            lease = store.lease_for(uid)
-            if lease is None:
-                lease = {"ipv4": net.allocate_ipv4(cfg.subnet, [x["ipv4"] for x in store.leases()]),
-                         "vm_uid": uid, "mac": net.mac_address(uid), "tap": net.tap_name(uid)}
-                store.put_lease(lease)
-            if volume.get("claimed_by") != uid:
-                volume["claimed_by"] = uid
-                store.put_volume(volume)
-    if not verdict.fits:  # recorded after the transaction, which wrote nothing (a raise inside would roll it back)
-        store.record_event("Warning", subject, "InsufficientCapacity", verdict.message)
-        raise CloudVMError(verdict.message, dimension=verdict.dimension)
-    # the storage's own mark (rbd: the image-meta, for other hosts and the backup tools; none for files)
-    _volume_driver(volume["driver"]).claim(cfg.volume_settings(), volume, uid)
-    for alert in verdict.alerts:
-        store.record_event("Warning", cfg.node, "WaterLevelHigh",
-                           f"{alert} at {verdict.levels[alert]:.0%} of capacity after placing {subject}")
-    paths = _paths(cfg, meta["namespace"], meta["name"])
-    config = _launcher_config(cfg, vm, volume, lease)
-    boot = int(spec["bootID"])
-    ensure_network(cfg)
-    net.ensure_tap(cfg.netns, cfg.bridge, lease["tap"], cfg.vmm_run_as(lease["ipv4"]))
-    sync_isolation(cfg, store)
-    sync_gateway(cfg, store)
-    try:
-        _apply_bandwidth(cfg, store, vm, lease)
-    except Exception:
-        net.remove_tap(cfg.netns, lease["tap"])
-        _release_allocation(store, uid)
-        raise
-    try:
-        pid = sup.start(paths, config, list(cfg.launcher_command), sup.launcher_env(cfg.launcher_pythonpath),
-                        cfg.netns)
-    except Exception:
-        bw.release_vm_bandwidth(store, uid)
-        net.remove_tap(cfg.netns, lease["tap"])
-        _release_allocation(store, uid)
-        raise
-    store.record_event("Normal", subject, "Started", f"boot {boot} launcher started (pid {pid}) on {cfg.node}",
-                       {"bootID": boot, "pid": pid})
-
-
-def _apply_bandwidth(cfg: HostConfig, store: HostStore, vm: dict, lease: dict) -> None:
-    """Shape the VM's TAP per ``spec.network.bandwidth`` (tc HTB; guarantee, borrow, preemption).
-
-    Raises:
-        CloudVMError: the guarantee does not fit the node or the pool (reason from the arbitration).
-    """
-    band = (vm["spec"].get("network") or {}).get("bandwidth")
-    if not band or not band.get("guaranteedMbps"):
-        return
-    pools = dict(cfg.bandwidth_pools) or {"default": cfg.nic_mbps}
-    bw.configure(store, cfg.nic_mbps, float(cfg.ratios.get("bandwidth", 1.0)), pools)
-    decision = bw.apply_vm_bandwidth(
-        store, netns=cfg.netns, device=lease["tap"], vm_id=vm["metadata"]["uid"], mac=lease["mac"],
-        guaranteed_mbps=int(band["guaranteedMbps"]), ceil_mbps=int(band.get("ceilMbps") or band["guaranteedMbps"]),
-        pool=band.get("pool") or "default", priority=int(band.get("priority") or 0))
-    if not decision.admitted:
-        raise CloudVMError(f"spec.network.bandwidth: {decision.reason}", dimension="bandwidth")
+    """Place, network, validate and spawn the launcher of ``spec.bootID`` (:meth:`.HostBackend.start_boot`)."""
+    _backend(cfg, store).start_boot(vm)
 
 
 def _cleanup_ended(cfg: HostConfig, store: HostStore, vm: dict) -> None:
-    """After the last launcher exited: release bandwidth, remove the TAP, release the allocation.
-
-    The address lease and the volume claim stay with the VM.
-    """
-    uid = vm["metadata"]["uid"]
-    bw.release_vm_bandwidth(store, uid)
-    lease = store.lease_for(uid)
-    if lease is not None:
-        net.remove_tap(cfg.netns, lease["tap"])
-    _release_allocation(store, uid)
-
-
-def _release_allocation(store: HostStore, uid: str) -> None:
-    """Forget the VM's placement (after its boot ended, or when a start failed after placing it)."""
-    with store.transaction() as conn:
-        conn.execute("DELETE FROM allocations WHERE vm_uid = ?", (uid,))
+    """Release bandwidth, TAP and allocation after the last launcher exited (:meth:`.HostBackend.cleanup_ended`)."""
+    _backend(cfg, store).cleanup_ended(vm)
 
 
 def reconcile(cfg: HostConfig, store: HostStore, vm: dict) -> dict:
-    """One pass: act on the difference between spec and what runs, then return the new status.
+    """One pass: act on the difference between spec and what runs, then return the new status
+    (:meth:`._host_backend.HostBackend.reconcile` over the real ports; the caller holds the VM's lock).
 
     Raises:
         CloudVMError: a requested boot cannot start (capacity, volume claim, launcher check).
     """
-    meta, spec = vm["metadata"], vm["spec"]
-    ns, name = meta["namespace"], meta["name"]
-    paths = _paths(cfg, ns, name)
-    want, boot = spec["powerState"] == "Running", int(spec["bootID"])
-    live = sup.running_boot(paths)
-    known = sup.boots(paths)
-    latest: Optional[int] = known[-1] if known else None
-    start_error: Optional[CloudVMError] = None
-    volume_writer: Optional[str] = None
-    if live is not None and (not want or live[0] != boot):
-        marker = os.path.join(paths.state_dir, f"stop-{live[0]}")
-        if not os.path.exists(marker):
-            sup.request_stop(paths)
-            with open(marker, "w", encoding="utf-8") as fh:
-                fh.write(now())
-            store.record_event("Normal", f"{ns}/{name}", "StopRequested", f"stopping boot {live[0]}")
-    elif live is None and want and (latest is None or latest < boot):
-        try:
-            # Case V2: no launcher of this VM is alive, so any watcher of an RBD root volume is another writer.
-            claimed = store.get_volume(spec["rootVolumeClaim"])
-            volume_writer = None if claimed is None else \
-                _volume_driver(claimed["driver"]).boot_blocker(cfg.volume_settings(), claimed)
-            if volume_writer is None:
-                _start_boot(cfg, store, vm)
-                latest = boot
-        except (CloudVMError, VolumeError, net.NetworkError, sup.LauncherError, StoreError, gw.GatewayError) as exc:
-            start_error = exc if isinstance(exc, CloudVMError) else CloudVMError(str(exc))
-    current = sup.observe(paths, latest, cfg.node) if latest is not None else None
-    others: tuple[BootObservation, ...] = ()
-    if current is not None and want and current.boot_id < boot and current.state in ("alive", "starting"):
-        others, current = (current,), None
-    if current is not None and current.state in ("exited", "lost") and sup.running_boot(paths) is None:
-        _cleanup_ended(cfg, store, vm)
-    status = derive_status(spec, current, others, volume_writer=volume_writer).as_dict()
-    if start_error is not None:
-        status.update(phase="Failed" if "dimension" not in start_error.details else "Pending",
-                      reason="Unschedulable" if "dimension" in start_error.details else "StartFailed",
-                      message=str(start_error), bootID=boot)
-    lease = store.lease_for(meta["uid"])
-    if lease is not None:
-        status["sshEndpoint"] = {"host": lease["ipv4"], "port": 22}
-        if cfg.netns:
-            status["sshProxyCommand"] = f"ip netns exec {cfg.netns} nc %h %p"
-        jump = cfg.gateway_jump(gw.account_name(spec["owner"]))
-        if jump:
-            status["sshJumpHost"] = jump
-    status["observedGeneration"] = meta["generation"]
-    status["conditions"] = [{
-        "type": "Ready", "status": "True" if status["phase"] == "Running" else "False",
-        "reason": status["reason"], "message": status.get("message", ""),
-        "lastTransitionTime": (vm.get("status") or {}).get("conditions", [{}])[0].get("lastTransitionTime")
-        if (vm.get("status") or {}).get("phase") == status["phase"] else now(),
-        "observedGeneration": meta["generation"]}]
-    store.update_vm(ns, name, status=status)
-    if start_error is not None:
-        raise start_error
-    return status
+    return _backend(cfg, store).reconcile(vm)
 
 
 # --- module entry points -------------------------------------------------------------------------
@@ -575,34 +388,11 @@ def _absent(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, d
 
 
 def observed_status(cfg: HostConfig, vm: dict, locks: Optional[sup.LockTable] = None) -> dict:
-    """The status derived from what runs now, without acting (for reads: info, inventory).
-
-    A stored status is never returned as is: a launcher killed since the last reconcile shows as
-    Failed/LauncherLost here, not Running (case L2). ``locks`` is a :func:`_supervisor.lock_table`
-    read for many VMs at once (see :func:`_supervisor.observe`); without it the lock is read now.
-    """
-    meta, spec = vm["metadata"], vm["spec"]
-    paths = _paths(cfg, meta["namespace"], meta["name"])
-    known = sup.boots(paths)
-    if not known and (vm.get("status") or {}).get("phase") not in ("Running", "Stopping"):
-        # a refused start (Unschedulable, StartFailed, VolumeInUse) is recorded before any boot exists
-        return vm.get("status") or {}
-    # a stored Running/Stopping without any boot on disk has no launcher: derived from nothing below
-    latest = sup.observe(paths, known[-1], cfg.node, locks) if known else None
-    current: Optional[BootObservation] = latest
-    others: tuple[BootObservation, ...] = ()
-    if latest is not None and spec["powerState"] == "Running" and latest.boot_id < int(spec["bootID"]) and \
-            latest.state in ("alive", "starting"):
-        others, current = (latest,), None
-    kept = ("sshEndpoint", "sshProxyCommand", "sshJumpHost", "observedGeneration")
-    stored = vm.get("status") or {}
-    status = {k: v for k, v in stored.items() if k in kept}
-    status.update(derive_status(spec, current, others).as_dict())
-    if status["reason"] == "Starting" and stored.get("reason") == "VolumeInUse" and \
-            stored.get("bootID") == status["bootID"]:
-        # the requested boot was refused for another writer (case V2); only reconcile re-checks the volume
-        status.update({k: stored[k] for k in ("phase", "reason", "message")})
-    return status
+    """The status derived from what runs now, without acting (for reads: info, inventory); see
+    :func:`._host_backend.observed_status`. ``locks`` is a :func:`_supervisor.lock_table` read for many VMs at
+    once; without it the lock is read now."""
+    meta = vm["metadata"]
+    return host_backend_observed_status(HostSupervisor(cfg), vm, _paths(cfg, meta["namespace"], meta["name"]), locks)
 
 
 def observed_vms(cfg: HostConfig, namespace: Optional[str] = None, owner: Optional[str] = None,

@@ -143,3 +143,24 @@ def params_to_spec(params: dict, existing: Optional[dict]) -> dict:
     if params.get("node_selector") is not None:
         spec["nodeSelector"] = params["node_selector"]
     return with_defaults(spec)
+
+
+def host_action(spec: dict, live_boot: Optional[int], latest_boot: Optional[int]) -> Optional[str]:
+    """What one pass of the host backend does about a VM's launchers: ``"stop"``, ``"start"`` or None.
+
+    Args:
+        spec: the CloudVM spec (``powerState``, ``bootID``).
+        live_boot: the bootID of the launcher alive now (holding the VM's lock), or None.
+        latest_boot: the newest bootID with a launcher config on disk, or None when the VM never booted.
+
+    Returns:
+        ``"stop"`` when a launcher is alive but the spec wants the VM off or a newer boot (the old one goes first,
+        case L3 in docs/architecture.md); ``"start"`` when no launcher is alive, Running is wanted and ``spec.bootID``
+        was never started (one launcher per bootID, case L5); None otherwise.
+    """
+    want, boot = spec["powerState"] == "Running", int(spec["bootID"])
+    if live_boot is not None and (not want or live_boot != boot):
+        return "stop"
+    if live_boot is None and want and (latest_boot is None or latest_boot < boot):
+        return "start"
+    return None

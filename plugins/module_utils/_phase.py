@@ -171,3 +171,16 @@ def derive_status(
     phase = "Stopped" if reason in STOPPED_REASONS else "Failed"
     return Status(phase, reason, message, current.boot_id, node=current.node,
                   started_at=current.started_at, ssh_ready_at=current.ready_at, exit_result=exit_result)
+
+
+def current_and_older(spec: dict, latest: Optional[BootObservation]
+                      ) -> tuple[Optional[BootObservation], tuple[BootObservation, ...]]:
+    """Split the newest observed boot into :func:`derive_status`'s ``current`` and ``others``.
+
+    While the spec asks Running for a newer bootID, a still alive or starting older boot is not the current one
+    but another that blocks the new boot (case L3 in docs/architecture.md); otherwise it is the current one.
+    """
+    if latest is not None and spec["powerState"] == "Running" and latest.boot_id < int(spec["bootID"]) and \
+            latest.state in ("alive", "starting"):
+        return None, (latest,)
+    return latest, ()

@@ -489,6 +489,11 @@ class HostStore:
                          " bandwidth_mbps) VALUES (:vm_uid, :node, :vcpus, :memory_mib, :disk_mib,"
                          " :bandwidth_mbps)", alloc)
 
+    def delete_allocation(self, vm_uid: str) -> None:
+        """Forget the allocation of ``vm_uid`` (none is no error)."""
+        with self.transaction() as conn:
+            conn.execute("DELETE FROM allocations WHERE vm_uid = ?", (vm_uid,))
+
     def leases(self) -> list[dict]:
         """Every IPv4 lease (ipv4, vm_uid, mac, tap)."""
         return [dict(r) for r in self.conn.execute("SELECT * FROM leases ORDER BY ipv4").fetchall()]
