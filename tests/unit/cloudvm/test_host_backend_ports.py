@@ -19,7 +19,7 @@ from typing import Any, Optional
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils._host_backend import HostBackend
 from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import HostConfig
-from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import CloudVMError
+from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import CloudVMError, host_action
 from ansible_collections.zjusct.cloud.plugins.module_utils._phase import BootObservation
 from ansible_collections.zjusct.cloud.plugins.module_utils._spec import with_defaults
 from ansible_collections.zjusct.cloud.plugins.module_utils._supervisor import LauncherError, LauncherPaths
@@ -338,3 +338,17 @@ def test_an_older_boot_still_alive_blocks_the_new_one_and_is_asked_to_stop(tmp_p
     status = world.backend.reconcile(world.vm)
     assert world.supervisor.stops == [1] and world.supervisor.configs == []
     assert (status["phase"], status["reason"]) == ("Blocked", "PreviousBootRunning")
+
+
+@pytest.mark.parametrize(("power", "boot", "live", "latest", "action"), [
+    ("Running", 1, None, None, "start"),  # never booted
+    ("Running", 2, None, 1, "start"),  # a new bootID after an ended boot
+    ("Running", 1, None, 1, None),  # boot 1 ended: not started again without a new bootID (case L5)
+    ("Running", 1, 1, 1, None),  # runs as asked
+    ("Running", 2, 1, 1, "stop"),  # an older boot still alive goes first (case L3)
+    ("Stopped", 1, 1, 1, "stop"),
+    ("Stopped", 1, None, 1, None),
+])
+def test_host_action_decides_stop_start_or_nothing(power: str, boot: int, live: Optional[int],
+                                                   latest: Optional[int], action: Optional[str]) -> None:
+    assert host_action({"powerState": power, "bootID": boot}, live, latest) == action
