@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The single-host backend of the cloudvm modules: store, volumes, network, launchers.
 
-Every module run reconciles: it observes the VM's launcher (:mod:`._supervisor`), derives the
+Every module run reconciles (one pass is :meth:`._host_backend.HostBackend.reconcile`, over the ports of
+:mod:`._host_ports`): it observes the VM's launcher (:mod:`._supervisor`), derives the
 status with the same pure function the controller uses (:func:`._phase.derive_status`), acts
 (start the requested boot, stop a boot no longer wanted, clean up after an ended one) and writes
 the status to the host store. Runs for the same VM are serialised by a per-VM flock; the spec is
