@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Optional
+from typing import Callable, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils import _gateway as gw
 from ansible_collections.zjusct.cloud.plugins.module_utils import _hostnet as net
@@ -236,8 +236,8 @@ class HostBackend:
         In order: the volume's claim is settled (:func:`._volume_claim.settle`); placement is checked and the
         allocation, the lease (kept for the VM's life) and the store's claim are written in one transaction
         (nothing when it does not fit); the driver's storage claim; the launcher config; the TAP attached;
-        bandwidth applied; the launcher started. A bandwidth refusal detaches the TAP and releases the
-        allocation; a launcher failure also releases the bandwidth.
+        bandwidth applied; the launcher started. A failure to attach the TAP or a bandwidth refusal detaches
+        the TAP and releases the allocation; a launcher failure also releases the bandwidth.
 
         Raises:
             CloudVMError: the volume is missing or claimed, it does not fit (``dimension``: a
@@ -281,19 +281,16 @@ class HostBackend:
         paths = self.paths(vm)
         config = launcher_config(cfg, vm, volume, lease, volume_driver.root_disk(self.volumes.settings(), volume))
         boot = int(spec["bootID"])
-        self.network.attach(lease)
+        # what this start takes from here on, undone newest first when a later step fails
+        undo: list[Callable[[], None]] = [lambda: store.delete_allocation(uid), lambda: self.network.detach(lease)]
         try:
+            self.network.attach(lease)
             self.bandwidth.apply(vm, lease)
-        except Exception:
-            self.network.detach(lease)
-            store.delete_allocation(uid)
-            raise
-        try:
+            undo.append(lambda: self.bandwidth.release(uid))
             pid = self.supervisor.start(paths, config)
         except Exception:
-            self.bandwidth.release(uid)
-            self.network.detach(lease)
-            store.delete_allocation(uid)
+            for step in reversed(undo):
+                step()
             raise
         store.record_event("Normal", subject, "Started", f"boot {boot} launcher started (pid {pid}) on {cfg.node}",
                            {"bootID": boot, "pid": pid})

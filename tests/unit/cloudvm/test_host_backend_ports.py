@@ -19,6 +19,7 @@ from typing import Any, Optional
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils._host_backend import HostBackend
 from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import HostConfig
+from ansible_collections.zjusct.cloud.plugins.module_utils._hostnet import NetworkError
 from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import CloudVMError, host_action
 from ansible_collections.zjusct.cloud.plugins.module_utils._phase import BootObservation
 from ansible_collections.zjusct.cloud.plugins.module_utils._spec import with_defaults
@@ -300,6 +301,17 @@ def test_a_launcher_failure_mid_start_releases_tap_bandwidth_and_allocation(tmp_
     status = world.vm["status"]
     assert (status["phase"], status["reason"], status["bootID"]) == ("Failed", "StartFailed", 1)
     assert "Started" not in world.reasons()
+
+
+def test_a_tap_attach_failure_mid_start_releases_the_allocation(tmp_path: Path) -> None:
+    world = World(tmp_path, power="Running", boot=1)
+    world.network.fail_attach = NetworkError("ip link add zt0001: File exists")
+    with pytest.raises(CloudVMError, match="File exists"):
+        world.backend.reconcile(world.vm)
+    assert world.supervisor.configs == [] and world.bandwidth.applied == {} and world.network.taps == set()
+    assert world.store.allocations() == [], "capacity of a start that never ran stays counted"
+    status = world.vm["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "StartFailed")
 
 
 def test_a_bandwidth_refusal_mid_start_detaches_the_tap_and_releases_the_allocation(tmp_path: Path) -> None:
