@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from ansible_collections.zjusct.cloud.plugins.module_utils import _names
+from ansible_collections.zjusct.cloud.plugins.module_utils._errors import CloudError
 from ansible_collections.zjusct.cloud.plugins.module_utils._rbd_diff import CHECKSUMS, HEX_LEN
 
 API_VERSION = "backup.cloud.zjusct.io/v1"
@@ -41,7 +42,7 @@ _ID_RE = re.compile(r"^[0-9]{8}T[0-9]{6}Z-[0-9a-f]{6}$")
 _HEX = {kind: re.compile(r"^[0-9a-f]{%d}$" % n) for kind, n in HEX_LEN.items()}
 
 
-class ManifestError(ValueError):
+class ManifestError(CloudError, ValueError):
     """A manifest is malformed; the message names the field."""
 
 

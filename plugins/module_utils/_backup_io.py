@@ -36,6 +36,8 @@ import secrets
 import shutil
 from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple
 
+from ansible_collections.zjusct.cloud.plugins.module_utils._errors import CloudError
+
 from ._backup import (
     BLOCK_SIZE,
     COMPLETE_FILE,
@@ -56,7 +58,8 @@ from ._backup import (
     snapshot_name,
     stale_snapshots,
 )
-from ._rbd import META_OWNER, ImageRef, Rbd, RbdError, RbdNotFound
+from ._backup_audit import run_audited
+from ._rbd import META_OWNER, Connection, ImageRef, Rbd, RbdError, RbdNotFound
 from ._rbd_diff import (
     BlockState,
     DiffReader,
@@ -72,11 +75,14 @@ PARTIAL_PREFIX = ".partial-"
 _IO = 4 * 1024 * 1024
 
 
-class BackupError(Exception):
-    """A backup or restore was refused or failed; ``problems`` lists verification failures (may be empty)."""
+class BackupError(CloudError):
+    """A backup or restore was refused or failed; ``problems`` lists verification failures (may be empty).
+
+    The module's failure result carries ``problems``: their messages (an empty list when there are none).
+    """
 
     def __init__(self, message: str, problems: Optional[List[Problem]] = None) -> None:
-        super().__init__(message)
+        super().__init__(message, problems=[p.message for p in problems or []])
         self.problems = problems or []
 
 
@@ -862,3 +868,20 @@ def run_backup_module(p: Dict[str, Any], rbd: Rbd, check_mode: bool = False) -> 
 
 __all__ = ["SNAP_PREFIX", "BackupError", "apply_retention", "backup", "restore", "run_backup_module", "scan",
            "verify_chain"]
+
+
+def run_rbd_backup(params: Dict[str, Any], check_mode: bool) -> Dict[str, Any]:
+    """The ``zjusct.cloud.rbd_backup`` module: :func:`run_backup_module` on the cluster of the connection
+    options, audited in the host store of ``host_config`` (:func:`._backup_audit.run_audited`).
+
+    Raises:
+        BackupError (its ``problems`` in the failure result), RbdError, or CloudError for a bad connection
+        option or ``host_config`` (the ValueError's message).
+    """
+    try:
+        return run_audited(params, lambda: run_backup_module(params, Rbd(Connection.from_params(params)), check_mode),
+                           check_mode)
+    except CloudError:
+        raise
+    except ValueError as exc:
+        raise CloudError(str(exc)) from exc

@@ -25,6 +25,7 @@ import copy
 import time
 from typing import Any, Callable, Optional, Protocol
 
+from ansible_collections.zjusct.cloud.plugins.module_utils._errors import CloudError
 from ansible_collections.zjusct.cloud.plugins.module_utils._k8s_client import ApiException
 from ansible_collections.zjusct.cloud.plugins.module_utils._k8s_client import api_client as _api_client
 from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import (
@@ -66,7 +67,7 @@ class CloudVMApi(Protocol):
     def list(self, namespace: Optional[str], label_selector: str, field_selector: str) -> list[dict]: ...
 
 
-class Conflict(Exception):
+class Conflict(CloudError):
     """The object changed (or appeared) since it was read: re-plan from a fresh GET."""
 
 

@@ -103,26 +103,23 @@ def check_identity(params: dict) -> None:
         raise CloudVMError("; ".join(errors), errors=errors)
 
 
-def run_cloudvm(module: Any) -> None:
-    """Body of ``zjusct.cloud.cloudvm``: dispatch, then exit_json / fail_json.
+def run_cloudvm(params: dict, check_mode: bool, diff: bool) -> dict:
+    """The ``zjusct.cloud.cloudvm`` module: check the identity, dispatch to the backend's ``ensure``.
 
     Every refusal's message goes through :func:`._spec.in_user_terms`, so it names the option / playbook
     variable typed, the API field, the value and the rule, on every backend.
+
+    Raises:
+        CloudVMError: the refusal, its message in user terms, its ``details`` kept.
     """
     try:
-        check_identity(module.params)
-        impl = _impl(resolve_backend(module.params))
-        result = impl.ensure(module.params, check_mode=module.check_mode, diff=module._diff)
+        check_identity(params)
+        impl = _impl(resolve_backend(params))
+        return impl.ensure(params, check_mode=check_mode, diff=diff)
     except CloudVMError as exc:
-        module.fail_json(msg=in_user_terms(str(exc)), **exc.details)
-    module.exit_json(**result)
+        raise CloudVMError(in_user_terms(str(exc)), **exc.details) from exc
 
 
-def run_cloudvm_info(module: Any) -> None:
-    """Body of ``zjusct.cloud.cloudvm_info``."""
-    try:
-        impl = _impl(resolve_backend(module.params))
-        items = impl.info(module.params)
-    except CloudVMError as exc:
-        module.fail_json(msg=str(exc), **exc.details)
-    module.exit_json(changed=False, cloudvms=items)
+def run_cloudvm_info(params: dict, check_mode: bool) -> dict:
+    """The ``zjusct.cloud.cloudvm_info`` module: the backend's ``info`` (read-only, the same in check mode)."""
+    return {"changed": False, "cloudvms": _impl(resolve_backend(params)).info(params)}

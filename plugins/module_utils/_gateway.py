@@ -34,6 +34,7 @@ import tempfile
 from typing import Iterable, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils import _flock, _names
+from ansible_collections.zjusct.cloud.plugins.module_utils._errors import CloudError
 from ansible_collections.zjusct.cloud.plugins.module_utils._spec import is_ssh_public_key
 
 ACCOUNT_PREFIX = "zc-"
@@ -45,7 +46,7 @@ GUEST_SSH_PORT = 22
 HOST_KEY = "ssh_host_ed25519_key"
 
 
-class GatewayError(Exception):
+class GatewayError(CloudError):
     """A gateway step failed; the message names the step, the path or command and the error."""
 
 

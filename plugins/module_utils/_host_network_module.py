@@ -14,14 +14,14 @@ from ansible_collections.zjusct.cloud.plugins.module_utils import _flock
 from ansible_collections.zjusct.cloud.plugins.module_utils import _gateway as gw
 from ansible_collections.zjusct.cloud.plugins.module_utils import _hostnet as net
 from ansible_collections.zjusct.cloud.plugins.module_utils import _supervisor as sup
+from ansible_collections.zjusct.cloud.plugins.module_utils._errors import CloudError
 from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import HostConfig, load
-from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore, StoreError
+from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore
 
-# What run_module raises for a failure it reports: the host configuration unreadable or invalid (OSError,
-# ValueError), an ip/nft/sysctl command refused (NetworkError), the SSH gateway's accounts or files
-# (GatewayError), the host store (StoreError, sqlite3.Error e.g. busy past its timeout). Anything else is a bug
-# and keeps its traceback.
-ERRORS = (OSError, ValueError, net.NetworkError, gw.GatewayError, StoreError, sqlite3.Error)
+# The failures run_host_network reports that are not CloudErrors already (NetworkError, GatewayError,
+# StoreError are): the host configuration unreadable or invalid (OSError, ValueError), the host store busy past
+# its timeout (sqlite3.Error). Anything else is a bug and keeps its traceback.
+_PLAIN_ERRORS = (OSError, ValueError, sqlite3.Error)
 
 
 def live_taps(cfg: HostConfig) -> set[str]:
@@ -131,14 +131,26 @@ def forwarding_warning(cfg: HostConfig) -> list[str]:
             " (host config uplink_ip_forward) or enable forwarding yourself (docs/network.md)."]
 
 
-def run_module(params: dict, check_mode: bool) -> dict:
+def run_host_network(params: dict, check_mode: bool) -> dict:
+    """The ``zjusct.cloud.host_network`` module: :func:`ensure_host_network`, its plain failures (host
+    configuration, sqlite) turned into :class:`._errors.CloudError` with the same message."""
+    try:
+        return ensure_host_network(params, check_mode)
+    except CloudError:
+        raise
+    except _PLAIN_ERRORS as exc:
+        raise CloudError(str(exc)) from exc
+
+
+def ensure_host_network(params: dict, check_mode: bool) -> dict:
     """Ensure the bridge, uplink and isolation tables, and the SSH gateway's files when ``gateway_dir`` is
     set (:func:`_gateway.ensure_gateway`, :func:`sync_gateway`); sweep orphaned TAPs.
 
     Returns ``changed``, ``removed_taps`` and ``warnings`` (see :func:`forwarding_warning`).
 
     Raises:
-        one of :data:`ERRORS`, with a message naming the setting or command that failed.
+        NetworkError, GatewayError, StoreError, OSError, ValueError (the host configuration) or sqlite3.Error,
+        with a message naming the setting or command that failed.
     """
     cfg = load(params.get("host_config"))
     changed = False

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import replace
-from typing import Any, Optional
+from typing import Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils import _quota as quota
 from ansible_collections.zjusct.cloud.plugins.module_utils import _volume_rbd as rbdvol
@@ -24,25 +24,6 @@ from ansible_collections.zjusct.cloud.plugins.module_utils._spec import is_dns_l
 from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore, audited
 from ansible_collections.zjusct.cloud.plugins.module_utils._voldriver import UnknownDriver, driver
 from ansible_collections.zjusct.cloud.plugins.module_utils._volume import VolumeError, resolve_image
-
-
-def host_volume_argument_spec() -> dict:
-    return {
-        "name": {"type": "str", "required": True},
-        "owner": {"type": "str", "required": True},
-        "rbd_image": {"type": "str", "required": True},
-        "image": {"type": "str"},
-        "actor": {"type": "str"},
-        "host_config": {"type": "path"},
-    }
-
-
-def host_volume_info_argument_spec() -> dict:
-    return {
-        "name": {"type": "str"},
-        "owner": {"type": "str"},
-        "host_config": {"type": "path"},
-    }
 
 
 def _config(path: Optional[str]) -> HostConfig:
@@ -200,9 +181,11 @@ def config_path(path: Optional[str]) -> Optional[str]:
     return os.path.abspath(target) if os.path.exists(target) else None
 
 
-def run(module: Any, body: Any) -> None:
-    """Call ``body`` and turn VolumeError into fail_json."""
-    try:
-        module.exit_json(**body())
-    except VolumeError as exc:
-        module.fail_json(msg=str(exc), **getattr(exc, "details", {}))
+def run_host_volume(params: dict, check_mode: bool) -> dict:
+    """The ``zjusct.cloud.host_volume`` module: :func:`adopt_volume`."""
+    return adopt_volume(params, check_mode)
+
+
+def run_host_volume_info(params: dict, check_mode: bool) -> dict:
+    """The ``zjusct.cloud.host_volume_info`` module: :func:`list_volumes` (read-only, the same in check mode)."""
+    return list_volumes(params)

@@ -39,6 +39,7 @@ import subprocess
 from typing import Any, Iterable, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils import _names
+from ansible_collections.zjusct.cloud.plugins.module_utils._errors import CloudError
 
 try:
     from netaddr import IPNetwork
@@ -52,7 +53,7 @@ NAT_TABLE = "zjusct_nat"
 UPLINK_OUTER, UPLINK_INNER = "zjup0", "zjup1"
 
 
-class NetworkError(Exception):
+class NetworkError(CloudError):
     """A network step failed; the message names the command and its error."""
 
 

@@ -19,6 +19,8 @@ import os
 import struct
 from dataclasses import dataclass
 
+from ansible_collections.zjusct.cloud.plugins.module_utils._errors import CloudError
+
 # Root modules whose dependency closure goes into the initrd. Built-in ones (Ubuntu builds virtio in) are skipped.
 DEFAULT_MODULES = (
     "virtio_pci",
@@ -33,7 +35,7 @@ DEFAULT_MODULES = (
 )
 
 
-class InitrdError(ValueError):
+class InitrdError(CloudError, ValueError):
     """The kernel module tree or an input does not allow building the initrd."""
 
 

@@ -13,6 +13,7 @@ import lzma
 import os
 from dataclasses import asdict, dataclass, field
 
+from ansible_collections.zjusct.cloud.plugins.module_utils._errors import CloudError
 from ansible_collections.zjusct.cloud.plugins.module_utils._image_fs import write_atomic
 from ansible_collections.zjusct.cloud.plugins.module_utils._image_initrd import (
     InitrdError,
@@ -28,7 +29,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils._image_vmlinux import
 )
 
 
-class KernelError(ValueError):
+class KernelError(CloudError, ValueError):
     """The root tree, busybox or the kernel image does not allow building the artefacts."""
 
 
@@ -128,3 +129,15 @@ def make_kernel_artifacts(root: str, dest: str, busybox: str, init_script: str, 
         if write_atomic(os.path.join(dest, name), data, 0o644):
             result.written.append(name)
     return result
+
+
+def run_guest_image_kernel(params: dict, check_mode: bool) -> dict:
+    """The ``zjusct.cloud.guest_image_kernel`` module (no check mode): :func:`make_kernel_artifacts` of the
+    options ``root``, ``dest``, ``busybox``, ``init_script``, ``modules``; ``changed`` when a file was written.
+
+    Raises:
+        KernelError: as :func:`make_kernel_artifacts`.
+    """
+    result = make_kernel_artifacts(params["root"], params["dest"], params["busybox"], params["init_script"],
+                                   params["modules"])
+    return dict(result.as_dict(), changed=bool(result.written))

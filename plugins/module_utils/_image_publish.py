@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ansible_collections.zjusct.cloud.plugins.module_utils._errors import CloudError
 from ansible_collections.zjusct.cloud.plugins.module_utils._image_fs import fsync_dir, publish_dir, write_atomic
 from ansible_collections.zjusct.cloud.plugins.module_utils._image_inputs import (
     ARTIFACTS,
@@ -18,7 +19,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils._image_inputs import 
 from ansible_collections.zjusct.cloud.plugins.module_utils._image_manifest import artifact_facts, build_manifest, dumps
 
 
-class PublishError(ValueError):
+class PublishError(CloudError, ValueError):
     """The staging directory or the inputs do not allow publishing."""
 
 
@@ -73,3 +74,17 @@ def publish(
     fsync_dir(staging)
     publish_dir(staging, final)
     return True, manifest
+
+
+def run_guest_image_publish(params: dict, check_mode: bool) -> dict:
+    """The ``zjusct.cloud.guest_image_publish`` module (no check mode): :func:`publish` of the options.
+
+    Returns:
+        ``{"changed", "manifest", "path"}``.
+
+    Raises:
+        PublishError: as :func:`publish`.
+    """
+    changed, manifest = publish(params["staging"], params["path"], params["inputs"], params["inputs_sha256"],
+                                params["kernel_version"], params["default_cmdline"], params["force"])
+    return {"changed": changed, "manifest": manifest, "path": params["path"]}

@@ -18,6 +18,8 @@ import struct
 import subprocess
 import zlib
 
+from ansible_collections.zjusct.cloud.plugins.module_utils._errors import CloudError
+
 _MAGICS: tuple[tuple[bytes, str], ...] = (
     (b"\x1f\x8b", "gzip"),
     (b"\xfd7zXZ\x00", "xz"),
@@ -29,7 +31,7 @@ _MAGICS: tuple[tuple[bytes, str], ...] = (
 )
 
 
-class VmlinuxError(ValueError):
+class VmlinuxError(CloudError, ValueError):
     """The file is not a bzImage this code can unpack; the message says which check failed."""
 
 

@@ -7,22 +7,31 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-from typing import Callable
 
 from ansible_collections.zjusct.cloud.plugins.module_utils import _supervisor as sup
+from ansible_collections.zjusct.cloud.plugins.module_utils._errors import CloudError
 from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import load
 from ansible_collections.zjusct.cloud.plugins.module_utils._spec import is_dns_label
 
 
-def run_module(params: dict, check_mode: bool, fail: Callable[..., None]) -> dict:
-    """Carry out ``state`` for one VM's launcher; returns the module result."""
+def run_fc_launcher(params: dict, check_mode: bool) -> dict:
+    """The ``zjusct.cloud.fc_launcher`` module: carry out ``state`` for one VM's launcher.
+
+    Returns:
+        The module result: ``changed``, ``running``, ``boot_id``, ``observation``, ``pid`` while running.
+
+    Raises:
+        CloudError: a name that is not a DNS label (``field`` the option), an unreadable host configuration,
+            another boot still running or a launcher that outlived ``wait_timeout`` (both with ``running``,
+            ``boot_id``); LauncherError: the launcher could not be started.
+    """
     for field in ("name", "namespace"):
         if not is_dns_label(params[field]):
-            fail(msg=f"{field}: {params[field]!r} is not a DNS label")
+            raise CloudError(f"{field}: {params[field]!r} is not a DNS label", field=field)
     try:
         cfg = load(params.get("host_config"))
     except (OSError, ValueError) as exc:
-        fail(msg=str(exc))
+        raise CloudError(str(exc)) from exc
     ns, name = params["namespace"], params["name"]
     paths = cfg.launcher_paths(ns, name)
     live = sup.running_boot(paths)
@@ -30,8 +39,8 @@ def run_module(params: dict, check_mode: bool, fail: Callable[..., None]) -> dic
     if state == "started":
         boot = int(params["boot_id"])
         if live is not None and live[0] != boot:
-            fail(msg=f"boot {live[0]} of {ns}/{name} is still running (pid {live[1]}); stop it before starting"
-                     f" boot {boot}", running=True, boot_id=live[0])
+            raise CloudError(f"boot {live[0]} of {ns}/{name} is still running (pid {live[1]}); stop it before"
+                             f" starting boot {boot}", running=True, boot_id=live[0])
         obs = sup.observe(paths, boot, cfg.node)
         if live is not None or obs.state in ("exited", "lost") or \
                 (obs.state == "starting" and "not spawned" not in obs.detail):
@@ -46,8 +55,8 @@ def run_module(params: dict, check_mode: bool, fail: Callable[..., None]) -> dic
         try:
             sup.start(paths, config, list(cfg.launcher_command), sup.launcher_env(cfg.launcher_pythonpath),
                       cfg.netns)
-        except (sup.LauncherError, OSError) as exc:
-            fail(msg=str(exc))
+        except OSError as exc:
+            raise CloudError(str(exc)) from exc
         return _report(paths, boot, changed=True)
     # stopped / absent
     changed = live is not None
@@ -57,8 +66,8 @@ def run_module(params: dict, check_mode: bool, fail: Callable[..., None]) -> dic
     if live is not None:
         sup.request_stop(paths)
         if not sup.wait_gone(paths, float(params["wait_timeout"])):
-            fail(msg=f"launcher of {ns}/{name} (boot {live[0]}) still alive after {params['wait_timeout']} s",
-                 running=True, boot_id=live[0])
+            raise CloudError(f"launcher of {ns}/{name} (boot {live[0]}) still alive after {params['wait_timeout']} s",
+                             running=True, boot_id=live[0])
     boot_ids = sup.boots(paths)
     result = _report(paths, live[0] if live else (boot_ids[-1] if boot_ids else params.get("boot_id") or 0),
                      changed=changed)

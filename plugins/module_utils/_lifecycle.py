@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ansible_collections.zjusct.cloud.plugins.module_utils._errors import CloudError
 from ansible_collections.zjusct.cloud.plugins.module_utils._spec import with_defaults
 
 
-class CloudVMError(Exception):
+class CloudVMError(CloudError):
     """A CloudVM request cannot be carried out; ``details`` go into the module's failure result."""
 
     def __init__(self, message: str, **details: object) -> None:

@@ -22,11 +22,8 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Any, Optional
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._k8s_client import (
-    ApiException,
-    api_client,
-    auth_argument_spec,
-)
+from ansible_collections.zjusct.cloud.plugins.module_utils._errors import CloudError
+from ansible_collections.zjusct.cloud.plugins.module_utils._k8s_client import ApiException, api_client
 
 FIELDS = ("capacity", "allocatable")
 REQUEST_TIMEOUT = 30  # seconds, each API call
@@ -36,19 +33,8 @@ _SUFFIX = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10
            "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 
 
-class NodeResourcesError(Exception):
+class NodeResourcesError(CloudError):
     """Bad input (naming the option and the value) or an API refusal."""
-
-
-def argument_spec() -> dict:
-    """The module's options: ``name``, ``resources``, ``state`` and kubernetes.core's connection options."""
-    spec: dict = {
-        "name": {"type": "str", "required": True},
-        "resources": {"type": "dict", "required": True},
-        "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
-    }
-    spec.update(auth_argument_spec())
-    return spec
 
 
 def check_resources(resources: dict, state: str) -> dict:
@@ -181,3 +167,19 @@ def run(params: dict, check_mode: bool, core: Any = None) -> dict:
         except ApiException as exc:
             raise NodeResourcesError(f"patching nodes/{node}/status: {exc.status} {exc.reason}: {exc.body}") from exc
     return {"changed": bool(ops), "node": node, "capacity": after, "diff": {"before": before, "after": after}}
+
+
+def run_k8s_node_resources(params: dict, check_mode: bool, diff: bool) -> dict:
+    """The ``zjusct.cloud.k8s_node_resources`` module: :func:`run`; ``diff`` only when asked.
+
+    Raises:
+        NodeResourcesError: as :func:`run`; the failure result also names the ``node`` (option ``name``).
+    """
+    try:
+        result = run(params, check_mode)
+    except NodeResourcesError as exc:
+        exc.details.setdefault("node", params["name"])
+        raise
+    if not diff:
+        result.pop("diff")
+    return result

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Iterable, Mapping
 
+from ansible_collections.zjusct.cloud.plugins.module_utils._errors import CloudError
+
 GRANTED = "granted"
 PREEMPTED = "preempted"
 DENIED = "denied"
@@ -161,7 +163,7 @@ class State:
         return self.pools[pool].capacity_mbps - self.pool_used_mbps(pool)
 
 
-class QoSInputError(ValueError):
+class QoSInputError(CloudError, ValueError):
     """Invalid input: the message names the field, the value and the allowed range."""
 
 

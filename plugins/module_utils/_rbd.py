@@ -26,6 +26,8 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from ansible_collections.zjusct.cloud.plugins.module_utils._errors import CloudError
+
 DEFAULT_TIMEOUT = 120.0
 MiB = 1024 * 1024
 META_OWNER = "cloud.zjusct.io/owner"
@@ -34,7 +36,7 @@ _ERRNO_RE = re.compile(r"\((\d+)\) ([A-Za-z][^\n]*)")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.+][A-Za-z0-9_.+=:-]{0,249}$")
 
 
-class RbdError(Exception):
+class RbdError(CloudError):
     """An ``rbd`` call failed. ``errno`` is the error number rbd printed (0 if none), ``command`` the
     subcommand words (no secrets), ``stderr`` the scrubbed tail of its error output."""
 

@@ -25,6 +25,8 @@ import hashlib
 import struct
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ansible_collections.zjusct.cloud.plugins.module_utils._errors import CloudError
+
 _crc32c: Any
 try:  # the C extension (hardware CRC32C); its pure-Python fallback is far too slow to use for GiBs
     import google_crc32c as _crc32c
@@ -51,7 +53,7 @@ CHECKSUMS = ("sha256", "crc32c")
 HEX_LEN = {"sha256": 64, "crc32c": 8}
 
 
-class DiffFormatError(ValueError):
+class DiffFormatError(CloudError, ValueError):
     """The stream is not a well-formed ``rbd diff v1`` stream; the message names the byte offset."""
 
 

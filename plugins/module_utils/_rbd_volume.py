@@ -22,13 +22,25 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from ._rbd import META_CLAIMED_BY, META_OWNER, ImageRef, MiB, Rbd, RbdError, check_name, parse_image_spec
+from ansible_collections.zjusct.cloud.plugins.module_utils._errors import CloudError
+
+from ._rbd import (
+    META_CLAIMED_BY,
+    META_OWNER,
+    Connection,
+    ImageRef,
+    MiB,
+    Rbd,
+    RbdError,
+    check_name,
+    parse_image_spec,
+)
 
 META_IMPORTED_FROM = "cloud.zjusct.io/imported-from"
 MAX_SIZE_MIB = 64 * 1024 * 1024  # 64 TiB
 
 
-class VolumeRefused(Exception):
+class VolumeRefused(CloudError):
     """The request is refused; the message names the field, the value and what to do."""
 
 
@@ -513,3 +525,17 @@ def run_volume(p: Dict[str, Any], rbd: Rbd, check_mode: bool = False) -> Dict[st
         "image": image,
         "diff": {"before": before, "after": after},
     }
+
+
+def run_rbd_volume(params: Dict[str, Any], check_mode: bool) -> Dict[str, Any]:
+    """The ``zjusct.cloud.rbd_volume`` module: :func:`run_volume` on the cluster of the connection options.
+
+    Raises:
+        VolumeRefused, RbdError, or CloudError for a bad connection option (the ValueError's message).
+    """
+    try:
+        return run_volume(params, Rbd(Connection.from_params(params)), check_mode)
+    except CloudError:
+        raise
+    except ValueError as exc:
+        raise CloudError(str(exc)) from exc

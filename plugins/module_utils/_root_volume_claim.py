@@ -34,7 +34,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils import _names
-from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import META_OWNER, ImageRef, MiB, Rbd, RbdError
+from ansible_collections.zjusct.cloud.plugins.module_utils._errors import CloudError
+from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import (
+    META_OWNER,
+    Connection,
+    ImageRef,
+    MiB,
+    Rbd,
+    RbdError,
+)
 from ansible_collections.zjusct.cloud.plugins.module_utils._spec import is_dns_label
 from ansible_collections.zjusct.cloud.plugins.module_utils._volume import VolumeError, resolve_image
 from ansible_collections.zjusct.cloud.plugins.module_utils._volume_rbd import (
@@ -53,7 +61,7 @@ POLL_INTERVAL = 0.5  # seconds between GETs while waiting for Bound
 _SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")  # RFC 1123 subdomain (Kubernetes names)
 
 
-class ClaimRefused(Exception):
+class ClaimRefused(CloudError):
     """The request conflicts with what exists (another owner, another binding) or is invalid; nothing was changed."""
 
 
@@ -459,3 +467,25 @@ def ensure(p: dict, rbd: Rbd, api: CoreApi, check_mode: bool, sleep: Callable[[f
         "claim": {"namespace": ns, "name": claim, "phase": phase, "used_by": obs.claim_holder},
         "diff": {"before": before, "after": after},
     }
+
+
+def run_root_volume_claim(params: dict, check_mode: bool) -> dict:
+    """The ``zjusct.cloud.root_volume_claim`` module: :func:`ensure` with ``rbd_image`` defaulting to
+    :func:`derived_name` of namespace and name, ``volume_name`` to ``rbd_image``, on the cluster of the
+    connection options and the API server of the kubernetes.core auth options.
+
+    Raises:
+        ClaimRefused: as :func:`ensure`; CloudVMError: the API client cannot be built; CloudError: the Python
+            library ``kubernetes`` is not installed on the managed node.
+    """
+    p = dict(params)
+    p["rbd_image"] = p.get("rbd_image") or derived_name(str(p["namespace"]), str(p["name"]))
+    p["volume_name"] = p.get("volume_name") or p["rbd_image"]
+    try:
+        from ansible_collections.zjusct.cloud.plugins.module_utils._cloudvm_kubernetes import api_client
+        from kubernetes.client import CoreV1Api
+
+        api = CoreApi(CoreV1Api(api_client(p)))
+        return ensure(p, Rbd(Connection.from_params(p)), api, check_mode)
+    except ImportError as exc:
+        raise CloudError(f"the Python library 'kubernetes' is not installed on the managed node: {exc}") from exc

@@ -24,6 +24,8 @@ import urllib.parse
 import uuid
 from typing import Any, Callable, ContextManager, Optional
 
+from ansible_collections.zjusct.cloud.plugins.module_utils._errors import CloudError
+from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import load
 from ansible_collections.zjusct.cloud.plugins.module_utils._quota import LIMITS as QUOTA_LIMITS
 from ansible_collections.zjusct.cloud.plugins.module_utils._quota import usage as quota_usage
 from ansible_collections.zjusct.cloud.plugins.module_utils._sqlite import (
@@ -149,7 +151,7 @@ SUBJECTS = {
 }
 
 
-class StoreError(Exception):
+class StoreError(CloudError):
     """The host store cannot be used (unreadable, newer schema, constraint violated)."""
 
 
@@ -516,3 +518,26 @@ class HostStore:
 def as_json(value: Any) -> str:
     """Canonical JSON (sorted keys) used for comparisons and diffs."""
     return json.dumps(value, sort_keys=True)
+
+
+def run_host_store(params: dict, check_mode: bool) -> dict:
+    """The ``zjusct.cloud.host_store`` module: create the host store of ``host_config`` or migrate it to
+    :data:`SCHEMA_VERSION` (opening a :class:`HostStore` does both); check mode only reads the version.
+
+    Returns:
+        ``{"changed", "path", "schema_version", "previous_schema_version"}`` (the last None for a new store).
+
+    Raises:
+        StoreError: the configuration or the store cannot be used (``field: host_config``, the message
+            prefixed ``host_config:``).
+    """
+    try:
+        cfg = load(params["host_config"])
+        before = schema_version(cfg.store_path)
+        changed = before is None or before < SCHEMA_VERSION
+        if changed and not check_mode:
+            HostStore(cfg.store_path).close()  # opening creates and migrates
+    except (OSError, ValueError, StoreError) as exc:
+        raise StoreError(f"host_config: {exc}", field="host_config") from exc
+    return {"changed": changed, "path": cfg.store_path, "schema_version": SCHEMA_VERSION,
+            "previous_schema_version": before}

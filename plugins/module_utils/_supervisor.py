@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Optional
 
+from ansible_collections.zjusct.cloud.plugins.module_utils._errors import CloudError
 from ansible_collections.zjusct.cloud.plugins.module_utils._phase import BootObservation
 
 SPAWN_GRACE_SECONDS = 20.0
@@ -40,7 +41,7 @@ LAUNCHER_CAPABILITIES = ("CAP_NET_ADMIN", "CAP_SYS_ADMIN", "CAP_SETUID", "CAP_SE
 _BOOT_FILE = re.compile(r"^boot-(\d+)\.json$")
 
 
-class LauncherError(Exception):
+class LauncherError(CloudError):
     """A launcher could not be validated, started or stopped."""
 
 

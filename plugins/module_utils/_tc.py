@@ -46,6 +46,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from ansible_collections.zjusct.cloud.plugins.module_utils._errors import CloudError
+
 MAJOR = 0x7A
 ROOT_HANDLE = MAJOR << 16
 ROOT_MINOR = 0x1
@@ -69,7 +71,7 @@ INGRESS = "ingress"
 _MAC_RE = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 
 
-class TcError(Exception):
+class TcError(CloudError):
     """A tc input or kernel error; the message names the field/device and the value."""
 
 

@@ -184,3 +184,14 @@ def run(params: dict, check_mode: bool) -> dict:
             for d, r in zip(decisions, reqs):
                 qs.record(d, r)
     return result
+
+
+def run_tc_qos(params: dict, check_mode: bool) -> dict:
+    """The ``zjusct.cloud.tc_qos`` module: :func:`run`; its ``kernel_warnings`` are also the task's warnings.
+
+    Raises:
+        TcError, QoSInputError: as :func:`run`.
+    """
+    result = run(params, check_mode)
+    result["warnings"] = list(result["kernel_warnings"])
+    return result

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Optional
+from typing import Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils import _quota as quota
+from ansible_collections.zjusct.cloud.plugins.module_utils._errors import CloudError
 from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import HostConfig, load
 from ansible_collections.zjusct.cloud.plugins.module_utils._spec import is_dns_label
 from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore, StoreError
@@ -22,30 +23,8 @@ from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostSto
 _SINCE = re.compile(r"^\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}:\d{2}(\.\d{1,6})?Z)?$")
 
 
-class TenancyError(Exception):
+class TenancyError(CloudError):
     """A request of owner_quota / audit_info that cannot be carried out."""
-
-
-def owner_quota_argument_spec() -> dict:
-    spec: dict = {
-        "owner": {"type": "str", "required": True},
-        "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
-        "actor": {"type": "str", "default": "operator"},
-        "host_config": {"type": "path"},
-    }
-    spec.update({dim: {"type": "int"} for dim in quota.LIMITS})
-    return spec
-
-
-def audit_info_argument_spec() -> dict:
-    return {
-        "owner": {"type": "str"},
-        "actor": {"type": "str"},
-        "subject": {"type": "str"},
-        "since": {"type": "str"},
-        "limit": {"type": "int", "default": 100},
-        "host_config": {"type": "path"},
-    }
 
 
 def _config(path: Optional[str]) -> HostConfig:
@@ -137,12 +116,11 @@ def list_audit(params: dict) -> dict:
     return {"changed": False, "records": records}
 
 
-def run(module: Any, body: Any) -> None:
-    """Call ``body`` and turn TenancyError into fail_json."""
-    try:
-        result = body()
-    except TenancyError as exc:
-        module.fail_json(msg=str(exc))
-    for warning in result.pop("warnings", []):
-        module.warn(warning)
-    module.exit_json(**result)
+def run_owner_quota(params: dict, check_mode: bool, diff: bool) -> dict:
+    """The ``zjusct.cloud.owner_quota`` module: :func:`set_quota`."""
+    return set_quota(params, check_mode, diff)
+
+
+def run_audit_info(params: dict, check_mode: bool) -> dict:
+    """The ``zjusct.cloud.audit_info`` module: :func:`list_audit` (read-only, the same in check mode)."""
+    return list_audit(params)

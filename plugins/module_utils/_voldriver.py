@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ansible_collections.zjusct.cloud.plugins.module_utils._errors import CloudError
+
 try:
     from typing import Protocol
 except ImportError:  # pragma: no cover - Python < 3.8 has no typing.Protocol; only the annotations use it
@@ -121,7 +123,7 @@ class VolumeDriver(Protocol):
         """Extra keys host_volume_info returns for the volume beside its record (never a secret)."""
 
 
-class UnknownDriver(ValueError):
+class UnknownDriver(CloudError, ValueError):
     """A volume driver name that is not registered (the message names the allowed ones)."""
 
 

@@ -18,8 +18,10 @@ import os
 import subprocess
 from typing import Optional
 
+from ansible_collections.zjusct.cloud.plugins.module_utils._errors import CloudError
 
-class VolumeError(Exception):
+
+class VolumeError(CloudError):
     """A volume or image request is invalid or failed (the message names the field)."""
 
 

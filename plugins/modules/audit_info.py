@@ -76,16 +76,22 @@ records:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._tenancy_module import (
-    audit_info_argument_spec,
-    list_audit,
-    run,
-)
+from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
+from ansible_collections.zjusct.cloud.plugins.module_utils._tenancy_module import run_audit_info
+
+ARGUMENT_SPEC: dict = {
+    "owner": {"type": "str"},
+    "actor": {"type": "str"},
+    "subject": {"type": "str"},
+    "since": {"type": "str"},
+    "limit": {"type": "int", "default": 100},
+    "host_config": {"type": "path"},
+}
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=audit_info_argument_spec(), supports_check_mode=True)
-    run(module, lambda: list_audit(module.params))
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    run_module(module, run_audit_info)
 
 
 if __name__ == "__main__":

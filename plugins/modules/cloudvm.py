@@ -279,15 +279,13 @@ field_errors:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._cloudvm_module import (
-    cloudvm_argument_spec,
-    run_cloudvm,
-)
+from ansible_collections.zjusct.cloud.plugins.module_utils._cloudvm_module import cloudvm_argument_spec, run_cloudvm
+from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
 
 
 def main() -> None:
     module = AnsibleModule(argument_spec=cloudvm_argument_spec(), supports_check_mode=True)
-    run_cloudvm(module)
+    run_module(module, run_cloudvm, diff=True)
 
 
 if __name__ == "__main__":

@@ -82,11 +82,12 @@ from ansible_collections.zjusct.cloud.plugins.module_utils._cloudvm_module impor
     cloudvm_info_argument_spec,
     run_cloudvm_info,
 )
+from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
 
 
 def main() -> None:
     module = AnsibleModule(argument_spec=cloudvm_info_argument_spec(), supports_check_mode=True)
-    run_cloudvm_info(module)
+    run_module(module, run_cloudvm_info)
 
 
 if __name__ == "__main__":

@@ -101,24 +101,24 @@ observation:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._launcher_instance import run_module
+from ansible_collections.zjusct.cloud.plugins.module_utils._launcher_instance import run_fc_launcher
+from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
+
+ARGUMENT_SPEC: dict = {
+    "name": {"type": "str", "required": True},
+    "namespace": {"type": "str", "default": "default"},
+    "boot_id": {"type": "int"},
+    "config": {"type": "dict"},
+    "state": {"type": "str", "choices": ["started", "stopped", "absent"], "default": "started"},
+    "host_config": {"type": "path"},
+    "wait_timeout": {"type": "int", "default": 300},
+}
+REQUIRED_IF = [("state", "started", ("boot_id", "config"))]
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={
-            "name": {"type": "str", "required": True},
-            "namespace": {"type": "str", "default": "default"},
-            "boot_id": {"type": "int"},
-            "config": {"type": "dict"},
-            "state": {"type": "str", "choices": ["started", "stopped", "absent"], "default": "started"},
-            "host_config": {"type": "path"},
-            "wait_timeout": {"type": "int", "default": 300},
-        },
-        required_if=[("state", "started", ("boot_id", "config"))],
-        supports_check_mode=True,
-    )
-    module.exit_json(**run_module(module.params, module.check_mode, module.fail_json))
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, required_if=REQUIRED_IF, supports_check_mode=True)
+    run_module(module, run_fc_launcher)
 
 
 if __name__ == "__main__":

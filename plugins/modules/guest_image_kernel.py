@@ -77,28 +77,23 @@ written:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._image_kernel import KernelError, make_kernel_artifacts
+from ansible_collections.zjusct.cloud.plugins.module_utils._image_kernel import run_guest_image_kernel
+from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
+
+ARGUMENT_SPEC: dict = dict(
+    root=dict(type="path", required=True),
+    dest=dict(type="path", required=True),
+    busybox=dict(type="path", default="/bin/busybox"),
+    init_script=dict(type="str", required=True),
+    modules=dict(type="list", elements="str", default=[
+        "virtio_pci", "virtio_mmio", "virtio_blk", "virtio_net", "virtio_rng", "crc32c_generic", "ext4",
+        "button", "evdev"]),
+)
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec=dict(
-            root=dict(type="path", required=True),
-            dest=dict(type="path", required=True),
-            busybox=dict(type="path", default="/bin/busybox"),
-            init_script=dict(type="str", required=True),
-            modules=dict(type="list", elements="str", default=[
-                "virtio_pci", "virtio_mmio", "virtio_blk", "virtio_net", "virtio_rng", "crc32c_generic", "ext4",
-                "button", "evdev"]),
-        ),
-        supports_check_mode=False,
-    )
-    p = module.params
-    try:
-        result = make_kernel_artifacts(p["root"], p["dest"], p["busybox"], p["init_script"], p["modules"])
-    except KernelError as exc:
-        module.fail_json(msg=str(exc))
-    module.exit_json(changed=bool(result.written), **result.as_dict())
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=False)
+    run_module(module, run_guest_image_kernel)
 
 
 if __name__ == "__main__":

@@ -123,53 +123,30 @@ manifest:
   returned: always
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._image_inputs import (
-    BuildInputs,
-    InputError,
-    check_manifest,
+from ansible_collections.zjusct.cloud.plugins.module_utils._image_inputs import run_guest_image_plan
+from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
+
+ARGUMENT_SPEC: dict = dict(
+    dir=dict(type="path", required=True),
+    name=dict(type="str", default="debian-bookworm"),
+    distro=dict(type="str", default="debian", choices=["debian", "ubuntu"]),
+    suite=dict(type="str", default="bookworm"),
+    mirror=dict(type="str", required=True),
+    components=dict(type="list", elements="str", default=["main"]),
+    packages=dict(type="list", elements="str", default=[]),
+    kernel_package=dict(type="str", default="linux-image-amd64"),
+    size_mib=dict(type="int", default=2048),
+    prune_module_dirs=dict(type="list", elements="str", default=[]),
+    extra_inputs=dict(type="dict", default={}),
+    verify_sha256=dict(type="bool", default=False),
 )
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec=dict(
-            dir=dict(type="path", required=True),
-            name=dict(type="str", default="debian-bookworm"),
-            distro=dict(type="str", default="debian", choices=["debian", "ubuntu"]),
-            suite=dict(type="str", default="bookworm"),
-            mirror=dict(type="str", required=True),
-            components=dict(type="list", elements="str", default=["main"]),
-            packages=dict(type="list", elements="str", default=[]),
-            kernel_package=dict(type="str", default="linux-image-amd64"),
-            size_mib=dict(type="int", default=2048),
-            prune_module_dirs=dict(type="list", elements="str", default=[]),
-            extra_inputs=dict(type="dict", default={}),
-            verify_sha256=dict(type="bool", default=False),
-        ),
-        supports_check_mode=True,
-    )
-    p = module.params
-    inputs = BuildInputs(
-        name=p["name"], distro=p["distro"], suite=p["suite"], mirror=p["mirror"],
-        components=tuple(p["components"]), packages=tuple(p["packages"]), size_mib=p["size_mib"],
-        kernel_package=p["kernel_package"], prune_module_dirs=tuple(p["prune_module_dirs"]),
-        extra={str(k): str(v) for k, v in p["extra_inputs"].items()},
-    )
-    try:
-        inputs.validate()
-    except InputError as exc:
-        module.fail_json(msg=str(exc))
-    path = os.path.join(p["dir"], inputs.set_name)
-    check = check_manifest(path, inputs.sha256(), verify_sha256=p["verify_sha256"])
-    module.exit_json(
-        changed=False, version=inputs.version, inputs_sha256=inputs.sha256(), set_name=inputs.set_name,
-        path=path, build_path=os.path.join(p["dir"], f".build-{inputs.set_name}"), complete=check.complete,
-        reason=check.reason, inputs=inputs.canonical(), manifest=check.manifest,
-    )
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    run_module(module, run_guest_image_plan)
 
 
 if __name__ == "__main__":

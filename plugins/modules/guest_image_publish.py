@@ -73,30 +73,24 @@ path:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._image_publish import PublishError, publish
+from ansible_collections.zjusct.cloud.plugins.module_utils._image_publish import run_guest_image_publish
+from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
+
+ARGUMENT_SPEC: dict = dict(
+    staging=dict(type="path", required=True),
+    path=dict(type="path", required=True),
+    inputs=dict(type="dict", required=True),
+    inputs_sha256=dict(type="str", required=True),
+    kernel_version=dict(type="str", required=True),
+    default_cmdline=dict(
+        type="str", default="console=ttyS0 root=/dev/vda rw net.ifnames=0 panic=-1 zjusct.identity=/dev/vdb"),
+    force=dict(type="bool", default=False),
+)
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec=dict(
-            staging=dict(type="path", required=True),
-            path=dict(type="path", required=True),
-            inputs=dict(type="dict", required=True),
-            inputs_sha256=dict(type="str", required=True),
-            kernel_version=dict(type="str", required=True),
-            default_cmdline=dict(
-                type="str", default="console=ttyS0 root=/dev/vda rw net.ifnames=0 panic=-1 zjusct.identity=/dev/vdb"),
-            force=dict(type="bool", default=False),
-        ),
-        supports_check_mode=False,
-    )
-    p = module.params
-    try:
-        changed, manifest = publish(p["staging"], p["path"], p["inputs"], p["inputs_sha256"], p["kernel_version"],
-                                    p["default_cmdline"], p["force"])
-    except PublishError as exc:
-        module.fail_json(msg=str(exc))
-    module.exit_json(changed=changed, manifest=manifest, path=p["path"])
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=False)
+    run_module(module, run_guest_image_publish)
 
 
 if __name__ == "__main__":

@@ -55,38 +55,21 @@ unmounted:
   returned: always
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._image_fs import FsError, mounts_below, remove_tree
+from ansible_collections.zjusct.cloud.plugins.module_utils._image_fs import run_guest_image_workdir
+from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
+
+ARGUMENT_SPEC: dict = dict(
+    path=dict(type="path", required=True),
+    state=dict(type="str", default="absent", choices=["absent", "empty"]),
+    subdirs=dict(type="list", elements="str", default=[]),
+)
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec=dict(
-            path=dict(type="path", required=True),
-            state=dict(type="str", default="absent", choices=["absent", "empty"]),
-            subdirs=dict(type="list", elements="str", default=[]),
-        ),
-        supports_check_mode=True,
-    )
-    path, state = module.params["path"], module.params["state"]
-    if not os.path.isabs(path) or os.path.realpath(path) == "/":
-        module.fail_json(msg=f"path: {path!r} must be an absolute path other than /")
-    exists = os.path.lexists(path)
-    if module.check_mode:
-        module.exit_json(changed=exists or state == "empty", removed=exists, unmounted=mounts_below(path))
-    try:
-        unmounted = mounts_below(path)
-        removed = remove_tree(path)
-        if state == "empty":
-            os.makedirs(path, mode=0o700)
-            for sub in module.params["subdirs"]:
-                os.makedirs(os.path.join(path, sub), mode=0o755, exist_ok=True)
-    except (FsError, OSError) as exc:
-        module.fail_json(msg=f"path: {path}: {exc}")
-    module.exit_json(changed=removed or state == "empty", removed=removed, unmounted=unmounted)
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    run_module(module, run_guest_image_workdir)
 
 
 if __name__ == "__main__":

@@ -59,21 +59,15 @@ removed_taps:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._host_network_module import ERRORS, run_module
+from ansible_collections.zjusct.cloud.plugins.module_utils._host_network_module import run_host_network
+from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
+
+ARGUMENT_SPEC: dict = {"host_config": {"type": "path"}, "sweep": {"type": "bool", "default": True}}
 
 
 def main() -> None:
-    module = AnsibleModule(
-        argument_spec={"host_config": {"type": "path"}, "sweep": {"type": "bool", "default": True}},
-        supports_check_mode=True,
-    )
-    try:
-        result = run_module(module.params, module.check_mode)
-    except ERRORS as exc:
-        module.fail_json(msg=str(exc))
-    for warning in result.pop("warnings", []):
-        module.warn(warning)
-    module.exit_json(**result)
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    run_module(module, run_host_network)
 
 
 if __name__ == "__main__":

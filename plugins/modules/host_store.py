@@ -54,27 +54,15 @@ previous_schema_version:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import load
-from ansible_collections.zjusct.cloud.plugins.module_utils._store import (
-    SCHEMA_VERSION,
-    HostStore,
-    StoreError,
-    schema_version,
-)
+from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
+from ansible_collections.zjusct.cloud.plugins.module_utils._store import run_host_store
+
+ARGUMENT_SPEC: dict = {"host_config": {"type": "path"}}
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec={"host_config": {"type": "path"}}, supports_check_mode=True)
-    try:
-        cfg = load(module.params["host_config"])
-        before = schema_version(cfg.store_path)
-        changed = before is None or before < SCHEMA_VERSION
-        if changed and not module.check_mode:
-            HostStore(cfg.store_path).close()  # opening creates and migrates
-    except (OSError, ValueError, StoreError) as exc:
-        module.fail_json(msg=f"host_config: {exc}")
-    module.exit_json(changed=changed, path=cfg.store_path, schema_version=SCHEMA_VERSION,
-                     previous_schema_version=before)
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    run_module(module, run_host_store)
 
 
 if __name__ == "__main__":

@@ -121,16 +121,22 @@ requested:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._host_volume_module import (
-    adopt_volume,
-    host_volume_argument_spec,
-    run,
-)
+from ansible_collections.zjusct.cloud.plugins.module_utils._host_volume_module import run_host_volume
+from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
+
+ARGUMENT_SPEC: dict = {
+    "name": {"type": "str", "required": True},
+    "owner": {"type": "str", "required": True},
+    "rbd_image": {"type": "str", "required": True},
+    "image": {"type": "str"},
+    "actor": {"type": "str"},
+    "host_config": {"type": "path"},
+}
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=host_volume_argument_spec(), supports_check_mode=True)
-    run(module, lambda: adopt_volume(module.params, module.check_mode))
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    run_module(module, run_host_volume)
 
 
 if __name__ == "__main__":

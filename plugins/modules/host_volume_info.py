@@ -71,16 +71,19 @@ host_config:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._host_volume_module import (
-    host_volume_info_argument_spec,
-    list_volumes,
-    run,
-)
+from ansible_collections.zjusct.cloud.plugins.module_utils._host_volume_module import run_host_volume_info
+from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
+
+ARGUMENT_SPEC: dict = {
+    "name": {"type": "str"},
+    "owner": {"type": "str"},
+    "host_config": {"type": "path"},
+}
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=host_volume_info_argument_spec(), supports_check_mode=True)
-    run(module, lambda: list_volumes(module.params))
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    run_module(module, run_host_volume_info)
 
 
 if __name__ == "__main__":

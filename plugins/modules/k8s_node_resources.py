@@ -88,22 +88,21 @@ capacity:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._node_resources import (
-    NodeResourcesError,
-    argument_spec,
-    run,
-)
+from ansible_collections.zjusct.cloud.plugins.module_utils._k8s_client import auth_argument_spec
+from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
+from ansible_collections.zjusct.cloud.plugins.module_utils._node_resources import run_k8s_node_resources
+
+ARGUMENT_SPEC: dict = {
+    "name": {"type": "str", "required": True},
+    "resources": {"type": "dict", "required": True},
+    "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
+    **auth_argument_spec(),  # kubernetes.core's connection options
+}
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
-    try:
-        result = run(module.params, module.check_mode)
-    except NodeResourcesError as exc:
-        module.fail_json(msg=str(exc), node=module.params["name"])
-    if not module._diff:
-        result.pop("diff")
-    module.exit_json(**result)
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    run_module(module, run_k8s_node_resources, diff=True)
 
 
 if __name__ == "__main__":

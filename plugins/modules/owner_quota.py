@@ -104,16 +104,22 @@ usage:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._tenancy_module import (
-    owner_quota_argument_spec,
-    run,
-    set_quota,
-)
+from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
+from ansible_collections.zjusct.cloud.plugins.module_utils._quota import LIMITS
+from ansible_collections.zjusct.cloud.plugins.module_utils._tenancy_module import run_owner_quota
+
+ARGUMENT_SPEC: dict = {
+    "owner": {"type": "str", "required": True},
+    "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
+    "actor": {"type": "str", "default": "operator"},
+    "host_config": {"type": "path"},
+    **{dim: {"type": "int"} for dim in LIMITS},  # the quota dimensions (docs/security.md, "Quotas")
+}
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=owner_quota_argument_spec(), supports_check_mode=True)
-    run(module, lambda: set_quota(module.params, module.check_mode, module._diff))
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    run_module(module, run_owner_quota, diff=True)
 
 
 if __name__ == "__main__":

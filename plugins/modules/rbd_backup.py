@@ -241,47 +241,37 @@ phases:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import (
-    Connection,
-    Rbd,
-    RbdError,
-    connection_argument_spec,
+from ansible_collections.zjusct.cloud.plugins.module_utils._backup_audit import audit_argument_spec
+from ansible_collections.zjusct.cloud.plugins.module_utils._backup_io import run_rbd_backup
+from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
+from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import connection_argument_spec
+
+ARGUMENT_SPEC: dict = dict(
+    state=dict(type="str", default="present", choices=["present", "verified", "restored"]),
+    pool=dict(type="str", default="rbd"),
+    name=dict(type="str"),
+    dest=dict(type="path", required=True),
+    keep=dict(type="int"),
+    full_every=dict(type="int", default=7),
+    force_full=dict(type="bool", default=False),
+    allow_watchers=dict(type="bool", default=False),
+    watcher_grace_seconds=dict(type="float", default=35),
+    vm=dict(type="str"),
+    owner=dict(type="str"),
+    backup_id=dict(type="str"),
+    target_pool=dict(type="str"),
+    target_name=dict(type="str"),
+    keep_snapshots=dict(type="bool", default=False),
+    verify=dict(type="bool", default=True),
+    **audit_argument_spec(),
+    **connection_argument_spec(),
 )
-from ansible_collections.zjusct.cloud.plugins.module_utils._backup_audit import audit_argument_spec, run_audited
-from ansible_collections.zjusct.cloud.plugins.module_utils._backup_io import BackupError, run_backup_module
+REQUIRED_IF = [("state", "present", ["name"]), ("state", "restored", ["target_name"])]
 
 
 def main() -> None:
-    spec = dict(
-        state=dict(type="str", default="present", choices=["present", "verified", "restored"]),
-        pool=dict(type="str", default="rbd"),
-        name=dict(type="str"),
-        dest=dict(type="path", required=True),
-        keep=dict(type="int"),
-        full_every=dict(type="int", default=7),
-        force_full=dict(type="bool", default=False),
-        allow_watchers=dict(type="bool", default=False),
-        watcher_grace_seconds=dict(type="float", default=35),
-        vm=dict(type="str"),
-        owner=dict(type="str"),
-        backup_id=dict(type="str"),
-        target_pool=dict(type="str"),
-        target_name=dict(type="str"),
-        keep_snapshots=dict(type="bool", default=False),
-        verify=dict(type="bool", default=True),
-        **audit_argument_spec(),
-        **connection_argument_spec(),
-    )
-    module = AnsibleModule(argument_spec=spec, supports_check_mode=True,
-                           required_if=[("state", "present", ["name"]), ("state", "restored", ["target_name"])])
-    try:
-        result = run_audited(module.params, lambda: run_backup_module(
-            module.params, Rbd(Connection.from_params(module.params)), module.check_mode), module.check_mode)
-    except BackupError as exc:
-        module.fail_json(msg=str(exc), problems=[p.message for p in exc.problems])
-    except (ValueError, RbdError) as exc:
-        module.fail_json(msg=str(exc))
-    module.exit_json(**result)
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, required_if=REQUIRED_IF, supports_check_mode=True)
+    run_module(module, run_rbd_backup)
 
 
 if __name__ == "__main__":

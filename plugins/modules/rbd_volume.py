@@ -195,43 +195,36 @@ diff:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import (
-    Connection,
-    Rbd,
-    RbdError,
-    connection_argument_spec,
+from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
+from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import connection_argument_spec
+from ansible_collections.zjusct.cloud.plugins.module_utils._rbd_volume import run_rbd_volume
+
+ARGUMENT_SPEC: dict = dict(
+    pool=dict(type="str", default="rbd"),
+    name=dict(type="str", required=True),
+    state=dict(type="str", default="present", choices=["present", "absent", "resized", "exported", "imported"]),
+    size_mib=dict(type="int"),
+    allow_shrink=dict(type="bool", default=False),
+    clone_from=dict(type="str"),
+    snapshot=dict(type="str"),
+    snapshot_state=dict(type="str", default="present", choices=["present", "absent", "protected", "unprotected"]),
+    from_snapshot=dict(type="str"),
+    export_format=dict(type="str", choices=["raw", "diff"]),
+    path=dict(type="path"),
+    diffs=dict(type="list", elements="path", default=[]),
+    force=dict(type="bool", default=False),
+    owner=dict(type="str"),
+    claimed_by=dict(type="str"),
+    release_claim=dict(type="bool", default=False),
+    purge_snapshots=dict(type="bool", default=False),
+    **connection_argument_spec(),
 )
-from ansible_collections.zjusct.cloud.plugins.module_utils._rbd_volume import VolumeRefused, run_volume
+MUTUALLY_EXCLUSIVE = [("clone_from", "path")]
 
 
 def main() -> None:
-    spec = dict(
-        pool=dict(type="str", default="rbd"),
-        name=dict(type="str", required=True),
-        state=dict(type="str", default="present", choices=["present", "absent", "resized", "exported", "imported"]),
-        size_mib=dict(type="int"),
-        allow_shrink=dict(type="bool", default=False),
-        clone_from=dict(type="str"),
-        snapshot=dict(type="str"),
-        snapshot_state=dict(type="str", default="present", choices=["present", "absent", "protected", "unprotected"]),
-        from_snapshot=dict(type="str"),
-        export_format=dict(type="str", choices=["raw", "diff"]),
-        path=dict(type="path"),
-        diffs=dict(type="list", elements="path", default=[]),
-        force=dict(type="bool", default=False),
-        owner=dict(type="str"),
-        claimed_by=dict(type="str"),
-        release_claim=dict(type="bool", default=False),
-        purge_snapshots=dict(type="bool", default=False),
-        **connection_argument_spec(),
-    )
-    module = AnsibleModule(argument_spec=spec, supports_check_mode=True,
-                           mutually_exclusive=[("clone_from", "path")])
-    try:
-        result = run_volume(module.params, Rbd(Connection.from_params(module.params)), module.check_mode)
-    except (VolumeRefused, ValueError, RbdError) as exc:
-        module.fail_json(msg=str(exc))
-    module.exit_json(**result)
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, mutually_exclusive=MUTUALLY_EXCLUSIVE, supports_check_mode=True)
+    run_module(module, run_rbd_volume)
 
 
 if __name__ == "__main__":

@@ -135,48 +135,30 @@ diff:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.zjusct.cloud.plugins.module_utils._k8s_client import auth_argument_spec
-from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import CloudVMError
-from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import Connection, Rbd, connection_argument_spec
-from ansible_collections.zjusct.cloud.plugins.module_utils._root_volume_claim import (
-    ClaimRefused,
-    CoreApi,
-    derived_name,
-    ensure,
+from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
+from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import connection_argument_spec
+from ansible_collections.zjusct.cloud.plugins.module_utils._root_volume_claim import run_root_volume_claim
+
+ARGUMENT_SPEC: dict = dict(
+    name=dict(type="str", required=True),
+    namespace=dict(type="str", default="default"),
+    owner=dict(type="str", required=True),
+    pool=dict(type="str", default="rbd"),
+    rbd_image=dict(type="str"),
+    volume_name=dict(type="str"),
+    image=dict(type="str"),
+    images_dir=dict(type="path", default="/var/lib/zjusct-cloud/images"),
+    size_mib=dict(type="int"),
+    wait=dict(type="bool", default=True),
+    wait_timeout=dict(type="int", default=120),
+    **connection_argument_spec(),
+    **auth_argument_spec(),  # kubernetes.core's connection options
 )
 
 
 def main() -> None:
-    spec = dict(
-        name=dict(type="str", required=True),
-        namespace=dict(type="str", default="default"),
-        owner=dict(type="str", required=True),
-        pool=dict(type="str", default="rbd"),
-        rbd_image=dict(type="str"),
-        volume_name=dict(type="str"),
-        image=dict(type="str"),
-        images_dir=dict(type="path", default="/var/lib/zjusct-cloud/images"),
-        size_mib=dict(type="int"),
-        wait=dict(type="bool", default=True),
-        wait_timeout=dict(type="int", default=120),
-        **connection_argument_spec(),
-    )
-    spec.update(auth_argument_spec())
-    module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
-    p = dict(module.params)
-    p["rbd_image"] = p.get("rbd_image") or derived_name(str(p["namespace"]), str(p["name"]))
-    p["volume_name"] = p.get("volume_name") or p["rbd_image"]
-    try:
-        from kubernetes.client import CoreV1Api
-
-        from ansible_collections.zjusct.cloud.plugins.module_utils._cloudvm_kubernetes import api_client
-
-        api = CoreApi(CoreV1Api(api_client(p)))
-        result = ensure(p, Rbd(Connection.from_params(p)), api, module.check_mode)
-    except ImportError as exc:
-        module.fail_json(msg=f"the Python library 'kubernetes' is not installed on the managed node: {exc}")
-    except (ClaimRefused, CloudVMError) as exc:
-        module.fail_json(msg=str(exc))
-    module.exit_json(**result)
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    run_module(module, run_root_volume_claim)
 
 
 if __name__ == "__main__":

@@ -260,25 +260,22 @@ diff:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils import _qos, _tc
-from ansible_collections.zjusct.cloud.plugins.module_utils._tc_qos_module import (
+from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
+from ansible_collections.zjusct.cloud.plugins.module_utils._tc_qos_module import (  # the spec is shared with tests
     ARGUMENT_SPEC,
     MUTUALLY_EXCLUSIVE,
     REQUIRED_TOGETHER,
-    run,
+    run_tc_qos,
 )
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, mutually_exclusive=MUTUALLY_EXCLUSIVE,
-                           required_together=REQUIRED_TOGETHER, supports_check_mode=True)
-    try:
-        result = run(module.params, module.check_mode)
-        for text in result["kernel_warnings"]:
-            module.warn(text)
-        module.exit_json(**result)
-    except (_tc.TcError, _qos.QoSInputError) as e:
-        module.fail_json(msg=str(e))
+    module = AnsibleModule(
+        argument_spec=ARGUMENT_SPEC,
+        mutually_exclusive=MUTUALLY_EXCLUSIVE, required_together=REQUIRED_TOGETHER,
+        supports_check_mode=True,
+    )
+    run_module(module, run_tc_qos)
 
 
 if __name__ == "__main__":
