@@ -19,9 +19,9 @@ reuse guard): SIGTERM, SIGKILL after 15 s, waiting for each to exit. It then unm
 under ``DIR`` (the overlayfs snapshotter's temporary mounts, should an unpack have been cut short) and removes
 ``DIR``. Prints ``removed`` or ``absent`` (and on stderr what needed SIGKILL).
 
-Exit status 1 with the reason on stderr: the socket path is too long for a Unix socket, containerd did not answer
-within 60 s (its log's tail is printed; the process is stopped again), a mount under ``DIR`` could not be
-unmounted (``DIR`` is then kept).
+Exit status 1 with the reason on stderr: containerd or ctr is not installed, the socket path is too long for a
+Unix socket, containerd did not answer within 60 s (its log's tail is printed; the process is stopped again), a
+mount under ``DIR`` could not be unmounted (``DIR`` is then kept).
 """
 
 from __future__ import annotations
@@ -91,6 +91,9 @@ def up(work: Path) -> str:
     if len(str(p["sock"])) > MAX_SOCKET:
         raise SystemExit(f"socket path {p['sock']} is {len(str(p['sock']))} characters, more than a Unix socket "
                          f"allows here ({MAX_SOCKET}); use a shorter scenario directory")
+    missing = [tool for tool in ("containerd", "ctr") if shutil.which(tool) is None]
+    if missing:
+        raise SystemExit(f"{' and '.join(missing)} not installed (Debian package containerd, hack/apt-packages.txt)")
     if p["pid"].is_file() and pid_is_ours(int(p["pid"].read_text().strip()), str(p["config"])) and _answers(p["sock"]):
         return "running"
     for sub in ("root", "state", "opt"):

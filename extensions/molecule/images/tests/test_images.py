@@ -42,6 +42,7 @@ def defaults(kind: str) -> dict[str, Any]:
 
 
 def collection_version() -> str:
+    """galaxy.yml's version, the images' tag."""
     return str(yaml.safe_load((REPO / "galaxy.yml").read_text())["version"])
 
 
@@ -82,6 +83,7 @@ def tree(directory: Path, patterns: tuple[str, ...] = ("*.py",)) -> dict[str, st
 
 
 def ctr(host, *args: str) -> str:
+    """``ctr -n k8s.io ARGS`` on the scenario's containerd; its stdout (fails the test on a non-zero exit)."""
     out = host.run("ctr --address %s -n k8s.io " + " ".join(["%s"] * len(args)), str(SOCK), *args)
     assert out.rc == 0, out.stderr
     return str(out.stdout)
@@ -148,7 +150,7 @@ def test_entrypoint(host, kind: str, cmd: list[str]) -> None:
 def test_launcher_image_holds_this_trees_launcher() -> None:
     """``usr/lib/python3/dist-packages/zjusct_launcher`` is this checkout's package, file for file (no file of an
     earlier build left over), next to Python 3, QEMU, ip and nft from the base root."""
-    _, _, files, names = archive(result("launcher")["archive"])
+    files, names = archive(result("launcher")["archive"])[2:]
     image = {name.removeprefix(LAUNCHER_PKG): sha for name, sha in files.items() if name.startswith(LAUNCHER_PKG)}
     assert image == tree(REPO / "launcher" / "zjusct_launcher", ("*.py", "schemas/*.json"))
     for name in ("usr/bin/python3", "usr/bin/qemu-system-x86_64", "usr/sbin/nft", "usr/bin/ip"):
@@ -160,7 +162,7 @@ def test_controller_image_holds_this_trees_controller() -> None:
     file for file, and kopf, kubernetes and prometheus-client; the base root is the controller's own (Python 3 of
     ``controller_image_python_version``, the ``rbd`` and ``ceph`` commands of fencing), not the launcher's (no QEMU,
     no launcher package)."""
-    _, _, files, names = archive(result("controller")["archive"])
+    files, names = archive(result("controller")["archive"])[2:]
     for inside, local in (("zjusct_controller/", REPO / "controller" / "zjusct_controller"),
                           (MODULE_UTILS, REPO / "plugins" / "module_utils")):
         prefix = CONTROLLER_LIB + inside
