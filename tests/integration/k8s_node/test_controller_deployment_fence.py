@@ -22,7 +22,7 @@ from kubernetes.stream import stream
 
 from tests.ceph import Cluster as CephCluster
 from tests.cluster import Cluster, RealNode
-from tests.integration.k8s_node.test_controller_deployment import run_site
+from tests.integration.k8s_node.test_controller_deployment import changed_tasks, run_site
 
 pytestmark = [pytest.mark.k8s, pytest.mark.kubelet, pytest.mark.ceph, pytest.mark.slow, pytest.mark.timeout(2400)]
 NS = "zjusct-cloud-system"
@@ -104,7 +104,7 @@ def test_site_deploys_the_controller_with_a_fence_keyring_and_the_pod_fences_on_
         assert "10.233.0.250:0/0" in pod_ceph.ceph("osd", "blocklist", "ls"), "not blocklisted on the cluster"
 
         second = run_site(k8s_cluster.kubeconfig, extra)
-        assert second["stats"]["localhost"]["changed"] == 0
+        assert second["stats"]["localhost"]["changed"] == 0, changed_tasks(second)
     finally:
         with contextlib.suppress(Exception):
             print(core.read_namespaced_pod_log(
