@@ -29,10 +29,11 @@ def _paths(tmp_path: Path) -> sup.LauncherPaths:
     return sup.LauncherPaths(str(tmp_path / "state"), str(tmp_path / "run"), str(tmp_path / "log"), "ns_vm")
 
 
-def _wait_for_file(path: Path) -> str:
+def _wait_for_line(path: Path) -> str:
+    """The first complete line the stand-in writes (the shell creates the file before it writes to it)."""
     deadline = time.monotonic() + 30
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
+    while not (path.exists() and path.read_text().endswith("\n")):
+        assert time.monotonic() < deadline, f"{path} never got a complete line"
         time.sleep(0.05)
     return path.read_text()
 
@@ -44,7 +45,7 @@ def test_start_writes_checks_and_spawns(tmp_path, monkeypatch):
     assert pid > 0
     assert json.loads(Path(paths.config(3)).read_text()) == {"vm": {"bootID": 3}}
     assert json.loads(Path(paths.spawned(3)).read_text())["pid"] == pid
-    assert _wait_for_file(tmp_path / "ran").split() == ["run", "--config", paths.config(3)]
+    assert _wait_for_line(tmp_path / "ran").split() == ["run", "--config", paths.config(3)]
 
 
 def test_a_rejected_config_is_removed_and_nothing_is_spawned(tmp_path, monkeypatch):
