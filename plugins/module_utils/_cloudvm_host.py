@@ -25,12 +25,12 @@ from ansible_collections.zjusct.cloud.plugins.module_utils import _flock
 from ansible_collections.zjusct.cloud.plugins.module_utils import _hostnet as net
 from ansible_collections.zjusct.cloud.plugins.module_utils import _quota as quota
 from ansible_collections.zjusct.cloud.plugins.module_utils import _supervisor as sup
-from ansible_collections.zjusct.cloud.plugins.module_utils._host_backend import HostBackend, launcher_config
+from ansible_collections.zjusct.cloud.plugins.module_utils._host_backend import HostBackend
 from ansible_collections.zjusct.cloud.plugins.module_utils._host_backend import (
     observed_status as host_backend_observed_status,
 )
 from ansible_collections.zjusct.cloud.plugins.module_utils._host_network_module import sync_gateway, sync_isolation
-from ansible_collections.zjusct.cloud.plugins.module_utils._host_ports import HostSupervisor
+from ansible_collections.zjusct.cloud.plugins.module_utils._host_ports import HostSupervisor, volume_driver
 from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import HostConfig, load
 from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import (
     CloudVMError,
@@ -45,7 +45,6 @@ from ansible_collections.zjusct.cloud.plugins.module_utils._spec import (
     validate_update,
 )
 from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore, StoreError, audited
-from ansible_collections.zjusct.cloud.plugins.module_utils._voldriver import UnknownDriver, VolumeDriver, driver
 from ansible_collections.zjusct.cloud.plugins.module_utils._volume import VolumeError, resolve_image
 from ansible_collections.zjusct.cloud.plugins.module_utils._volume_claim import settle as settle_claim
 
@@ -72,36 +71,7 @@ def _vm_lock(cfg: HostConfig, namespace: str, name: str) -> Iterator[None]:
         yield
 
 
-def _volume_driver(name: Optional[str], what: str = "volume driver") -> VolumeDriver:
-    """The registered driver ``name`` (a volume record's or the host config's), as :mod:`._voldriver`."""
-    try:
-        return driver(name, what)
-    except UnknownDriver as exc:
-        raise CloudVMError(str(exc)) from exc
-
-
-# --- reconcile (the pass is _host_backend.HostBackend's; these wire it to the real ports) --------------
-def _backend(cfg: HostConfig, store: HostStore) -> HostBackend:
-    return HostBackend.from_config(cfg, store)
-
-
-def _launcher_config(cfg: HostConfig, vm: dict, volume: dict, lease: dict) -> dict:
-    """The LauncherConfig of the VM's current boot (:func:`._host_backend.launcher_config`, root disk from the
-    volume's driver)."""
-    return launcher_config(cfg, vm, volume, lease,
-                           _volume_driver(volume["driver"]).root_disk(cfg.volume_settings(), volume))
-
-
-def _start_boot(cfg: HostConfig, store: HostStore, vm: dict) -> None:
-    """Place, network, validate and spawn the launcher of ``spec.bootID`` (:meth:`.HostBackend.start_boot`)."""
-    _backend(cfg, store).start_boot(vm)
-
-
-def _cleanup_ended(cfg: HostConfig, store: HostStore, vm: dict) -> None:
-    """Release bandwidth, TAP and allocation after the last launcher exited (:meth:`.HostBackend.cleanup_ended`)."""
-    _backend(cfg, store).cleanup_ended(vm)
-
-
+# --- reconcile (the pass is _host_backend.HostBackend's over the real ports of _host_ports) --------------
 def reconcile(cfg: HostConfig, store: HostStore, vm: dict) -> dict:
     """One pass: act on the difference between spec and what runs, then return the new status
     (:meth:`._host_backend.HostBackend.reconcile` over the real ports; the caller holds the VM's lock).
@@ -109,7 +79,7 @@ def reconcile(cfg: HostConfig, store: HostStore, vm: dict) -> dict:
     Raises:
         CloudVMError: a requested boot cannot start (capacity, volume claim, launcher check).
     """
-    return _backend(cfg, store).reconcile(vm)
+    return HostBackend.from_config(cfg, store).reconcile(vm)
 
 
 # --- module entry points -------------------------------------------------------------------------
@@ -293,7 +263,7 @@ def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, 
             if image is None:
                 raise AssertionError("image unexpectedly missing")
             try:
-                created = _volume_driver(cfg.volume_driver, "host_config: volume_driver").create(
+                created = volume_driver(cfg.volume_driver, "host_config: volume_driver").create(
                     cfg.volume_settings(), desired["rootVolumeClaim"], image, desired["owner"],
                     params.get("volume_size_mib"))
             except VolumeError as exc:
@@ -351,7 +321,7 @@ def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, 
 def _remove_volume(cfg: HostConfig, volume: dict) -> None:
     """Delete a root volume's data through its driver (file, RBD image, qcow2 overlay); its record is the caller's."""
     try:
-        _volume_driver(volume["driver"]).delete(cfg.volume_settings(), volume)
+        volume_driver(volume["driver"]).delete(cfg.volume_settings(), volume)
     except VolumeError as exc:
         raise CloudVMError(str(exc)) from exc
 
@@ -369,7 +339,7 @@ def _absent(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, d
                                          int(params.get("wait_timeout") or 600)).get("status"))
     paths = _paths(cfg, ns, name)
     with _vm_lock(cfg, ns, name):
-        _cleanup_ended(cfg, store, existing)
+        HostBackend.from_config(cfg, store).cleanup_ended(existing)
         store.delete_vm(ns, name)
         if net.netns_exists(cfg.netns):
             sync_isolation(cfg, store)

@@ -170,6 +170,18 @@ class Volumes(Protocol):
         """
 
 
+def volume_driver(name: Optional[str], what: str = "volume driver") -> VolumeDriver:
+    """The registered driver ``name`` (a volume record's, or the host config's with ``what`` naming that option).
+
+    Raises:
+        CloudVMError: ``<what>: <name> is not one of ...`` (:func:`._voldriver.driver`).
+    """
+    try:
+        return driver(name, what)
+    except UnknownDriver as exc:
+        raise CloudVMError(str(exc)) from exc
+
+
 # --- the real adapters ----------------------------------------------------------------------------
 class HostNetwork:
     """:class:`Network` on this host: the netns bridge of ``cfg`` (:mod:`._hostnet`), isolation and gateway from
@@ -261,7 +273,4 @@ class HostVolumes:
         return self.cfg.volume_settings()
 
     def driver(self, name: Optional[str]) -> VolumeDriver:
-        try:
-            return driver(name, "volume driver")
-        except UnknownDriver as exc:
-            raise CloudVMError(str(exc)) from exc
+        return volume_driver(name)

@@ -7,8 +7,9 @@ import json
 
 import pytest
 import zjusct_launcher.config as launcher_config
-from ansible_collections.zjusct.cloud.plugins.module_utils import _cloudvm_host as host
+from ansible_collections.zjusct.cloud.plugins.module_utils import _host_backend as backend
 from ansible_collections.zjusct.cloud.plugins.module_utils import _volume_rbd as rv
+from ansible_collections.zjusct.cloud.plugins.module_utils._host_ports import volume_driver
 from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import load
 from ansible_collections.zjusct.cloud.plugins.module_utils._volume import VolumeError
 
@@ -50,7 +51,8 @@ def test_launcher_config_of_an_rbd_volume_is_valid_for_the_launcher(tmp_path):
           "spec": {"bootID": 1, "vcpus": 1, "memoryMiB": 512, "sshAuthorizedKeys": []}}
     volume = {"name": "alice-root", "driver": "rbd", "location": "rbd/alice-root", "image": str(image)}
     lease = {"tap": "zt0123456789", "mac": "52:54:00:12:34:56", "ipv4": "10.200.0.2"}
-    doc = host._launcher_config(cfg, vm, volume, lease)
+    root_disk = volume_driver(volume["driver"]).root_disk(cfg.volume_settings(), volume)
+    doc = backend.launcher_config(cfg, vm, volume, lease, root_disk)
     assert doc["rootDisk"] == {"rbd": {"pool": "rbd", "image": "alice-root", "user": "cloud", "conf": str(conf),
                                        "keyringPath": str(keyring)}, "cache": "Writeback"}
     parsed = launcher_config.parse(doc)
