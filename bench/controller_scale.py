@@ -54,7 +54,7 @@ from tests.cluster import Cluster, NodeSpec, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / ".collections"))
-from ansible_collections.zjusct.cloud.plugins.module_utils._spec import GROUP, PLURAL, VERSION
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import GROUP, PLURAL, VERSION
 from benchlib import percentile, rss_mib, stop_process  # bench/benchlib.py
 
 REPO = Path(__file__).resolve().parent.parent

@@ -64,7 +64,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / ".collections"))
 
 import yaml  # noqa: E402
-from ansible_collections.zjusct.cloud.plugins.module_utils._spec import GROUP, PLURAL, VERSION  # noqa: E402
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import GROUP, PLURAL, VERSION  # noqa: E402
 from ansible_collections.zjusct.cloud.plugins.plugin_utils import _kube_list as kube  # noqa: E402
 from benchlib import stop_process  # noqa: E402
 
@@ -296,9 +296,9 @@ time.sleep(86400)
 HOST_BASELINE = r"""
 import sys
 sys.path.insert(0, sys.argv[1])
-from ansible_collections.zjusct.cloud.plugins.module_utils import _hostconfig
-from ansible_collections.zjusct.cloud.plugins.module_utils._cloudvm_host import observed_vms
-vms = observed_vms(_hostconfig.load(sys.argv[2]))
+from ansible_collections.zjusct.cloud.plugins.module_utils.host import config as host.config
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.cloudvm import observed_vms
+vms = observed_vms(host.config.load(sys.argv[2]))
 print(sum(1 for vm in vms if vm["status"].get("phase") == "Running"))
 """
 
@@ -306,7 +306,7 @@ print(sum(1 for vm in vms if vm["status"].get("phase") == "Running"))
 def build_host_fleet(root: Path, count: int) -> tuple[Path, subprocess.Popen]:
     """A host configuration whose store holds ``count`` VMs, Running with boot 1, and the process holding their
     launcher locks (stop it with :func:`benchlib.stop_process`)."""
-    from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore
+    from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import HostStore
 
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard < count + 64:

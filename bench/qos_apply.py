@@ -8,7 +8,8 @@ Goals (issues 9, 20): netlink batch >= 10x faster than one tc process per class 
 
 Run as root:  /var/cache/zjusct-cloud/venv/bin/python bench/qos_apply.py [--classes 1000] [--vms 10000]
 [--repeat 7] [--arbitration-only] [--against REV]
-``--against REV`` also times ``arbitrate_all`` of ``git show REV:plugins/module_utils/_qos.py`` (loaded as a separate
+``--against REV`` also times ``arbitrate_all`` of ``git show REV:plugins/module_utils/model/qos.py`` (loaded as a
+separate
 module) in the same alternation and asserts its decisions and final state equal this tree's.
 Creates two network namespaces with a veth device each and deletes them at the end.
 """
@@ -30,10 +31,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / ".collections"))
 
-from ansible_collections.zjusct.cloud.plugins.module_utils import _qos as q  # noqa: E402
-from ansible_collections.zjusct.cloud.plugins.module_utils import _tc, _tc_netlink, _tc_qos_module  # noqa: E402
-from ansible_collections.zjusct.cloud.plugins.module_utils._qos_store import QoSStore  # noqa: E402
-from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore  # noqa: E402
+from ansible_collections.zjusct.cloud.plugins.module_utils.model import qos as q  # noqa: E402
+from ansible_collections.zjusct.cloud.plugins.module_utils.host import tc_qos_module as _tc_qos_module  # noqa: E402
+from ansible_collections.zjusct.cloud.plugins.module_utils.network import tc as _tc  # noqa: E402
+from ansible_collections.zjusct.cloud.plugins.module_utils.network import tc_netlink as _tc_netlink  # noqa: E402
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.qos_store import QoSStore  # noqa: E402
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import HostStore  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
 import qos_baseline  # noqa: E402
@@ -138,7 +141,7 @@ def main() -> int:
     ap.add_argument("--loop-baseline", type=int, default=0, metavar="N",
                     help="also time the previous tc_qos form (one request() per VM, quadratic) on N requests")
     ap.add_argument("--arbitration-only", action="store_true", help="skip the tc/netlink part (no root needed)")
-    ap.add_argument("--against", metavar="REV", help="also time arbitrate_all of _qos.py at git revision REV "
+    ap.add_argument("--against", metavar="REV", help="also time arbitrate_all of qos.py at git revision REV "
                     "(same run, alternating; decisions and state asserted equal)")
     args = ap.parse_args()
     if not args.arbitration_only:
@@ -175,13 +178,20 @@ def load() -> str:
 
 
 def module_at(rev: str) -> types.ModuleType:
-    """plugins/module_utils/_qos.py as it is at git revision ``rev``, loaded as a separate module (it imports only
-    the standard library)."""
-    src = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:plugins/module_utils/_qos.py"], check=True,
-                         capture_output=True, text=True, timeout=30).stdout
+    """plugins/module_utils/model/qos.py as it is at git revision ``rev`` (``_qos.py`` before module_utils had
+    rooms), loaded as a separate module (it imports the standard library and the error root only)."""
+    for path in ("plugins/module_utils/model/qos.py", "plugins/module_utils/_qos.py"):
+        shown = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:{path}"], check=False,
+                               capture_output=True, text=True, timeout=30)
+        if shown.returncode == 0:
+            break
+    else:
+        raise SystemExit(f"--against {rev}: no qos.py at that revision ({shown.stderr.strip()})")
     mod = types.ModuleType(f"_qos_at_{abs(hash(rev))}")
     sys.modules[mod.__name__] = mod  # dataclasses looks its module up
-    exec(compile(src, f"{rev}:plugins/module_utils/_qos.py", "exec"), mod.__dict__)  # our own file at REV
+    # before the rooms, the error root was module_utils._errors: point that import at this tree's
+    src = shown.stdout.replace("module_utils._errors import", "module_utils.common.errors import")
+    exec(compile(src, f"{rev}:{path}", "exec"), mod.__dict__)  # our own file at REV
     return mod
 
 
@@ -239,7 +249,7 @@ def arbitrate(args: argparse.Namespace) -> None:
             f"{args.against} decides otherwise"
         assert grant_rows(p_final) == grant_rows(final), f"{args.against} leaves another state"
         prev_s = samples["prev"]
-        print(f"  _qos.py at {args.against}: {figures(prev_s)}; same-run ratio {args.against} / this tree: "
+        print(f"  qos.py at {args.against}: {figures(prev_s)}; same-run ratio {args.against} / this tree: "
               f"{statistics.median(w for w, _ in prev_s) / statistics.median(w for w, _ in new_s):.2f}x (wall "
               f"medians), {statistics.median(c for _, c in prev_s) / statistics.median(c for _, c in new_s):.2f}x "
               f"(CPU medians); identical decisions and state")
@@ -264,7 +274,7 @@ def arbitrate(args: argparse.Namespace) -> None:
         print(f"  previous tc_qos form (request() per VM, O(n^2)) for the first {m} requests, one run: "
               f"{w:.1f} s wall, {c:.1f} s thread CPU ({load()})")
     # 3. One VM start on a node that already holds n VMs: request() against n admitted VMs, and the same
-    # through the host store as _bandwidth.apply_vm_bandwidth does it (load n rows, arbitrate, save the change).
+    # through the host store as host.bandwidth.apply_vm_bandwidth does it (load n rows, arbitrate, save the change).
     with tempfile.TemporaryDirectory(prefix="zqa") as d:
         qs, sreqs = store_with(n, d)
         full = qs.load()

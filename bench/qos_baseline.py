@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / ".collections"))
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._qos import (  # noqa: E402
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.qos import (  # noqa: E402
     DENIED, GRANTED, PREEMPTED, Decision, Grant, Preemption, Request, State, validate_request)
 
 

@@ -31,8 +31,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, ".collections"))
 
-from ansible_collections.zjusct.cloud.plugins.module_utils import _backup_io as bio  # noqa: E402
-from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import Connection, ImageRef, Rbd  # noqa: E402
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage import backup_io as bio  # noqa: E402
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import Connection, ImageRef, Rbd  # noqa: E402
 from benchlib import timed  # noqa: E402  (bench/benchlib.py)
 
 

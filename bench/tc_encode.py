@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Benchmark: encoding the netlink requests for 1,000 HTB classes (+ their u32 filters) with the hand-written
-encoder (_tc_netlink.encode_op) vs building the same requests with pyroute2's own message classes (tcmsg + the
+encoder (network.tc_netlink.encode_op) vs building the same requests with pyroute2's own message classes (tcmsg + the
 HTB and u32 option classes, .encode()), in the same run, alternating which side runs first, best of --repeat.
 
 Rule (issue 17): the hand-written encoder stays only if it is at least 2x faster than pyroute2's message building
@@ -29,7 +29,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / ".collections"))
 
-from ansible_collections.zjusct.cloud.plugins.module_utils import _tc, _tc_netlink  # noqa: E402
+from ansible_collections.zjusct.cloud.plugins.module_utils.network import tc as _tc  # noqa: E402
+from ansible_collections.zjusct.cloud.plugins.module_utils.network import tc_netlink as _tc_netlink  # noqa: E402
 
 IFINDEX = 2  # any index: encoding does not look at the device
 

@@ -1,7 +1,8 @@
 """zjusct.cloud's Kubernetes controller: CloudVM -> one launcher Pod per boot (docs/controller.md).
 
 The pure decisions (:mod:`.decide`) reuse the collection's shared state machine in
-``plugins/module_utils`` (:mod:`_phase`, :mod:`_spec`, :mod:`_placement`, :mod:`_names`) so the host and the
+``plugins/module_utils`` (:mod:`model.phase`, :mod:`model.spec`, :mod:`model.placement`, :mod:`model.names`) so the
+host and the
 Kubernetes backends derive status the same way. The collection is imported as
 ``ansible_collections.zjusct.cloud``; in a checkout, ``hack/setup-collection.sh`` links it under
 ``.collections`` and :mod:`._collection` puts that directory on ``sys.path`` when it is not importable yet.

@@ -5,7 +5,7 @@ calls :func:`decide` and carries the :class:`Plan` out.
 Objects are plain dicts in the API's camelCase shape (``ApiClient.sanitize_for_serialization`` of the typed
 models, or what ``CustomObjectsApi`` returns). Times are RFC 3339 strings (UTC, ``Z``); sizes MiB; CPU millicores.
 
-The status comes from :func:`_phase.derive_status` (the same state machine as the host backend): a VM is Running
+The status comes from :func:`model.phase.derive_status` (the same state machine as the host backend): a VM is Running
 only while the launcher Pod of ``spec.bootID`` runs *and* its readiness probe (the launcher's ready marker,
 written after the guest's SSH banner answered, docs/launcher-protocol.md §2 step 8) has passed.
 """
@@ -18,10 +18,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._names import DNS1123_LABEL_MAX, fit
-from ansible_collections.zjusct.cloud.plugins.module_utils._phase import BootObservation, Status, derive_status
-from ansible_collections.zjusct.cloud.plugins.module_utils._placement import DEFAULT_RATIOS
-from ansible_collections.zjusct.cloud.plugins.module_utils._spec import (
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.names import DNS1123_LABEL_MAX, fit
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.phase import BootObservation, Status, derive_status
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.placement import DEFAULT_RATIOS
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
     API_VERSION,
     GROUP,
     KIND,
@@ -56,7 +56,7 @@ LAUNCHER_TOLERATIONS = (
 )
 SSH_PORT = 22
 # The extended resource a node advertises for guaranteed bandwidth (roles/cluster, module k8s_node_resources):
-# integer units of Mbit/s on the wire, the unit of spec.network.bandwidth and _placement's bandwidth dimension.
+# integer units of Mbit/s on the wire, the unit of spec.network.bandwidth and model.placement's bandwidth dimension.
 BANDWIDTH_RESOURCE = "cloud.zjusct.io/bandwidth-mbps"
 
 # The launcher's network inside the Pod's netns (as tests/integration/k8s_node/launcher_pod.py): bridge br0
@@ -175,7 +175,7 @@ class Config:
         readiness_timeout_s: launcher ``readiness.timeoutSeconds`` (boot -> SSH banner).
         stop_timeout_s: launcher ``stopTimeoutSeconds``; the Pod's grace period is this plus
             :data:`GRACE_MARGIN_S` so the launcher can stop the guest and write its result.
-        cpu_ratio, memory_ratio: overcommit ratios (default :data:`_placement.DEFAULT_RATIOS`).
+        cpu_ratio, memory_ratio: overcommit ratios (default :data:`model.placement.DEFAULT_RATIOS`).
         overhead_cpu_m, overhead_memory_mib: per-VM overhead added to the requests (launcher, QEMU, TAP).
         node_selector: merged under the CloudVM's ``spec.nodeSelector`` (the VM's own entries win).
         tolerations: copied into every launcher Pod.
@@ -313,7 +313,7 @@ def rbd_root_disk(claim: dict, volume: Optional[dict], cfg: Config) -> dict:
 
 
 def pod_name(vm_name: str, boot_id: int) -> str:
-    """The launcher Pod of one boot: ``<vm>-boot-<bootID>``, fitted to 63 characters by :func:`_names.fit`.
+    """The launcher Pod of one boot: ``<vm>-boot-<bootID>``, fitted to 63 characters by :func:`model.names.fit`.
 
     Deterministic, so a retried or restarted reconcile gets AlreadyExists instead of a second Pod.
     """
@@ -337,7 +337,8 @@ def pod_resources(spec: dict, cfg: Config) -> dict:
     A guaranteed bandwidth (``spec.network.bandwidth.guaranteedMbps`` > 0) adds the extended resource
     :data:`BANDWIDTH_RESOURCE` = the guarantee in Mbit/s to the requests *and* the limits (Kubernetes requires
     them equal for an extended resource). No ratio divides it: the node advertises ``floor(NIC Mbit/s x bandwidth
-    ratio)`` (roles/cluster), so the scheduler's ``sum(requests) <= advertised`` is ``_placement``'s and ``_qos``'s
+    ratio)`` (roles/cluster), so the scheduler's ``sum(requests) <= advertised`` is ``model.placement``'s and
+    ``model.qos``'s
     node admission ``sum(guaranteed) <= floor(NIC x ratio)``. Without a guarantee nothing is requested.
     """
     spec = with_defaults(spec)
@@ -580,7 +581,7 @@ def parse_result(message: Optional[str]) -> Optional[dict]:
 
 
 def observe(pod: dict, ready_node: Optional[bool]) -> BootObservation:
-    """Reduce one launcher Pod (and its Node's readiness) to a :class:`_phase.BootObservation`.
+    """Reduce one launcher Pod (and its Node's readiness) to a :class:`model.phase.BootObservation`.
 
     * container terminated (or Pod Succeeded/Failed): ``exited`` with the LauncherResult of the termination
       message; without a result (SIGKILL, OOM, the container was killed) ``lost``;

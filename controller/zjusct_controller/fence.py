@@ -3,7 +3,7 @@
 The controller does it with its own cephx identity (``ceph.fenceUser`` / ``ceph.fenceKeyring`` in its config;
 caps ``mon 'profile rbd' osd 'profile rbd pool=<pool>'``: ``profile rbd`` on the monitors allows ``osd blocklist
 add`` of one client address, as librbd's own dead-client blocklisting and ceph-csi use it) through the ``rbd`` and
-``ceph`` commands of ceph-common (:mod:`_rbd`: argv lists, no shell):
+``ceph`` commands of ceph-common (:mod:`storage.rbd`: argv lists, no shell):
 
 1. the image's watchers (``rbd status``) and lock owners (``rbd lock ls``, the exclusive lock's owner included)
    whose IP is the old Pod's IP (:func:`addresses_to_fence`);
@@ -27,7 +27,7 @@ import os
 import tempfile
 from typing import Any, Optional
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import Connection, ImageRef, Rbd, RbdError
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import Connection, ImageRef, Rbd, RbdError
 
 from .decide import CephConfig
 

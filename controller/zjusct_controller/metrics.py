@@ -21,7 +21,7 @@ import datetime
 import threading
 from typing import Optional
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._spec import PHASES
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import PHASES
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 BUCKETS = (5, 10, 20, 30, 60, 120, 180, 300, 600, 900, 1200, 1800, 3600)

@@ -190,7 +190,7 @@ class Runner:
             reason, message = "LauncherError", f"launcher error: {exc!r}"
         finally:
             status = self._cleanup(status)
-        # Order the supervisor relies on (plugins/module_utils/_supervisor.py observe): the VMM is reaped in
+        # Order the supervisor relies on (plugins/module_utils/host/supervisor.py observe): the VMM is reaped in
         # _cleanup, the result is written and fsynced in _finish, and only then does the process exit and the
         # kernel release the lock (self.lock_fd is never closed before). A lock seen free implies a result on disk.
         return self._finish(reason, message, status)

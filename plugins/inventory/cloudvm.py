@@ -423,7 +423,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
 
     def _host_source(self) -> tuple[str, Any]:
         """(effective host configuration path, loaded HostConfig) as every cloudvm module resolves them."""
-        from ansible_collections.zjusct.cloud.plugins.module_utils import _hostconfig
+        from ansible_collections.zjusct.cloud.plugins.module_utils.host import config as _hostconfig
 
         config_path = self.get_option("host_config") or os.environ.get("ZJUSCT_CLOUD_CONFIG") or \
             _hostconfig.DEFAULT_PATH
@@ -440,8 +440,8 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
 
     def _list_host(self, source: tuple[str, Any]) -> list[dict]:
         """Every VM of the host store with the phase cloudvm_info shows (derived from what runs now)."""
-        from ansible_collections.zjusct.cloud.plugins.module_utils._cloudvm_host import observed_vms
-        from ansible_collections.zjusct.cloud.plugins.module_utils._store import StoreError
+        from ansible_collections.zjusct.cloud.plugins.module_utils.host.cloudvm import observed_vms
+        from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import StoreError
 
         cfg = source[1]
         if not os.path.exists(cfg.store_path):

@@ -279,8 +279,8 @@ field_errors:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._cloudvm_module import cloudvm_argument_spec, run_cloudvm
-from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
+from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import cloudvm_argument_spec, run_cloudvm
+from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
 
 
 def main() -> None:

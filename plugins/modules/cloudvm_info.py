@@ -78,11 +78,11 @@ cloudvms:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._cloudvm_module import (
+from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import (
     cloudvm_info_argument_spec,
     run_cloudvm_info,
 )
-from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
+from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
 
 
 def main() -> None:

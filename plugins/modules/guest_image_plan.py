@@ -125,8 +125,8 @@ manifest:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._image_inputs import run_guest_image_plan
-from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
+from ansible_collections.zjusct.cloud.plugins.module_utils.image.inputs import run_guest_image_plan
+from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
 
 ARGUMENT_SPEC: dict = dict(
     dir=dict(type="path", required=True),

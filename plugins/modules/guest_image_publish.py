@@ -73,8 +73,8 @@ path:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._image_publish import run_guest_image_publish
-from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
+from ansible_collections.zjusct.cloud.plugins.module_utils.image.publish import run_guest_image_publish
+from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
 
 ARGUMENT_SPEC: dict = dict(
     staging=dict(type="path", required=True),

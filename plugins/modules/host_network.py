@@ -59,8 +59,8 @@ removed_taps:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._host_network_module import run_host_network
-from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.host_network_module import run_host_network
+from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
 
 ARGUMENT_SPEC: dict = {"host_config": {"type": "path"}, "sweep": {"type": "bool", "default": True}}
 

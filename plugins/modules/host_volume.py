@@ -121,8 +121,8 @@ requested:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._host_volume_module import run_host_volume
-from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.host_volume_module import run_host_volume
+from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
 
 ARGUMENT_SPEC: dict = {
     "name": {"type": "str", "required": True},

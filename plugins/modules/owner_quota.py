@@ -104,9 +104,9 @@ usage:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
-from ansible_collections.zjusct.cloud.plugins.module_utils._quota import LIMITS
-from ansible_collections.zjusct.cloud.plugins.module_utils._tenancy_module import run_owner_quota
+from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.quota import LIMITS
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.tenancy_module import run_owner_quota
 
 ARGUMENT_SPEC: dict = {
     "owner": {"type": "str", "required": True},

@@ -241,10 +241,10 @@ phases:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._backup_audit import audit_argument_spec
-from ansible_collections.zjusct.cloud.plugins.module_utils._backup_io import run_rbd_backup
-from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
-from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import connection_argument_spec
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.backup_audit import audit_argument_spec
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.backup_audit import run_rbd_backup
+from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import connection_argument_spec
 
 ARGUMENT_SPEC: dict = dict(
     state=dict(type="str", default="present", choices=["present", "verified", "restored"]),

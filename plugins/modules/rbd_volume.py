@@ -195,9 +195,9 @@ diff:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
-from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import connection_argument_spec
-from ansible_collections.zjusct.cloud.plugins.module_utils._rbd_volume import run_rbd_volume
+from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import connection_argument_spec
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd_volume_module import run_rbd_volume
 
 ARGUMENT_SPEC: dict = dict(
     pool=dict(type="str", default="rbd"),

@@ -260,8 +260,8 @@ diff:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
-from ansible_collections.zjusct.cloud.plugins.module_utils._tc_qos_module import (  # the spec is shared with tests
+from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.tc_qos_module import (  # the spec is shared with tests
     ARGUMENT_SPEC,
     MUTUALLY_EXCLUSIVE,
     REQUIRED_TOGETHER,

@@ -30,7 +30,7 @@ import string
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._spec import PHASES
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import PHASES
 
 SOURCES = ("kubernetes", "host")
 HOSTVARS_LAYOUTS = ("flat", "nested")

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import HostConfig
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import HostConfig
 
 from tests.e2e.playbook_results import task_result
 from tests.integration.inventory_host.inventory_host_helpers import ping_via_inventory

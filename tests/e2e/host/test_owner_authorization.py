@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils._volume import volume_path
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.volume import volume_path
 
 from tests.e2e.playbook_results import failure
 

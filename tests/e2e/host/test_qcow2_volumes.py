@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils._voldriver_qcow2 import base_path
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.driver_qcow2 import base_path
 
 from tests.e2e.playbook_results import task_result
 

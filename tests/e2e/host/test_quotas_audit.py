@@ -14,8 +14,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore
-from ansible_collections.zjusct.cloud.plugins.module_utils._volume import volume_path
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import HostStore
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.volume import volume_path
 
 from tests.e2e.playbook_results import failure, task_result
 

@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils import _gateway as gw
+from ansible_collections.zjusct.cloud.plugins.module_utils.network import gateway as gw
 
 from .conftest import REPO, VENV_BIN, Cloud
 

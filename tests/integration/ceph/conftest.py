@@ -2,7 +2,7 @@
 
 * ``ceph_cluster`` (session): mon + mgr + one bluestore OSD on a sparse file, pool ``rbd``; torn down (daemons
   stopped by pid, state dir removed) at the end of the session, also after failures.
-* ``rbd``: an ``Rbd`` adapter (module_utils._rbd) connected to it as client.admin.
+* ``rbd``: an ``Rbd`` adapter (module_utils.storage.rbd) connected to it as client.admin.
 * ``image_name``: a unique image name per test (all tests share the pool).
 * ``watcher``: starts a real watcher (``rbd watch``) on an image and stops it at the end of the test.
 """
@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import Connection, ImageRef, Rbd
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import Connection, ImageRef, Rbd
 
 from tests.ceph import Cluster, start_cluster
 from tests.conftest import require

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import ImageRef, Rbd
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import ImageRef, Rbd
 
 from tests.ceph import Cluster
 from tests.cluster import wait_for

@@ -1,4 +1,5 @@
-"""Offline backup and restore of RBD images against a real Ceph cluster (module_utils._backup_io with real rbd)."""
+"""Offline backup and restore of RBD images against a real Ceph cluster (module_utils.storage.backup_io with real
+rbd)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import sys
 import time
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils import _backup_io as bio
-from ansible_collections.zjusct.cloud.plugins.module_utils._backup import COMPLETE_FILE, DATA_FILE
-from ansible_collections.zjusct.cloud.plugins.module_utils._backup_io import run_backup_module
-from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import ImageRef, MiB
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage import backup_io as bio
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.backup_chain import COMPLETE_FILE, DATA_FILE
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.backup_io import run_backup_module
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import ImageRef, MiB
 
 from .conftest import read_image, write_at
 
@@ -117,9 +118,9 @@ def test_retention_keeps_needed_chain_and_deletes_the_rest(rbd, ceph_cluster, im
 KILL_SCRIPT = r"""
 import sys
 sys.path.insert(0, sys.argv[1])
-from ansible_collections.zjusct.cloud.plugins.module_utils import _backup_io as bio
-from ansible_collections.zjusct.cloud.plugins.module_utils._backup_io import run_backup_module
-from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import Connection, ImageRef, Rbd
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage import backup_io as bio
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.backup_io import run_backup_module
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import Connection, ImageRef, Rbd
 bio.backup(Rbd(Connection(conf=sys.argv[2])), ImageRef("rbd", sys.argv[3]), sys.argv[4])
 """
 
@@ -216,7 +217,7 @@ def test_snapshots_named_before_tags_stay_usable_and_are_cleaned_by_their_destin
                                                                                       tmp_path, monkeypatch):
     """Migration: a backup whose snapshot is named zjusct-backup-<id> (earlier versions) is still a diff base;
     the next backup removes it (its manifest names it); an untagged snapshot of another destination stays."""
-    from ansible_collections.zjusct.cloud.plugins.module_utils import _backup as bk
+    from ansible_collections.zjusct.cloud.plugins.module_utils.storage import backup_chain as bk
 
     ref = make_image(rbd, ceph_cluster, image_name, str(tmp_path), size_mib=24)
     dest = str(tmp_path / "bk")

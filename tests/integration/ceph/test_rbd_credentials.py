@@ -7,8 +7,8 @@ import os
 import subprocess
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import Connection, ImageRef, Rbd, RbdError
-from ansible_collections.zjusct.cloud.plugins.module_utils._rbd_volume import run_volume
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import Connection, ImageRef, Rbd, RbdError
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd_volume_module import run_volume
 
 pytestmark = pytest.mark.ceph
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))

@@ -14,9 +14,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils import _backup_io as bio
-from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import ImageRef
-from ansible_collections.zjusct.cloud.plugins.module_utils._rbd_volume import VolumeRefused, run_volume
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage import backup_io as bio
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import ImageRef
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd_volume_module import VolumeRefused, run_volume
 
 from tests.integration.launcher import busybox_guest as bg
 from tests.integration.launcher.harness import Launched, base_config, free_port

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import ImageRef, MiB
-from ansible_collections.zjusct.cloud.plugins.module_utils._rbd_volume import VolumeRefused, run_volume
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import ImageRef, MiB
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd_volume_module import VolumeRefused, run_volume
 
 from .conftest import read_image, write_at
 

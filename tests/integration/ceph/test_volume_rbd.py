@@ -1,4 +1,5 @@
-"""The host backend's rbd volume driver (_volume_rbd) against the real test cluster: template import once per image
+"""The host backend's rbd volume driver (storage.rbd_clone) against the real test cluster: template import once per
+image
 set under concurrent runs, clone with ownership marks, V2 watcher detection, adoption rules, delete, and the release
 of a stale claim when a VM is re-created on its kept volume."""
 
@@ -7,12 +8,12 @@ from __future__ import annotations
 import threading
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils import _volume_rbd as rv
-from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import CloudVMError
-from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import ImageRef
-from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore
-from ansible_collections.zjusct.cloud.plugins.module_utils._volume import VolumeError
-from ansible_collections.zjusct.cloud.plugins.module_utils._volume_claim import settle
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import HostStore
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.volume_claim import settle
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import CloudVMError
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage import rbd_clone as rv
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import ImageRef
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.volume import VolumeError
 
 pytestmark = [pytest.mark.ceph]
 
@@ -94,7 +95,7 @@ def test_adopt_checks_owner_and_claim(rbd, settings, image_name):
 
 def test_a_stale_claim_stays_while_another_mark_or_a_watcher_remains(
         rbd, settings, image_name, watcher, tmp_path):
-    """Re-create on a kept rbd volume (_volume_claim.settle): refused while another mark or a watcher remains."""
+    """Re-create on a kept rbd volume (host.volume_claim.settle): refused while another mark or a watcher remains."""
     ref = ImageRef("rbd", image_name)
     rbd.create(ref, size_mib=8)
     with HostStore(str(tmp_path / "cloud.db")) as store:
@@ -130,7 +131,7 @@ def test_a_stale_claim_without_writer_is_released_on_the_image(rbd, settings, im
 def test_host_volume_over_the_disk_quota_is_refused_unmarked_and_audited(rbd, settings, image_name, tmp_path):
     import json
 
-    from ansible_collections.zjusct.cloud.plugins.module_utils._host_volume_module import (
+    from ansible_collections.zjusct.cloud.plugins.module_utils.host.host_volume_module import (
         VolumeQuotaError,
         adopt_volume,
     )

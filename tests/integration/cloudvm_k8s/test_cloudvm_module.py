@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible_collections.zjusct.cloud.plugins.module_utils._spec import in_user_terms
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import in_user_terms
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import META_OWNER, ImageRef, Rbd, RbdError
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import META_OWNER, ImageRef, Rbd, RbdError
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 

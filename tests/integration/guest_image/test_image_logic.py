@@ -12,26 +12,26 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils._image_fs import (
+from ansible_collections.zjusct.cloud.plugins.module_utils.image.fs import (
     FsError,
     mounts_below,
     remove_tree,
 )
-from ansible_collections.zjusct.cloud.plugins.module_utils._image_initrd import (
+from ansible_collections.zjusct.cloud.plugins.module_utils.image.initrd import (
     DEFAULT_MODULES,
     InitrdError,
     build_initrd,
     is_static_elf,
     load_order,
 )
-from ansible_collections.zjusct.cloud.plugins.module_utils._image_inputs import (
+from ansible_collections.zjusct.cloud.plugins.module_utils.image.inputs import (
     ARTIFACTS,
     BuildInputs,
     InputError,
     check_manifest,
 )
-from ansible_collections.zjusct.cloud.plugins.module_utils._image_publish import publish
-from ansible_collections.zjusct.cloud.plugins.module_utils._image_vmlinux import VmlinuxError, extract_vmlinux
+from ansible_collections.zjusct.cloud.plugins.module_utils.image.publish import publish
+from ansible_collections.zjusct.cloud.plugins.module_utils.image.vmlinux import VmlinuxError, extract_vmlinux
 
 from tests.conftest import require
 
@@ -183,7 +183,7 @@ def test_mountinfo_escapes_are_decoded() -> None:
 
 def test_remove_tree_refuses_another_filesystem_it_cannot_unmount(tmp_path: Path, monkeypatch) -> None:
     # Simulate an entry on another device that unmounting did not clear.
-    from ansible_collections.zjusct.cloud.plugins.module_utils import _image_fs
+    from ansible_collections.zjusct.cloud.plugins.module_utils.image import fs as _image_fs
 
     (tmp_path / "t" / "dev").mkdir(parents=True)
     real_lstat = os.lstat

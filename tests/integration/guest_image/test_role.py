@@ -8,7 +8,7 @@ import re
 import stat
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils._image_inputs import ARTIFACTS, sha256_file
+from ansible_collections.zjusct.cloud.plugins.module_utils.image.inputs import ARTIFACTS, sha256_file
 
 from tests.guest_image_fixture import GuestImage, ensure_image_set
 

@@ -13,7 +13,7 @@ import sys
 import uuid
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils import _hostnet as net
+from ansible_collections.zjusct.cloud.plugins.module_utils.network import hostnet as net
 
 from . import isolation_checks as chk
 

@@ -1,7 +1,7 @@
 """The inventory's host source against a real host store (SQLite) written with HostStore.
 
 Listing needs no running guest, but the phase is never read from the store: it is derived from
-what runs, as cloudvm_info derives it (launcher lock, boot files; plugins/module_utils/_supervisor).
+what runs, as cloudvm_info derives it (launcher lock, boot files; plugins/module_utils/host/supervisor).
 A VM that should be Running here therefore gets a stand-in launcher: a process that holds the VM's
 launcher lock with ``boot-1.json`` on its command line, next to the boot's ``spawned``/``ready``
 records, exactly what the real launcher leaves (the real launcher and guest are in
@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import HostStore
 
 from tests.integration.inventory_host.inventory_host_helpers import (
     INVENTORY,

@@ -1,4 +1,4 @@
-"""The supervisor's view of a launcher that is ending (``_supervisor.observe``, issue: a clean stop read as lost).
+"""The supervisor's view of a launcher that is ending (``host.supervisor.observe``, issue: a clean stop read as lost).
 
 ``observe`` derives one state from two reads of changing state: the launcher's lock and its result file. A
 launcher writes its result, then exits (which releases the lock). Read result-then-lock, a launcher that ends
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils import _supervisor as sup
-from ansible_collections.zjusct.cloud.plugins.module_utils._phase import derive_status
+from ansible_collections.zjusct.cloud.plugins.module_utils.host import supervisor as sup
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.phase import derive_status
 
 from tests.conftest import require
 from tests.integration.launcher import busybox_guest as bg

@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils import _bandwidth as bw
-from ansible_collections.zjusct.cloud.plugins.module_utils import _names, _tc
-from ansible_collections.zjusct.cloud.plugins.module_utils._qos_store import QoSStore
-from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore
-from ansible_collections.zjusct.cloud.plugins.module_utils._tc_qos_module import ARGUMENT_SPEC, run
+from ansible_collections.zjusct.cloud.plugins.module_utils.host import bandwidth as bw
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.qos_store import QoSStore
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import HostStore
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.tc_qos_module import ARGUMENT_SPEC, run
+from ansible_collections.zjusct.cloud.plugins.module_utils.model import names as _names
+from ansible_collections.zjusct.cloud.plugins.module_utils.network import tc as _tc
 from qos_netlab import make_lab, sh
 
 pytestmark = pytest.mark.netns

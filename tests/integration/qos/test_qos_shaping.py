@@ -9,11 +9,12 @@ from __future__ import annotations
 import time
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils import _bandwidth as bw
-from ansible_collections.zjusct.cloud.plugins.module_utils import _tc, _tc_netlink
-from ansible_collections.zjusct.cloud.plugins.module_utils._qos_store import QoSStore
-from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore
-from ansible_collections.zjusct.cloud.plugins.module_utils._tc_qos_module import ARGUMENT_SPEC, run
+from ansible_collections.zjusct.cloud.plugins.module_utils.host import bandwidth as bw
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.qos_store import QoSStore
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import HostStore
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.tc_qos_module import ARGUMENT_SPEC, run
+from ansible_collections.zjusct.cloud.plugins.module_utils.network import tc as _tc
+from ansible_collections.zjusct.cloud.plugins.module_utils.network import tc_netlink as _tc_netlink
 from qos_netlab import Lab, expected_goodput_mbps, make_lab, sh, steady_mbps
 
 pytestmark = pytest.mark.netns

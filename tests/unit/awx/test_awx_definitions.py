@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_collections.zjusct.cloud.plugins.module_utils import _spec
-from ansible_collections.zjusct.cloud.plugins.module_utils._cloudvm_module import BACKENDS, cloudvm_argument_spec
+from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import BACKENDS, cloudvm_argument_spec
+from ansible_collections.zjusct.cloud.plugins.module_utils.model import spec as _spec
 
 from tests.awx_runner import (
     check_answers,
@@ -81,13 +81,13 @@ def test_text_survey_limits_equal_the_crd():
     for playbook in PLAYBOOKS[1:]:
         name = questions(playbook)["name"]
         assert name["type"] == "text" and name["max"] == 63 and name["required"] is False
-        # the same rule as _spec.is_dns_label: 63 characters fit, 64 do not
+        # the same rule as model.spec.is_dns_label: 63 characters fit, 64 do not
         assert _spec.is_dns_label("a" * name["max"]) and not _spec.is_dns_label("a" * (name["max"] + 1))
     assert SPEC_SCHEMA["owner"]["maxLength"] == 63
 
 
 def test_backup_id_question_fits_the_backup_id_rule():
-    from ansible_collections.zjusct.cloud.plugins.module_utils._backup import _ID_RE
+    from ansible_collections.zjusct.cloud.plugins.module_utils.storage.backup_chain import _ID_RE
 
     q = questions("playbooks/vm_restore.yml")["backup"]
     example = "20261130T064323Z-a904c0"

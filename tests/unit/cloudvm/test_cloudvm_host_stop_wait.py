@@ -11,9 +11,9 @@ import json
 import time
 from pathlib import Path
 
-from ansible_collections.zjusct.cloud.plugins.module_utils import _cloudvm_host as host
-from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import load
-from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore
+from ansible_collections.zjusct.cloud.plugins.module_utils.host import cloudvm as host
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import load
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import HostStore
 
 
 def _cloud_with_a_crashed_boot(tmp_path: Path, reason: str, message: str) -> Path:

@@ -1,7 +1,7 @@
 """The Kubernetes backend's decisions over an in-memory fake of kube-apiserver.
 
 The fake keeps resourceVersion/generation like the API server, refuses stale writes with a 409
-and applies the same rules as the CRD (through ``_spec``), so the retry, idempotency and wait
+and applies the same rules as the CRD (through ``model.spec``), so the retry, idempotency and wait
 logic can be proved exhaustively here; tests/integration/cloudvm_k8s/ proves the same against the
 real API server.
 """
@@ -14,9 +14,13 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils import _cloudvm_kubernetes as k8s
-from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import CloudVMError
-from ansible_collections.zjusct.cloud.plugins.module_utils._spec import validate_spec, validate_update, with_defaults
+from ansible_collections.zjusct.cloud.plugins.module_utils.k8s import cloudvm as k8s
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import CloudVMError
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
+    validate_spec,
+    validate_update,
+    with_defaults,
+)
 
 
 class FakeApi:

@@ -1,4 +1,4 @@
-"""config/crd/ and plugins/module_utils/_spec.py state the same limits (the host backend and the API
+"""config/crd/ and plugins/module_utils/model/spec.py state the same limits (the host backend and the API
 server must refuse the same specs); this reads the CRD file and compares, so neither drifts alone."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible_collections.zjusct.cloud.plugins.module_utils import _spec
+from ansible_collections.zjusct.cloud.plugins.module_utils.model import spec as _spec
 
 CRD = Path(__file__).resolve().parents[3] / "config" / "crd" / "cloudvms.cloud.zjusct.io.yaml"
 

@@ -1,5 +1,5 @@
-"""HostBackend.reconcile (plugins/module_utils/_host_backend.py) driven through in-memory fakes of its ports
-(plugins/module_utils/_host_ports.py): what one pass starts, stops, cleans up and leaves behind after a failure.
+"""HostBackend.reconcile (plugins/module_utils/host/backend.py) driven through in-memory fakes of its ports
+(plugins/module_utils/host/ports.py): what one pass starts, stops, cleans up and leaves behind after a failure.
 
 These are in addition to the real tests of the host backend (tests/e2e/host/test_host_backend.py and
 test_recreate_and_errors.py boot real guests; tests/unit/cloudvm/test_placement_refusal.py uses the real store).
@@ -17,21 +17,21 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils._host_backend import HostBackend
-from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import HostConfig
-from ansible_collections.zjusct.cloud.plugins.module_utils._hostnet import NetworkError
-from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import CloudVMError, host_action
-from ansible_collections.zjusct.cloud.plugins.module_utils._phase import BootObservation
-from ansible_collections.zjusct.cloud.plugins.module_utils._spec import with_defaults
-from ansible_collections.zjusct.cloud.plugins.module_utils._supervisor import LauncherError, LauncherPaths
-from ansible_collections.zjusct.cloud.plugins.module_utils._voldriver import VolumeSettings
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.backend import HostBackend
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import HostConfig
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.supervisor import LauncherError, LauncherPaths
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import CloudVMError, host_action
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.phase import BootObservation
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import with_defaults
+from ansible_collections.zjusct.cloud.plugins.module_utils.network.hostnet import NetworkError
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.driver import VolumeSettings
 
 UID = "uid-1"
 
 
 # --- the fakes (each holds only what its port's Protocol names) --------------------------------------
 class FakeStore:
-    """:class:`_host_ports.Store` in memory; a transaction is undone when its block raises."""
+    """:class:`host.ports.Store` in memory; a transaction is undone when its block raises."""
 
     def __init__(self) -> None:
         self.vms: dict = {}

@@ -1,4 +1,4 @@
-"""A start the host's capacity cannot hold (plugins/module_utils/_host_backend.py ``HostBackend.start_boot``), with
+"""A start the host's capacity cannot hold (plugins/module_utils/host/backend.py ``HostBackend.start_boot``), with
 a real SQLite host store: refused naming the dimension, nothing allocated, and the ``InsufficientCapacity`` Warning is
 in the store's events (it used to be written inside the transaction the refusal rolled back)."""
 
@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils._host_backend import HostBackend
-from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import HostConfig
-from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import CloudVMError
-from ansible_collections.zjusct.cloud.plugins.module_utils._spec import with_defaults
-from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.backend import HostBackend
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import HostConfig
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import HostStore
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import CloudVMError
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import with_defaults
 
 
 def test_a_start_beyond_capacity_is_refused_allocates_nothing_and_records_why(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""_supervisor.lock_table: one read of /proc/locks for a listing instead of one per VM.
+"""host.supervisor.lock_table: one read of /proc/locks for a listing instead of one per VM.
 
 Listing 10,000 running VMs of the host store (cloudvm_info, the inventory's host source) read the kernel's lock
 table, one line per running launcher, once per VM: 285 s of a loaded 2-core machine in bench/inventory_scale.py.
@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils import _cloudvm_host as host
-from ansible_collections.zjusct.cloud.plugins.module_utils import _hostconfig
-from ansible_collections.zjusct.cloud.plugins.module_utils import _supervisor as sup
-from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore
+from ansible_collections.zjusct.cloud.plugins.module_utils.host import cloudvm as host
+from ansible_collections.zjusct.cloud.plugins.module_utils.host import config as _hostconfig
+from ansible_collections.zjusct.cloud.plugins.module_utils.host import supervisor as sup
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import HostStore
 
 # holds a flock on every path of argv[1:] that does not end in .json; says "locked" once it holds them all
 HOLDER = ("import fcntl, sys, time\nfhs = []\nfor p in sys.argv[1:]:\n    if p.endswith('.json'):\n        continue\n"

@@ -1,4 +1,4 @@
-"""_supervisor.start: the one write -> check -> spawn sequence of the cloudvm module and fc_launcher.
+"""host.supervisor.start: the one write -> check -> spawn sequence of the cloudvm module and fc_launcher.
 
 The "launcher" is a real program (a shell script standing in for ``zjusct-launcher``): ``check`` accepts or rejects
 the config file it is given, ``run`` writes a marker. No systemd here: the spawn path is the detached Popen one.
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils import _supervisor as sup
+from ansible_collections.zjusct.cloud.plugins.module_utils.host import supervisor as sup
 
 
 def _launcher(tmp_path: Path, check_exit: int) -> list[str]:

@@ -1,4 +1,4 @@
-"""Volume claims on the host backend (plugins/module_utils/_volume_claim.py) with a real SQLite host store.
+"""Volume claims on the host backend (plugins/module_utils/host/volume_claim.py) with a real SQLite host store.
 
 The end-to-end twins with real guests are in tests/e2e/host/test_recreate_and_errors.py; these run the
 rules and the module's create path on a tiny image set (no guest boots: the VMs are never started).
@@ -12,12 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils import _cloudvm_host as host
-from ansible_collections.zjusct.cloud.plugins.module_utils._cloudvm_module import cloudvm_argument_spec
-from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import CloudVMError
-from ansible_collections.zjusct.cloud.plugins.module_utils._spec import with_defaults
-from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore
-from ansible_collections.zjusct.cloud.plugins.module_utils._volume_claim import file_writers, judge, settle
+from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import cloudvm_argument_spec
+from ansible_collections.zjusct.cloud.plugins.module_utils.host import cloudvm as host
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import HostStore
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.volume_claim import judge, settle
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import CloudVMError
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import with_defaults
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.volume import file_writers
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils._spec import validate_spec, with_defaults
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import validate_spec, with_defaults
 from zjusct_controller.decide import (
     BANDWIDTH_RESOURCE,
     FINALIZER,

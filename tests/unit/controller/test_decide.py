@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils._names import DNS1123_LABEL_MAX
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.names import DNS1123_LABEL_MAX
 from zjusct_controller.decide import (
     CLAIMED_BY,
     FINALIZER,

@@ -3,8 +3,8 @@ reads (claim -> PV -> pool/image), so a VM started by vm_start on Kubernetes get
 
 from __future__ import annotations
 
-from ansible_collections.zjusct.cloud.plugins.module_utils import _root_volume_claim as rvc
-from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import ImageRef, MiB
+from ansible_collections.zjusct.cloud.plugins.module_utils.k8s import root_volume_claim as rvc
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import ImageRef, MiB
 from zjusct_controller.decide import CephConfig, Config, rbd_root_disk
 
 NS, CLAIM, PV = "alice", "web-root", "alice.web-root"

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils import _gateway as gw
-from ansible_collections.zjusct.cloud.plugins.module_utils import _hostconfig
-from ansible_collections.zjusct.cloud.plugins.module_utils._hostnet import guard_ruleset, uplink_outer_ruleset
+from ansible_collections.zjusct.cloud.plugins.module_utils.host import config as _hostconfig
+from ansible_collections.zjusct.cloud.plugins.module_utils.network import gateway as gw
+from ansible_collections.zjusct.cloud.plugins.module_utils.network.hostnet import guard_ruleset, uplink_outer_ruleset
 
 ALICE1 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAlice1111111111111111111111111111111111111 alice@laptop"
 ALICE2 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAlice2222222222222222222222222222222222222 alice@desk"

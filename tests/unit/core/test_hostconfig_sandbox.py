@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import VMM_UID_BASE, HostConfig, load
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import VMM_UID_BASE, HostConfig, load
 
 
 def test_each_lease_gets_its_own_vmm_id_from_the_address_offset():

@@ -1,9 +1,9 @@
-"""Pure network decisions (plugins/module_utils/_hostnet.py)."""
+"""Pure network decisions (plugins/module_utils/network/hostnet.py)."""
 
 from __future__ import annotations
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils._hostnet import (
+from ansible_collections.zjusct.cloud.plugins.module_utils.network.hostnet import (
     NetworkError,
     allocate_ipv4,
     guard_ruleset,

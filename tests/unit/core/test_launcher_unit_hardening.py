@@ -9,7 +9,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from ansible_collections.zjusct.cloud.plugins.module_utils import _supervisor as sup
+from ansible_collections.zjusct.cloud.plugins.module_utils.host import supervisor as sup
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -1,9 +1,9 @@
-"""Start/stop planning (plugins/module_utils/_lifecycle.py): one start request is one boot."""
+"""Start/stop planning (plugins/module_utils/model/lifecycle.py): one start request is one boot."""
 
 from __future__ import annotations
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import (
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import (
     CloudVMError,
     authorize,
     current_boot_live,
@@ -89,8 +89,8 @@ def test_operator_owner_names_the_owner_of_a_new_vm_only():
     assert params_to_spec({"owner": "carol", "operator": True, "name": "c"}, None)["owner"] == "carol"
 
 
-# One rule decides whether "power_state: running" requests a new boot: _lifecycle.current_boot_live (plan_power).
-# _phase.needs_new_boot was a second copy that disagreed with it on each case above "agreed cases" (it read the
+# One rule decides whether "power_state: running" requests a new boot: model.lifecycle.current_boot_live (plan_power).
+# model.phase.needs_new_boot was a second copy that disagreed with it on each case above "agreed cases" (it read the
 # status only, not spec.powerState or spec.bootID); the table pins the rule so a second copy cannot come back.
 @pytest.mark.parametrize("spec, status, new_boot", [
     # never started: boot 1 is requested (the copy said no new boot for reason NeverStarted)

@@ -7,7 +7,6 @@ import importlib
 import inspect
 import json
 import os
-import pkgutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +14,8 @@ from typing import Any
 
 import pytest
 from ansible_collections.zjusct.cloud.plugins import module_utils
-from ansible_collections.zjusct.cloud.plugins.module_utils._errors import CloudError
-from ansible_collections.zjusct.cloud.plugins.module_utils._module import run_module
+from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
+from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
 
 REPO = Path(__file__).resolve().parents[3]
 MODULES = sorted(p for p in (REPO / "plugins" / "modules").glob("*.py") if p.name != "__init__.py")
@@ -39,8 +38,10 @@ def test_module_file_is_spec_plus_a_two_line_main(path: Path) -> None:
 
 def _error_classes() -> list[type]:
     found = []
-    for info in pkgutil.iter_modules(module_utils.__path__):
-        mod = importlib.import_module(f"{module_utils.__name__}.{info.name}")
+    root = REPO / "plugins" / "module_utils"
+    for path in sorted(root.glob("**/*.py")):
+        name = ".".join(path.relative_to(root).with_suffix("").parts)
+        mod = importlib.import_module(f"{module_utils.__name__}.{name}")
         found += [obj for _, obj in inspect.getmembers(mod, inspect.isclass)
                   if issubclass(obj, BaseException) and obj.__module__ == mod.__name__]
     return found
@@ -101,12 +102,12 @@ def test_run_module_lets_a_bug_keep_its_traceback() -> None:
 
 
 def test_errors_keep_their_other_bases_and_payloads() -> None:
-    from ansible_collections.zjusct.cloud.plugins.module_utils._backup import Problem
-    from ansible_collections.zjusct.cloud.plugins.module_utils._backup_io import BackupError
-    from ansible_collections.zjusct.cloud.plugins.module_utils._image_fs import FsError
-    from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import CloudVMError
-    from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import RbdNotFound
-    from ansible_collections.zjusct.cloud.plugins.module_utils._voldriver import UnknownDriver
+    from ansible_collections.zjusct.cloud.plugins.module_utils.image.fs import FsError
+    from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import CloudVMError
+    from ansible_collections.zjusct.cloud.plugins.module_utils.storage.backup_chain import Problem
+    from ansible_collections.zjusct.cloud.plugins.module_utils.storage.backup_io import BackupError
+    from ansible_collections.zjusct.cloud.plugins.module_utils.storage.driver import UnknownDriver
+    from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import RbdNotFound
 
     assert isinstance(FsError("x"), OSError) and str(FsError("cannot unmount /a: busy")) == "cannot unmount /a: busy"
     assert isinstance(UnknownDriver("x"), ValueError)

@@ -1,11 +1,13 @@
-"""The naming rule for derived, length-limited names (plugins/module_utils/_names.py, zjusct_launcher/names.py)."""
+"""The naming rule for derived, length-limited names (plugins/module_utils/model/names.py, zjusct_launcher/names.py)."""
 
 from __future__ import annotations
 
 import re
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils import _bandwidth, _hostnet, _names
+from ansible_collections.zjusct.cloud.plugins.module_utils.host import bandwidth as _bandwidth
+from ansible_collections.zjusct.cloud.plugins.module_utils.model import names as _names
+from ansible_collections.zjusct.cloud.plugins.module_utils.network import hostnet as _hostnet
 from hypothesis import given
 from hypothesis import strategies as st
 from zjusct_launcher import names as launcher_names
@@ -104,7 +106,7 @@ def test_a_name_with_a_fixed_suffix_stays_within_the_limit_and_keeps_the_suffix(
 
 
 def test_backup_snapshot_names_keep_their_prefix_and_are_not_cut():
-    from ansible_collections.zjusct.cloud.plugins.module_utils._backup import SNAP_PREFIX, snapshot_name
+    from ansible_collections.zjusct.cloud.plugins.module_utils.storage.backup_chain import SNAP_PREFIX, snapshot_name
 
     assert snapshot_name("20261130T171200Z-0a1b2c") == SNAP_PREFIX + "20261130T171200Z-0a1b2c"
     assert len(snapshot_name("x" * 300)) == 250 and snapshot_name("x" * 300).startswith(SNAP_PREFIX)

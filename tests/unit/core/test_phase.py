@@ -1,10 +1,10 @@
-"""Status derivation (plugins/module_utils/_phase.py): Running only when alive, current and SSH-ready."""
+"""Status derivation (plugins/module_utils/model/phase.py): Running only when alive, current and SSH-ready."""
 
 from __future__ import annotations
 
 import itertools
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._phase import BootObservation, derive_status
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.phase import BootObservation, derive_status
 
 RUN = {"powerState": "Running", "bootID": 3}
 STOP = {"powerState": "Stopped", "bootID": 3}

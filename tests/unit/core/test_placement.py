@@ -1,8 +1,8 @@
-"""Four-dimension overcommit (plugins/module_utils/_placement.py)."""
+"""Four-dimension overcommit (plugins/module_utils/model/placement.py)."""
 
 from __future__ import annotations
 
-from ansible_collections.zjusct.cloud.plugins.module_utils._placement import Node, check, used
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.placement import Node, check, used
 from hypothesis import given
 from hypothesis import strategies as st
 

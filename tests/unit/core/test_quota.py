@@ -1,4 +1,4 @@
-"""Per-owner quotas: the pure arithmetic (_quota), the store's quotas and audit tables, owner_quota's body.
+"""Per-owner quotas: the pure arithmetic (model.quota), the store's quotas and audit tables, owner_quota's body.
 
 The store tests use a real SQLite file; the concurrency test runs real processes against it.
 """
@@ -12,15 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils import _quota as quota
-from ansible_collections.zjusct.cloud.plugins.module_utils._cloudvm_host import _within_quota
-from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import CloudVMError
-from ansible_collections.zjusct.cloud.plugins.module_utils._store import MIGRATIONS, SCHEMA_VERSION, HostStore
-from ansible_collections.zjusct.cloud.plugins.module_utils._tenancy_module import (
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.cloudvm import _within_quota
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import MIGRATIONS, SCHEMA_VERSION, HostStore
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.tenancy_module import (
     TenancyError,
     list_audit,
     set_quota,
 )
+from ansible_collections.zjusct.cloud.plugins.module_utils.model import quota
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import CloudVMError
 
 
 def spec(power: str = "Stopped", vcpus: int = 1, memory: int = 512, guaranteed: int = 0, owner: str = "alice") -> dict:

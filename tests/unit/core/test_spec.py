@@ -1,9 +1,13 @@
-"""CloudVM spec rules (plugins/module_utils/_spec.py): every limit is named in its message."""
+"""CloudVM spec rules (plugins/module_utils/model/spec.py): every limit is named in its message."""
 
 from __future__ import annotations
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils._spec import validate_spec, validate_update, with_defaults
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
+    validate_spec,
+    validate_update,
+    with_defaults,
+)
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl alice@laptop"
 

@@ -1,4 +1,4 @@
-"""The SQLite host store (plugins/module_utils/_store.py): migrations, concurrency, no lost updates."""
+"""The SQLite host store (plugins/module_utils/host/store.py): migrations, concurrency, no lost updates."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sqlite3
 import threading
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils._store import SCHEMA_VERSION, HostStore, StoreError
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import SCHEMA_VERSION, HostStore, StoreError
 
 
 def test_schema_is_migrated_and_newer_schema_is_refused(tmp_path):

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_collections.zjusct.cloud.plugins.module_utils import _spec
-from ansible_collections.zjusct.cloud.plugins.module_utils._cloudvm_module import check_identity
-from ansible_collections.zjusct.cloud.plugins.module_utils._lifecycle import CloudVMError
-from ansible_collections.zjusct.cloud.plugins.module_utils._spec import in_user_terms, validate_spec, with_defaults
+from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import check_identity
+from ansible_collections.zjusct.cloud.plugins.module_utils.model import spec as _spec
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import CloudVMError
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import in_user_terms, validate_spec, with_defaults
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -76,7 +76,7 @@ def test_name_and_namespace_are_checked_before_any_backend(params, expected):
 
 
 def test_playbook_rule_matches_the_spec_module():
-    """playbooks/vars/vm_args.yml states the same DNS label rule as _spec (the playbooks check owner with it)."""
+    """playbooks/vars/vm_args.yml states the same DNS label rule as model.spec (the playbooks check owner with it)."""
     data = yaml.safe_load((REPO / "playbooks" / "vars" / "vm_args.yml").read_text())
     assert data["vm_dns_label_pattern"] == _spec._DNS_LABEL.pattern
     assert data["vm_dns_label_rule"] == _spec.DNS_LABEL_RULE

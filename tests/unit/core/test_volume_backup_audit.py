@@ -1,6 +1,6 @@
 """host_volume's disk quota and audit record, and rbd_backup's audit record, with a real SQLite host store.
 
-The RBD side is a fake here (an in-memory image table for ``_volume_rbd.adopt``; a body returning or raising for
+The RBD side is a fake here (an in-memory image table for ``storage.rbd_clone.adopt``; a body returning or raising for
 ``rbd_backup``); tests/integration/ceph/test_volume_rbd.py and tests/e2e/backup run the same code on real Ceph.
 """
 
@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils import _host_volume_module as hv
-from ansible_collections.zjusct.cloud.plugins.module_utils._backup_audit import run_audited
-from ansible_collections.zjusct.cloud.plugins.module_utils._backup_io import BackupError
-from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore
-from ansible_collections.zjusct.cloud.plugins.module_utils._volume import VolumeError
+from ansible_collections.zjusct.cloud.plugins.module_utils.host import host_volume_module as hv
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.backup_audit import run_audited
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import HostStore
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.backup_io import BackupError
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.volume import VolumeError
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def host(tmp_path: Path) -> dict:
 
 
 class FakeCeph:
-    """Images ``pool/name`` -> size (MiB) and owner mark; ``adopt`` follows _volume_rbd.adopt's order."""
+    """Images ``pool/name`` -> size (MiB) and owner mark; ``adopt`` follows storage.rbd_clone.adopt's order."""
 
     def __init__(self) -> None:
         self.images: dict = {}

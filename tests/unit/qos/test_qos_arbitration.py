@@ -1,9 +1,9 @@
-"""Arbitration of guarantees, borrows and preemptions (pure; plugins/module_utils/_qos.py)."""
+"""Arbitration of guarantees, borrows and preemptions (pure; plugins/module_utils/model/qos.py)."""
 
 from __future__ import annotations
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils import _qos as q
+from ansible_collections.zjusct.cloud.plugins.module_utils.model import qos as q
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -1,11 +1,11 @@
-"""The optimised batch arbitration (_qos._Ledger behind request/arbitrate_all) makes exactly the decisions and
+"""The optimised batch arbitration (model.qos._Ledger behind request/arbitrate_all) makes exactly the decisions and
 leaves exactly the final state of a straightforward reference written from the module docstring's rules: every
 sum is recomputed from the grants, victims are found by sorting all grants. Pure; no timing here (bench/)."""
 
 from __future__ import annotations
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils import _qos as q
+from ansible_collections.zjusct.cloud.plugins.module_utils.model import qos as q
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

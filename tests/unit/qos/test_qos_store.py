@@ -1,13 +1,13 @@
-"""Persistence of pools, grants, attachments and bandwidth events (SQLite, plugins/module_utils/_qos_store.py)."""
+"""Persistence of pools, grants, attachments and bandwidth events (SQLite, plugins/module_utils/host/qos_store.py)."""
 
 from __future__ import annotations
 
 import sqlite3
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils import _qos as q
-from ansible_collections.zjusct.cloud.plugins.module_utils._qos_store import QoSStore
-from ansible_collections.zjusct.cloud.plugins.module_utils._store import HostStore
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.qos_store import QoSStore
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import HostStore
+from ansible_collections.zjusct.cloud.plugins.module_utils.model import qos as q
 
 
 @pytest.fixture

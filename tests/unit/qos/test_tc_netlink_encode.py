@@ -1,11 +1,11 @@
-"""The kernel adapter's netlink encoding (_tc_netlink.encode_op): the bytes of one HTB class request."""
+"""The kernel adapter's netlink encoding (network.tc_netlink.encode_op): the bytes of one HTB class request."""
 
 from __future__ import annotations
 
 import struct
 
-from ansible_collections.zjusct.cloud.plugins.module_utils import _tc as T
-from ansible_collections.zjusct.cloud.plugins.module_utils import _tc_netlink as N
+from ansible_collections.zjusct.cloud.plugins.module_utils.network import tc as T
+from ansible_collections.zjusct.cloud.plugins.module_utils.network import tc_netlink as N
 
 TICK = 15.625
 

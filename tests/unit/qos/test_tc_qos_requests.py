@@ -1,4 +1,4 @@
-"""The tc_qos ``requests`` form (_tc_qos_module.arbitrate) decides as one request() after the other would, in one
+"""The tc_qos ``requests`` form (host.tc_qos_module.arbitrate) decides as one request() after the other would, in one
 batch; duplicates and invalid values are refused with the field named. Pure; no timing here (bench/)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils import _qos as q
-from ansible_collections.zjusct.cloud.plugins.module_utils import _tc_qos_module as m
+from ansible_collections.zjusct.cloud.plugins.module_utils.host import tc_qos_module as m
+from ansible_collections.zjusct.cloud.plugins.module_utils.model import qos as q
 
 
 def _params(n: int, seed: int) -> dict:

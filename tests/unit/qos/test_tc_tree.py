@@ -1,9 +1,9 @@
-"""The pure HTB tree (_tc.py): quantum/burst rules, u32 keys, minor assignment, diff order."""
+"""The pure HTB tree (network/tc.py): quantum/burst rules, u32 keys, minor assignment, diff order."""
 
 from __future__ import annotations
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils import _tc as T
+from ansible_collections.zjusct.cloud.plugins.module_utils.network import tc as T
 
 TICK = 15.625
 

@@ -10,15 +10,15 @@ import shutil
 
 import google_crc32c
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils import _backup_io as bio
-from ansible_collections.zjusct.cloud.plugins.module_utils._backup import (
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage import backup_io as bio
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.backup_chain import (
     COMPLETE_FILE,
     MANIFEST_FILE,
     FileEntry,
     Manifest,
     ManifestError,
 )
-from ansible_collections.zjusct.cloud.plugins.module_utils._rbd_diff import BLOCK_SIZE, HAS_CRC32C
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd_diff import BLOCK_SIZE, HAS_CRC32C
 
 from .diffgen import apply, diff_stream
 

@@ -6,7 +6,7 @@ import hashlib
 import os
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils._backup import (
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.backup_chain import (
     BLOCK_SIZE,
     FileEntry,
     Manifest,

@@ -6,7 +6,7 @@ import hashlib
 import io
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils._rbd_diff import (
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd_diff import (
     BLOCK_SIZE,
     BlockState,
     DiffFormatError,

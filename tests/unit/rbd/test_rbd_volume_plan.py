@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils._rbd import META_CLAIMED_BY, META_OWNER, MiB
-from ansible_collections.zjusct.cloud.plugins.module_utils._rbd_volume import Observed, VolumeRefused, plan_volume
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import META_CLAIMED_BY, META_OWNER, MiB
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd_volume_module import (
+    Observed,
+    VolumeRefused,
+    plan_volume,
+)
 
 W = [{"address": "127.0.0.1:0/42", "client": 4198}]
 

@@ -7,11 +7,11 @@ import json
 
 import pytest
 import zjusct_launcher.config as launcher_config
-from ansible_collections.zjusct.cloud.plugins.module_utils import _host_backend as backend
-from ansible_collections.zjusct.cloud.plugins.module_utils import _volume_rbd as rv
-from ansible_collections.zjusct.cloud.plugins.module_utils._host_ports import volume_driver
-from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import load
-from ansible_collections.zjusct.cloud.plugins.module_utils._volume import VolumeError
+from ansible_collections.zjusct.cloud.plugins.module_utils.host import backend
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import load
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.ports import volume_driver
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage import rbd_clone as rv
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.volume import VolumeError
 
 
 def write(tmp_path, **data) -> str:

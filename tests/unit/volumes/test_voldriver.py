@@ -1,4 +1,4 @@
-"""The host backend's volume driver seam (plugins/module_utils/_voldriver*.py): the registry, the protocol every
+"""The host backend's volume driver seam (plugins/module_utils/storage/driver*.py): the registry, the protocol every
 driver satisfies, the host config's choice, and the qcow2 driver on real files with the real ``qemu-img`` and
 ``qemu-io`` (no guest: the journey with real guests is tests/e2e/host/test_qcow2_volumes.py)."""
 
@@ -12,10 +12,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils import _voldriver as vd
-from ansible_collections.zjusct.cloud.plugins.module_utils._hostconfig import load
-from ansible_collections.zjusct.cloud.plugins.module_utils._voldriver_qcow2 import base_path, image_info
-from ansible_collections.zjusct.cloud.plugins.module_utils._volume import VolumeError
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import load
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage import driver as vd
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.driver_qcow2 import base_path, image_info
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.volume import VolumeError
 
 MiB = 1024 * 1024
 PROTOCOL = [name for name, _ in inspect.getmembers(vd.VolumeDriver, inspect.isfunction) if not name.startswith("_")]

@@ -1,0 +1,125 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, ZJUSCT cloud team
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Argument specs of the cloudvm modules and the dispatch to a backend.
+
+Each backend module exposes ``ensure(params, check_mode, diff) -> dict`` (the module result:
+``changed``, ``cloudvm``, ``phase``, ``boot_id``, optional ``diff``) and
+``info(params) -> list[dict]`` (CloudVM objects), raising
+:class:`~model.lifecycle.CloudVMError` for every refusal.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import auth_argument_spec
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import CloudVMError
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import in_user_terms, is_dns_label
+
+BACKENDS = ("host", "kubernetes")
+
+
+def backend_argument_spec() -> dict:
+    """Options shared by every cloudvm module: backend switch, host config, Kubernetes auth."""
+    spec = {
+        "backend": {"type": "str", "choices": list(BACKENDS)},
+        "host_config": {"type": "path"},
+    }
+    spec.update(auth_argument_spec())  # empty when kubernetes.core is missing: only the host backend works
+    return spec
+
+
+def cloudvm_argument_spec() -> dict:
+    """The ``zjusct.cloud.cloudvm`` module's argument spec."""
+    spec = backend_argument_spec()
+    spec.update(
+        state={"type": "str", "choices": ["present", "absent"], "default": "present"},
+        name={"type": "str", "required": True},
+        namespace={"type": "str", "default": "default"},
+        owner={"type": "str"},
+        operator={"type": "bool", "default": False},
+        root_volume_claim={"type": "str"},
+        vcpus={"type": "int"},
+        memory_mib={"type": "int"},
+        power_state={"type": "str", "choices": ["running", "stopped"]},
+        restart={"type": "bool", "default": False},
+        ssh_authorized_keys={"type": "list", "elements": "str", "no_log": False},
+        bandwidth={"type": "dict", "options": {
+            "guaranteed_mbps": {"type": "int", "default": 0},
+            "ceil_mbps": {"type": "int"},
+            "pool": {"type": "str"},
+            "priority": {"type": "int", "default": 0},
+        }},
+        labels={"type": "dict"},
+        node_selector={"type": "dict"},
+        image={"type": "str"},
+        volume_size_mib={"type": "int"},
+        delete_volume={"type": "bool", "default": False},
+        wait={"type": "bool", "default": True},
+        wait_timeout={"type": "int", "default": 600},
+    )
+    return spec
+
+
+def cloudvm_info_argument_spec() -> dict:
+    """The ``zjusct.cloud.cloudvm_info`` module's argument spec."""
+    spec = backend_argument_spec()
+    spec.update(
+        name={"type": "str"},
+        namespace={"type": "str"},
+        owner={"type": "str"},
+        label_selectors={"type": "list", "elements": "str", "default": []},
+    )
+    return spec
+
+
+def resolve_backend(params: dict) -> str:
+    """The backend named by the options, else ``ZJUSCT_CLOUD_BACKEND``, else ``host``."""
+    backend = params.get("backend") or os.environ.get("ZJUSCT_CLOUD_BACKEND") or "host"
+    if backend not in BACKENDS:
+        raise CloudVMError(f"backend: {backend!r} is not one of {', '.join(BACKENDS)}")
+    return backend
+
+
+def _impl(backend: str) -> Any:
+    if backend == "host":
+        from ansible_collections.zjusct.cloud.plugins.module_utils.host import cloudvm as impl
+    else:
+        from ansible_collections.zjusct.cloud.plugins.module_utils.k8s import cloudvm as impl
+    return impl
+
+
+def check_identity(params: dict) -> None:
+    """Check ``name`` and ``namespace`` before any backend is asked (RFC 1123 DNS labels).
+
+    Raises:
+        CloudVMError: every problem in one message, naming the option, the API field, the value and the rule.
+    """
+    errors = [f"metadata.{field}: {params.get(field)!r} is not a DNS label"
+              for field in ("name", "namespace") if not is_dns_label(params.get(field))]
+    if errors:
+        raise CloudVMError("; ".join(errors), errors=errors)
+
+
+def run_cloudvm(params: dict, check_mode: bool, diff: bool) -> dict:
+    """The ``zjusct.cloud.cloudvm`` module: check the identity, dispatch to the backend's ``ensure``.
+
+    Every refusal's message goes through :func:`model.spec.in_user_terms`, so it names the option / playbook
+    variable typed, the API field, the value and the rule, on every backend.
+
+    Raises:
+        CloudVMError: the refusal, its message in user terms, its ``details`` kept.
+    """
+    try:
+        check_identity(params)
+        impl = _impl(resolve_backend(params))
+        return impl.ensure(params, check_mode=check_mode, diff=diff)
+    except CloudVMError as exc:
+        raise CloudVMError(in_user_terms(str(exc)), **exc.details) from exc
+
+
+def run_cloudvm_info(params: dict, check_mode: bool) -> dict:
+    """The ``zjusct.cloud.cloudvm_info`` module: the backend's ``info`` (read-only, the same in check mode)."""
+    return {"changed": False, "cloudvms": _impl(resolve_backend(params)).info(params)}

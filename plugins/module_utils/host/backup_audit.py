@@ -1,0 +1,114 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, ZJUSCT cloud team
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The body of ``zjusct.cloud.rbd_backup`` (:func:`run_rbd_backup`) and its audit records on the host backend
+(docs/security.md, "Audit").
+
+With ``host_config`` given, a backup (``state: present``, retention pruning included) or a restore
+(``state: restored``) that changed something or failed is appended to that host store's ``audit`` table,
+as the cloudvm module does for its runs: ``action`` ``backup`` or ``restore``, ``subject``
+``rbd/<pool>/<image>`` (the image backed up, or the new image restored into), ``actor`` the ``actor``
+option (else ``owner``, else ``operator``), ``owner`` the backup's owner. Verification (``state:
+verified``), a restore that found its image already restored (unchanged) and check mode write nothing.
+Only named fields go into a record, never the connection options (``ceph_key`` is a secret).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any, Callable, Dict, Optional
+
+from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import load
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import HostStore, StoreError, audited
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.backup_io import run_backup_module
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import Connection, Rbd
+
+ACTIONS = {"present": "backup", "restored": "restore"}
+
+
+def audit_argument_spec() -> Dict[str, Any]:
+    """The options of rbd_backup that only shape its audit record (documented in the module)."""
+    return {
+        "host_config": {"type": "path"},
+        "actor": {"type": "str"},
+        "operator": {"type": "bool", "default": False},
+    }
+
+
+def run_audited(p: Dict[str, Any], body: Callable[[], Dict[str, Any]], check_mode: bool = False) -> Dict[str, Any]:
+    """Run ``body`` (the rbd_backup module's work) and record its outcome in the host store of ``host_config``.
+
+    Args:
+        p: the module parameters (state, pool, name, target_pool, target_name, dest, vm, owner, backup_id,
+            keep, full_every, force_full, keep_snapshots, host_config, actor, operator).
+        body: returns the module result (``changed``, ``backup_id``, ``owner``...) or raises.
+        check_mode: nothing is recorded.
+
+    Returns:
+        ``body()``'s result.
+
+    Raises:
+        ValueError: ``host_config`` cannot be read or its store cannot be opened (checked before ``body`` runs,
+            so a backup is never made that cannot be recorded); whatever ``body`` raises, after recording it.
+    """
+    action = ACTIONS.get(p.get("state") or "present")
+    if not p.get("host_config") or action is None or check_mode:
+        return body()
+    try:
+        store = HostStore(load(p["host_config"]).store_path)
+    except (OSError, ValueError, StoreError, sqlite3.Error) as exc:
+        raise ValueError(f"host_config: {exc}") from exc
+    try:
+        return audited(body, lambda **outcome: _record(store, p, action, **outcome))
+    finally:
+        store.close()
+
+
+def _subject(p: Dict[str, Any], action: str) -> str:
+    if action == "backup":
+        return f"rbd/{p.get('pool') or 'rbd'}/{p.get('name') or ''}"
+    return f"rbd/{p.get('target_pool') or p.get('pool') or 'rbd'}/{p.get('target_name') or ''}"
+
+
+def _record(store: HostStore, p: Dict[str, Any], action: str, result: Optional[Dict[str, Any]] = None,
+            error: Optional[BaseException] = None) -> None:
+    """Append the audit record of one backup or restore (schema in docs/security.md, "Audit")."""
+    subject = _subject(p, action)
+    owner = str((result or {}).get("owner") or p.get("owner") or "")
+    data: Dict[str, Any] = {"dest": p.get("dest")}
+    keys = ("vm", "keep", "full_every", "force_full") if action == "backup" else ("backup_id", "keep_snapshots")
+    data.update({k: p[k] for k in keys if p.get(k) is not None})
+    if error is None:
+        res = result or {}
+        outcome, reason = "succeeded", ""
+        data.update({k: res[k] for k in ("backup_id", "type", "chain", "image_size_bytes") if k in res})
+        if action == "backup":
+            pruned = list((res.get("retention") or {}).get("deleted") or [])
+            data.update(pruned=pruned, removed_snapshots=list(res.get("removed_snapshots") or []))
+            message = (f"backup {res.get('backup_id')} ({res.get('type')}) of {subject[4:]} into {p.get('dest')}"
+                       + (f"; pruned {', '.join(pruned)}" if pruned else ""))
+        else:
+            data["verified_blocks"] = res.get("verified_blocks")
+            message = f"backup {res.get('backup_id')} restored into {subject[4:]} for {owner or 'no owner'}"
+    else:
+        outcome, reason, message = "failed", type(error).__name__, str(error)
+    store.record_audit(p.get("actor") or p.get("owner") or "operator", action, subject, outcome, message,
+                       owner=owner, operator=bool(p.get("operator")), reason=reason, data=data)
+
+
+def run_rbd_backup(params: Dict[str, Any], check_mode: bool) -> Dict[str, Any]:
+    """The ``zjusct.cloud.rbd_backup`` module: :func:`run_backup_module` on the cluster of the connection
+    options, audited in the host store of ``host_config`` (:func:`run_audited`).
+
+    Raises:
+        BackupError (its ``problems`` in the failure result), RbdError, or CloudError for a bad connection
+        option or ``host_config`` (the ValueError's message).
+    """
+    try:
+        return run_audited(params, lambda: run_backup_module(params, Rbd(Connection.from_params(params)), check_mode),
+                           check_mode)
+    except CloudError:
+        raise
+    except ValueError as exc:
+        raise CloudError(str(exc)) from exc

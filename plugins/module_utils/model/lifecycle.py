@@ -1,0 +1,167 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, ZJUSCT cloud team
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Power-state requests and the desired spec (pure, shared by both backends and the modules).
+
+Boot semantics (docs/api/cloudvm.md "Boot semantics"): each new ``bootID`` value while ``powerState: Running`` is one
+explicit boot request, retrying the same value never boots twice, and a VM whose boot ended stays
+stopped until ``bootID`` grows. So a start request bumps ``bootID`` only when no boot is requested
+or live; it never bumps twice for one request, even when two runs race (each re-plans inside the
+store's write transaction or against the object's resourceVersion).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import with_defaults
+
+
+class CloudVMError(CloudError):
+    """A CloudVM request cannot be carried out; ``details`` go into the module's failure result."""
+
+    def __init__(self, message: str, **details: object) -> None:
+        super().__init__(message)
+        self.details = details
+
+
+def authorize(vm: Optional[dict], params: dict) -> None:
+    """Refuse acting on an existing CloudVM that is not owned by the module's ``owner``.
+
+    The rule (docs/security.md, "Owner authorization"): a task that names an ``owner`` acts only on
+    that owner's VMs. ``operator: true`` is the operator's explicit switch that skips the comparison
+    (``owner`` then only names the owner of a VM being created, :func:`params_to_spec`); a task
+    without ``owner`` is an operator's own task (the playbooks always pass one). A VM that does not
+    exist yet is not checked here: creating it makes ``owner`` its owner.
+
+    Args:
+        vm: the existing CloudVM (``spec.owner`` is read), or None.
+        params: the module's parameters (``owner``, ``operator``, ``namespace``, ``name``).
+
+    Raises:
+        CloudVMError: the VM belongs to another owner (``reason: Forbidden``, both owners named).
+    """
+    acting = params.get("owner")
+    if vm is None or not acting or params.get("operator"):
+        return
+    owner = (vm.get("spec") or {}).get("owner")
+    if owner != acting:
+        meta = vm.get("metadata") or {}
+        raise CloudVMError(
+            f"owner: {acting!r} may not act on CloudVM {meta.get('namespace', params.get('namespace'))}/"
+            f"{meta.get('name', params.get('name'))}, which belongs to owner {owner!r} (spec.owner); only its "
+            "owner may start, stop, restart, change or delete it, or an operator with operator=true",
+            reason="Forbidden", vm_owner=owner)
+
+
+def current_boot_live(spec: dict, status: Optional[dict]) -> bool:
+    """True when the spec's current boot is requested and not known to have ended.
+
+    That is ``powerState: Running`` and either the status has not caught up with ``spec.bootID``
+    yet (the request is still being carried out) or the status describes this boot in a phase
+    other than Stopped/Failed.
+    """
+    if spec.get("powerState") != "Running":
+        return False
+    status = status or {}
+    observed = status.get("bootID")
+    if observed is None or int(observed) < int(spec.get("bootID", 0)):
+        return True
+    return status.get("phase") not in ("Stopped", "Failed")
+
+
+def off_but_failed(namespace: str, name: str, status: Optional[dict]) -> Optional[str]:
+    """A warning when a wait for ``Stopped`` ended on phase ``Failed``, else None.
+
+    A VM whose last boot failed (crash, panic, launcher lost) is off, so a stop wait accepts
+    Failed; it must not do so silently, because "stopped" then hides how the boot ended. The
+    text names the boot, the reason and the status message.
+    """
+    status = status or {}
+    if status.get("phase") != "Failed":
+        return None
+    return (f"{namespace}/{name} is off, but boot {status.get('bootID')} ended in phase Failed (reason"
+            f" {status.get('reason', '-')}): {status.get('message', '')}").rstrip(": ")
+
+
+def plan_power(spec: dict, status: Optional[dict], power_state: Optional[str]) -> dict:
+    """The spec after a power-state request (``running``, ``stopped`` or None for unchanged).
+
+    Args:
+        spec: the current spec (with defaults).
+        status: the current status (may be empty).
+        power_state: the module's ``power_state`` option.
+
+    Returns:
+        A new spec dict; equal to ``spec`` when nothing needs to change.
+    """
+    out = dict(spec)
+    if power_state == "running":
+        if not current_boot_live(spec, status):
+            out["powerState"] = "Running"
+            out["bootID"] = int(spec.get("bootID", 0)) + 1
+    elif power_state == "stopped":
+        out["powerState"] = "Stopped"
+    return out
+
+
+def params_to_spec(params: dict, existing: Optional[dict]) -> dict:
+    """Merge the module's options into a desired spec (powerState and bootID untouched).
+
+    Options left unset keep the existing value (or the API default on create). ``bandwidth`` and
+    ``ssh_authorized_keys`` replace the existing value when given.
+
+    Args:
+        params: module parameters (snake_case).
+        existing: the current spec, or None on create.
+    """
+    spec = dict(existing) if existing else {}
+    if params.get("owner") is not None and not (existing and params.get("operator")):
+        # with the operator switch, owner names the owner of a VM being created only (see authorize)
+        spec["owner"] = params["owner"]
+    claim = params.get("root_volume_claim")
+    if claim is None and not existing:
+        claim = f"{params['name']}-root"
+    if claim is not None:
+        spec["rootVolumeClaim"] = claim
+    for option, field in (("vcpus", "vcpus"), ("memory_mib", "memoryMiB")):
+        if params.get(option) is not None:
+            spec[field] = params[option]
+    if params.get("ssh_authorized_keys") is not None:
+        spec["sshAuthorizedKeys"] = [k.strip() for k in params["ssh_authorized_keys"]]
+    bw = params.get("bandwidth")
+    if bw is not None:
+        guaranteed = bw.get("guaranteed_mbps") or 0
+        band = {"guaranteedMbps": guaranteed, "priority": bw.get("priority") or 0}
+        ceil = bw.get("ceil_mbps") or guaranteed
+        if ceil:  # an unset ceiling means "the guarantee"; none at all when nothing is guaranteed
+            band["ceilMbps"] = ceil
+        if bw.get("pool"):
+            band["pool"] = bw["pool"]
+        spec.setdefault("network", {})
+        spec["network"] = dict(spec["network"], bandwidth=band)
+    if params.get("node_selector") is not None:
+        spec["nodeSelector"] = params["node_selector"]
+    return with_defaults(spec)
+
+
+def host_action(spec: dict, live_boot: Optional[int], latest_boot: Optional[int]) -> Optional[str]:
+    """What one pass of the host backend does about a VM's launchers: ``"stop"``, ``"start"`` or None.
+
+    Args:
+        spec: the CloudVM spec (``powerState``, ``bootID``).
+        live_boot: the bootID of the launcher alive now (holding the VM's lock), or None.
+        latest_boot: the newest bootID with a launcher config on disk, or None when the VM never booted.
+
+    Returns:
+        ``"stop"`` when a launcher is alive but the spec wants the VM off or a newer boot (the old one goes first,
+        case L3 in docs/architecture.md); ``"start"`` when no launcher is alive, Running is wanted and ``spec.bootID``
+        was never started (one launcher per bootID, case L5); None otherwise.
+    """
+    want, boot = spec["powerState"] == "Running", int(spec["bootID"])
+    if live_boot is not None and (not want or live_boot != boot):
+        return "stop"
+    if live_boot is None and want and (latest_boot is None or latest_boot < boot):
+        return "start"
+    return None

@@ -1,0 +1,199 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, ZJUSCT cloud team
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The CloudVM spec: field limits, validation and update rules shared by every backend.
+
+The same rules are enforced by the CRD's OpenAPI schema and CEL rules on Kubernetes
+(config/crd/); this module is their twin for the host backend and for early, precise errors in the
+modules. Messages name the field path, the value and the allowed range, e.g.
+``spec.memoryMiB: 8192 is above the maximum 4096``; :func:`in_user_terms` puts in front of each API
+field path the option / playbook variable a user typed and the field's rule, e.g.
+``memory_mib (spec.memoryMiB; allowed 128 to 4096 MiB): 8192 is above the maximum 4096``.
+
+Sources: DNS label / subdomain syntax from the Kubernetes object-names doc
+(https://kubernetes.io/docs/concepts/overview/working-with-objects/names/), OpenSSH public key
+formats from sshd(8) "AUTHORIZED_KEYS FILE FORMAT".
+"""
+
+from __future__ import annotations
+
+import re
+
+# The CloudVM API (config/crd/cloudvms.cloud.zjusct.io.yaml): defined here only; the Kubernetes client, the
+# inventory plugin, the controller and the tests import these.
+GROUP = "cloud.zjusct.io"
+VERSION = "v1alpha1"
+PLURAL = "cloudvms"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "CloudVM"
+
+VCPUS_MIN, VCPUS_MAX = 1, 4
+MEMORY_MIB_MIN, MEMORY_MIB_MAX = 128, 4096
+BANDWIDTH_MBPS_MAX = 100000
+PRIORITY_MIN, PRIORITY_MAX = 0, 1000
+SSH_KEYS_MAX = 16
+SSH_KEY_LEN_MAX = 8192
+POWER_STATES = ("Running", "Stopped")
+# status.phase values (docs/api/cloudvm.md; model.phase.derive_status)
+PHASES = ("Pending", "Running", "Stopping", "Stopped", "Failed", "Blocked", "Unknown")
+
+DEFAULTS = {"vcpus": 1, "memoryMiB": 512, "powerState": "Stopped", "bootID": 0}
+
+DNS_LABEL_RULE = ("RFC 1123 DNS label: lower-case letters, digits and '-', at most 63 characters,"
+                  " start and end with a letter or digit")
+DNS_SUBDOMAIN_RULE = ("RFC 1123 DNS subdomain: DNS labels joined by '.', at most 253 characters")
+
+# API field path -> (what the user typed: playbook variable, then the module option where it differs; the rule).
+# The playbook variables are those of playbooks/vm_*.yml (docs/playbooks.md); the module options those of
+# zjusct.cloud.cloudvm. Used by in_user_terms().
+FIELDS = {
+    "metadata.name": ("name", DNS_LABEL_RULE),
+    "metadata.namespace": ("vm_namespace / namespace", DNS_LABEL_RULE),
+    "spec.owner": ("owner", DNS_LABEL_RULE),
+    "spec.rootVolumeClaim": ("root_volume_claim", f"default <name>-root; {DNS_SUBDOMAIN_RULE}"),
+    "spec.vcpus": ("vcpus", f"allowed {VCPUS_MIN} to {VCPUS_MAX}"),
+    "spec.memoryMiB": ("memory_mib", f"allowed {MEMORY_MIB_MIN} to {MEMORY_MIB_MAX} MiB"),
+    "spec.powerState": ("power_state", "running or stopped"),
+    "spec.sshAuthorizedKeys": ("ssh_public_key / ssh_authorized_keys",
+                               f"OpenSSH public key lines, at most {SSH_KEYS_MAX}"),
+    "spec.network.bandwidth.guaranteedMbps": ("guaranteed_mbps / bandwidth.guaranteed_mbps",
+                                              f"allowed 0 to {BANDWIDTH_MBPS_MAX} Mbit/s"),
+    "spec.network.bandwidth.ceilMbps": ("ceil_mbps / bandwidth.ceil_mbps",
+                                        f"allowed guaranteed_mbps to {BANDWIDTH_MBPS_MAX} Mbit/s"),
+    "spec.network.bandwidth.pool": ("bandwidth_pool / bandwidth.pool", DNS_LABEL_RULE),
+    "spec.network.bandwidth.priority": ("bandwidth_priority / bandwidth.priority",
+                                        f"allowed {PRIORITY_MIN} to {PRIORITY_MAX}"),
+}
+_FIELD_REF = re.compile(r"(?<![\w.\[(])((?:spec|metadata)\.[A-Za-z.]*[A-Za-z])(\[\d+\])?:")
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_SSH_KEY = re.compile(
+    r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp256|ecdsa-sha2-nistp384|ecdsa-sha2-nistp521|"
+    r"sk-ssh-ed25519@openssh\.com|sk-ecdsa-sha2-nistp256@openssh\.com) AAAA[A-Za-z0-9+/]+={0,3}( [^\r\n]*)?$"
+)
+
+
+def is_dns_label(value: object) -> bool:
+    """True when ``value`` is an RFC 1123 DNS label (lower case, 1-63 characters)."""
+    return isinstance(value, str) and bool(_DNS_LABEL.match(value))
+
+
+def is_dns_subdomain(value: object) -> bool:
+    """True when ``value`` is an RFC 1123 DNS subdomain (at most 253 characters)."""
+    return isinstance(value, str) and len(value) <= 253 and bool(_DNS_SUBDOMAIN.match(value))
+
+
+def is_ssh_public_key(value: object) -> bool:
+    """True when ``value`` is one OpenSSH public key line (type, base64 blob, optional comment)."""
+    return isinstance(value, str) and len(value) <= SSH_KEY_LEN_MAX and bool(_SSH_KEY.match(value.strip()))
+
+
+def in_user_terms(message: str) -> str:
+    """Rewrite each ``<API field path>:`` in ``message`` to name what the user typed and the rule.
+
+    ``spec.memoryMiB: 4097 is above the maximum 4096`` becomes
+    ``memory_mib (spec.memoryMiB; allowed 128 to 4096 MiB): 4097 is above the maximum 4096``. Works on
+    this module's messages and on the Kubernetes API's (``spec.vcpus: Invalid value: 0: ...``); paths not
+    in :data:`FIELDS` and text already rewritten are left as they are.
+    """
+    def label(match: "re.Match[str]") -> str:
+        path, index = match.group(1), match.group(2) or ""
+        if path not in FIELDS:
+            return match.group(0)
+        typed, rule = FIELDS[path]
+        return f"{typed}{index} ({path}{index}; {rule}):"
+
+    return _FIELD_REF.sub(label, message)
+
+
+def _int_in_range(errors: list[str], path: str, value: object, low: int, high: int | None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        errors.append(f"{path}: {value!r} is not an integer")
+    elif value < low:
+        errors.append(f"{path}: {value} is below the minimum {low}")
+    elif high is not None and value > high:
+        errors.append(f"{path}: {value} is above the maximum {high}")
+
+
+def with_defaults(spec: dict) -> dict:
+    """Return a copy of ``spec`` with the API defaults filled in (vcpus 1, memoryMiB 512, ...)."""
+    out = dict(DEFAULTS)
+    out.update({k: v for k, v in spec.items() if v is not None})
+    return out
+
+
+def validate_spec(spec: dict) -> list[str]:
+    """Check a CloudVM spec (after defaults) against the API's rules.
+
+    Args:
+        spec: the ``spec`` mapping with camelCase keys as in the CRD.
+
+    Returns:
+        Every problem found, one message per field (empty when the spec is valid).
+    """
+    errors: list[str] = []
+    owner = spec.get("owner")
+    if owner is None:
+        errors.append("spec.owner: required (a DNS label such as 'alice')")
+    elif not is_dns_label(owner):
+        errors.append(f"spec.owner: {owner!r} is not a DNS label")
+    claim = spec.get("rootVolumeClaim")
+    if claim is None:
+        errors.append("spec.rootVolumeClaim: required (a DNS subdomain such as 'alice-root')")
+    elif not is_dns_subdomain(claim):
+        errors.append(f"spec.rootVolumeClaim: {claim!r} is not a DNS subdomain")
+    _int_in_range(errors, "spec.vcpus", spec.get("vcpus"), VCPUS_MIN, VCPUS_MAX)
+    _int_in_range(errors, "spec.memoryMiB", spec.get("memoryMiB"), MEMORY_MIB_MIN, MEMORY_MIB_MAX)
+    _int_in_range(errors, "spec.bootID", spec.get("bootID"), 0, None)
+    power = spec.get("powerState")
+    if power not in POWER_STATES:
+        errors.append(f"spec.powerState: {power!r} is not one of {', '.join(POWER_STATES)}")
+    keys = spec.get("sshAuthorizedKeys") or []
+    if not isinstance(keys, list):
+        errors.append("spec.sshAuthorizedKeys: must be a list of OpenSSH public keys")
+    else:
+        if len(keys) > SSH_KEYS_MAX:
+            errors.append(f"spec.sshAuthorizedKeys: {len(keys)} keys is above the maximum {SSH_KEYS_MAX}")
+        for i, key in enumerate(keys):
+            if not is_ssh_public_key(key):
+                shown = key if isinstance(key, str) and len(key) < 40 else f"{str(key)[:37]}..."
+                errors.append(f"spec.sshAuthorizedKeys[{i}]: {shown!r} is not an OpenSSH public key")
+    bandwidth = (spec.get("network") or {}).get("bandwidth")
+    if bandwidth:
+        errors.extend(_validate_bandwidth(bandwidth))
+    return errors
+
+
+def _validate_bandwidth(bw: dict) -> list[str]:
+    errors: list[str] = []
+    path = "spec.network.bandwidth"
+    guaranteed = bw.get("guaranteedMbps", 0)
+    _int_in_range(errors, f"{path}.guaranteedMbps", guaranteed, 0, BANDWIDTH_MBPS_MAX)
+    ceil = bw.get("ceilMbps")
+    if ceil is not None:
+        _int_in_range(errors, f"{path}.ceilMbps", ceil, 1, BANDWIDTH_MBPS_MAX)
+    if isinstance(guaranteed, int) and isinstance(ceil, int) and not isinstance(ceil, bool) and ceil < guaranteed:
+        errors.append(f"{path}.ceilMbps: {ceil} is below guaranteedMbps {guaranteed}")
+    pool = bw.get("pool")
+    if pool is not None and not is_dns_label(pool):
+        errors.append(f"{path}.pool: {pool!r} is not a DNS label")
+    _int_in_range(errors, f"{path}.priority", bw.get("priority", 0), PRIORITY_MIN, PRIORITY_MAX)
+    return errors
+
+
+def validate_update(old: dict, new: dict) -> list[str]:
+    """Check the transition rules of an update (the CRD's CEL transition rules).
+
+    ``owner`` and ``rootVolumeClaim`` are immutable; ``bootID`` never decreases.
+
+    Returns:
+        One message per violated rule (empty when the update is allowed).
+    """
+    errors = []
+    for field in ("owner", "rootVolumeClaim"):
+        if old.get(field) != new.get(field):
+            errors.append(f"spec.{field}: is immutable (was {old.get(field)!r}, requested {new.get(field)!r})")
+    if int(new.get("bootID", 0)) < int(old.get("bootID", 0)):
+        errors.append(f"spec.bootID: must never decrease (was {old.get('bootID')}, requested {new.get('bootID')})")
+    return errors

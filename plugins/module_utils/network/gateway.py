@@ -1,0 +1,323 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, ZJUSCT cloud team
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The SSH gateway of the single-host backend: tenants reach their own VMs' SSH ports, and only those.
+
+Design (docs/security.md, "Tenants reach their own VMs: the SSH gateway"):
+
+* A second sshd (OpenSSH from Debian) with its own config, host key and port (``gateway_port``, 2222 by
+  default), running in the namespace of the uplink's outer side (``uplink_netns``, the host's by default).
+  From there the guests' subnet is routed through the uplink veth; the cloud's namespace lets NEW TCP to a
+  guest's port 22 in from the outer uplink address only (:func:`network.hostnet.guard_ruleset`), and the outer
+  namespace lets only root and the gateway group open such connections (:func:`network.hostnet.uplink_outer_ruleset`).
+* One system account per owner (:func:`account_name`, ``zc-<owner>``), primary group
+  :data:`GROUP`, shell ``/usr/sbin/nologin``, no password, created with ``useradd`` argv.
+* The accounts' keys are ``<gateway_dir>/keys/<account>`` (root:GROUP, 0640), written by the cloud from the
+  VMs' specs and leases: one line per distinct public key of the owner's VMs, ``restrict,port-forwarding``
+  and one ``permitopen="<ip>:22"`` per VM of that owner whose spec lists the key (:func:`authorized_keys`).
+  They are rewritten atomically (temporary file + rename) under a host flock whenever a VM gets its
+  address, changes its keys or is deleted (:func:`sync_keys`), so a deleted VM's address is gone before
+  a later VM can lease it again.
+
+Pure functions (:func:`account_name`, :func:`key_identity`, :func:`key_grants`, :func:`authorized_keys`,
+:func:`sshd_config`) decide; the rest write files and run ``useradd``/``groupadd``/``ssh-keygen`` with
+argument lists.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import subprocess
+import tempfile
+from typing import Iterable, Optional
+
+from ansible_collections.zjusct.cloud.plugins.module_utils.common import flock as _flock
+from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
+from ansible_collections.zjusct.cloud.plugins.module_utils.model import names as _names
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import is_ssh_public_key
+
+ACCOUNT_PREFIX = "zc-"
+# useradd(8): user names are at most 32 characters (Debian's shadow; UT_NAMESIZE of utmp)
+ACCOUNT_NAME_MAX = 32
+GROUP = "zjusct-gateway"
+NOLOGIN = "/usr/sbin/nologin"
+GUEST_SSH_PORT = 22
+HOST_KEY = "ssh_host_ed25519_key"
+
+
+class GatewayError(CloudError):
+    """A gateway step failed; the message names the step, the path or command and the error."""
+
+
+def account_name(owner: str) -> str:
+    """The gateway account of ``owner`` (a DNS label): ``zc-<owner>``, hashed to 32 characters if longer
+    (:func:`model.names.fit`). ``alice`` -> ``zc-alice``."""
+    return _names.fit(ACCOUNT_PREFIX + owner, ACCOUNT_NAME_MAX)
+
+
+def key_identity(line: str) -> Optional[str]:
+    """``"<type> <base64>"`` of an OpenSSH public key line (comment dropped), None if it is not one
+    (:func:`model.spec.is_ssh_public_key`: no options, no line breaks)."""
+    if not is_ssh_public_key(line):
+        return None
+    kind, blob = line.strip().split()[:2]
+    return f"{kind} {blob}"
+
+
+def key_grants(vms: Iterable[dict]) -> dict:
+    """Which key may open which guest, per owner.
+
+    Args:
+        vms: ``{"owner": str, "ipv4": str, "keys": [OpenSSH public key lines]}`` for each VM holding an
+            address lease (a stopped VM keeps its lease and its address stays its own).
+
+    Returns:
+        account name -> {key identity -> sorted list of IPv4 addresses}: a key opens exactly the VMs of its
+        owner whose spec lists it. Lines that are not public keys are left out.
+    """
+    grants: dict = {}
+    for vm in vms:
+        per_key = grants.setdefault(account_name(vm["owner"]), {})
+        for line in vm.get("keys") or []:
+            ident = key_identity(line)
+            if ident is not None:
+                per_key.setdefault(ident, set()).add(str(vm["ipv4"]))
+    return {account: {k: sorted(v) for k, v in keys.items()} for account, keys in grants.items()}
+
+
+def authorized_keys(per_key: dict) -> str:
+    """The authorized_keys file of one gateway account.
+
+    Args:
+        per_key: key identity -> IPv4 addresses (one account's part of :func:`key_grants`).
+
+    Returns:
+        One line per key: ``restrict,port-forwarding,permitopen="<ip>:22",... <type> <base64>``, sorted; ""
+        when there is no key. ``restrict`` turns off PTYs, agent and X11 forwarding, remote forwarding and
+        ~/.ssh/rc; ``port-forwarding`` re-allows local forwarding, limited by sshd to the ``permitopen`` list.
+    """
+    lines = []
+    for ident in sorted(per_key):
+        opens = ",".join(f'permitopen="{ip}:{GUEST_SSH_PORT}"' for ip in sorted(per_key[ident]))
+        if opens:
+            lines.append(f"restrict,port-forwarding,{opens} {ident}")
+    return "".join(line + "\n" for line in lines)
+
+
+def sshd_config(directory: str, port: int) -> str:
+    """The gateway sshd's configuration (``<directory>/sshd_config``).
+
+    Only members of :data:`GROUP` may log in, by public key only, keys read only from
+    ``<directory>/keys/%u``; no shell (``ForceCommand`` nologin, no TTY), no agent, X11, remote or
+    Unix-socket forwarding, no tunnels; local TCP forwarding to port 22 only (``PermitOpen *:22``, narrowed
+    per key to the owner's VMs by ``permitopen`` in the keys file).
+    """
+    return "\n".join([
+        "# zjusct.cloud SSH gateway (written by zjusct.cloud.host_network; docs/security.md)",
+        f"Port {int(port)}",
+        f"HostKey {os.path.join(directory, HOST_KEY)}",
+        "PidFile none",
+        f"AuthorizedKeysFile {os.path.join(directory, 'keys', '%u')}",
+        "AuthorizedKeysCommand none",
+        "AuthorizedPrincipalsFile none",
+        f"AllowGroups {GROUP}",
+        "PermitRootLogin no",
+        "PubkeyAuthentication yes",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "HostbasedAuthentication no",
+        "PermitEmptyPasswords no",
+        "UsePAM no",
+        "StrictModes yes",
+        "PermitTTY no",
+        "PermitUserRC no",
+        "PermitUserEnvironment no",
+        "X11Forwarding no",
+        "AllowAgentForwarding no",
+        "AllowStreamLocalForwarding no",
+        "AllowTcpForwarding local",
+        "GatewayPorts no",
+        "PermitListen none",
+        "PermitTunnel no",
+        f"PermitOpen *:{GUEST_SSH_PORT}",
+        f"ForceCommand {NOLOGIN}",
+        "PrintMotd no",
+        "Banner none",
+        "ClientAliveInterval 60",
+        "LogLevel VERBOSE",
+        "",
+    ])
+
+
+# --- effects --------------------------------------------------------------------------------------
+def _run(argv: list) -> subprocess.CompletedProcess:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise GatewayError(f"{' '.join(argv)}: {exc}") from exc
+    if proc.returncode != 0:
+        raise GatewayError(f"{' '.join(argv)}: {proc.stderr.strip()}")
+    return proc
+
+
+def existing_group_id() -> Optional[int]:
+    """The gid of :data:`GROUP`, None when it does not exist."""
+    try:
+        return grp.getgrnam(GROUP).gr_gid
+    except KeyError:
+        return None
+
+
+def group_id() -> int:
+    """The gid of :data:`GROUP`, created with ``groupadd --system`` when missing. Raises GatewayError."""
+    gid = existing_group_id()
+    if gid is not None:
+        return gid
+    _run(["groupadd", "--system", GROUP])
+    return grp.getgrnam(GROUP).gr_gid
+
+
+def ensure_account(name: str) -> bool:
+    """Create the system account ``name`` (group :data:`GROUP`, nologin shell, no home, no password).
+
+    The password field is ``*`` (no password matches it) rather than useradd's ``!``: sshd without PAM
+    refuses every login, public key included, to an account whose password is locked with ``!``. An
+    existing account of that name is used only if its primary group is :data:`GROUP`; otherwise
+    :class:`GatewayError` (the name belongs to someone else).
+
+    Returns:
+        whether the account was created or unlocked.
+    """
+    gid = group_id()
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        _run(["useradd", "--system", "--gid", GROUP, "--no-create-home", "--home-dir", "/nonexistent",
+              "--shell", NOLOGIN, "--comment", "zjusct.cloud SSH gateway", "--password", "*", name])
+        return True
+    if entry.pw_gid != gid:
+        raise GatewayError(f"account {name}: exists with primary group {entry.pw_gid}, not {GROUP} ({gid});"
+                           " it is not a gateway account, so it is not taken over")
+    shadow = _run(["getent", "shadow", name]).stdout.split(":")
+    if len(shadow) > 1 and shadow[1].startswith("!"):
+        _run(["usermod", "--password", "*", name])
+        return True
+    return False
+
+
+def _write_atomic(path: str, content: str, mode: int, gid: int = 0) -> bool:
+    """Write ``content`` to ``path`` (root:gid, ``mode``) through a temporary file and rename; False if same."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            st = os.fstat(fh.fileno())
+            if fh.read() == content and st.st_gid == gid and st.st_mode & 0o777 == mode:
+                return False
+    except FileNotFoundError:
+        pass
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            os.fchown(fh.fileno(), 0, gid)
+            os.fchmod(fh.fileno(), mode)
+            fh.write(content)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.rename(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return True
+
+
+def _ensure_dir(path: str, mode: int, gid: int = 0) -> bool:
+    changed = False
+    if not os.path.isdir(path):
+        os.makedirs(path, mode=mode)
+        changed = True
+    st = os.stat(path)
+    if (st.st_uid, st.st_gid) != (0, gid):
+        os.chown(path, 0, gid)
+        changed = True
+    if st.st_mode & 0o777 != mode:
+        os.chmod(path, mode)
+        changed = True
+    return changed
+
+
+def ensure_gateway(directory: str, port: int, check_mode: bool = False) -> bool:
+    """Install the gateway's files: ``<directory>`` (0755), its host key, ``sshd_config`` (0644) and the
+    keys directory (root:GROUP 0750); create :data:`GROUP`. Starting sshd is the role's (or the test's).
+
+    Returns:
+        whether anything changed (in check mode: would change).
+
+    Raises:
+        GatewayError: ssh-keygen or groupadd failed.
+    """
+    config = sshd_config(directory, port)
+    keys_dir = os.path.join(directory, "keys")
+    host_key = os.path.join(directory, HOST_KEY)
+    if check_mode:
+        try:
+            with open(os.path.join(directory, "sshd_config"), encoding="utf-8") as fh:
+                same = fh.read() == config
+        except OSError:
+            same = False
+        return not (same and os.path.isdir(keys_dir) and os.path.exists(host_key) and existing_group_id() is not None)
+    gid = group_id()
+    changed = _ensure_dir(directory, 0o755)
+    changed |= _ensure_dir(keys_dir, 0o750, gid)
+    if not os.path.exists(host_key):
+        _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "zjusct-cloud-gateway", "-f", host_key])
+        changed = True
+    changed |= _write_atomic(os.path.join(directory, "sshd_config"), config, 0o644)
+    return changed
+
+
+def _differs(path: str, content: str) -> bool:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read() != content
+    except FileNotFoundError:
+        return True
+
+
+def sync_keys(directory: str, lock_dir: str, vms: Iterable[dict], check_mode: bool = False) -> bool:
+    """Make ``<directory>/keys/`` hold exactly the keys files for ``vms`` (see :func:`key_grants`).
+
+    Creates missing owner accounts (:func:`ensure_account`), writes each changed file atomically and
+    removes the files of accounts left without any key (the account stays, unable to log in), all under
+    the host flock ``<lock_dir>/gateway.lock`` so two module runs never interleave their views.
+
+    Returns:
+        whether a file changed (in check mode: would change; nothing is written or created).
+
+    Raises:
+        GatewayError: an account could not be created or a file not written (the path and error named).
+    """
+    wanted = {account: authorized_keys(keys) for account, keys in key_grants(vms).items()}
+    wanted = {account: text for account, text in wanted.items() if text}
+    keys_dir = os.path.join(directory, "keys")
+    if check_mode:
+        present = set(os.listdir(keys_dir)) if os.path.isdir(keys_dir) else set()
+        stale = {e for e in present if e.startswith(ACCOUNT_PREFIX)} - set(wanted)
+        return bool(stale) or any(_differs(os.path.join(keys_dir, a), text) for a, text in wanted.items())
+    changed = False
+    try:
+        os.makedirs(lock_dir, mode=0o700, exist_ok=True)
+        with _flock.exclusive(os.path.join(lock_dir, "gateway.lock")):
+            gid = group_id()
+            _ensure_dir(keys_dir, 0o750, gid)
+            for account in sorted(wanted):
+                ensure_account(account)
+                changed |= _write_atomic(os.path.join(keys_dir, account), wanted[account], 0o640, gid)
+            for entry in sorted(os.listdir(keys_dir)):
+                if entry.startswith(ACCOUNT_PREFIX) and entry not in wanted:
+                    os.unlink(os.path.join(keys_dir, entry))
+                    changed = True
+    except OSError as exc:
+        raise GatewayError(f"gateway_dir: cannot update the keys in {keys_dir}: {exc}") from exc
+    return changed
