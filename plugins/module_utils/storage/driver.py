@@ -17,7 +17,7 @@ Drivers (one module each, registered in :data:`DRIVERS`):
 * ``qcow2`` (:mod:`storage.driver_qcow2`): a qcow2 overlay on a read-only base shared by every volume of the
   image set (instant thin clones).
 
-Adding a driver: write ``_voldriver_<name>.py`` with a class that satisfies :class:`VolumeDriver`, add it to
+Adding a driver: write ``storage/driver_<name>.py`` with a class that satisfies :class:`VolumeDriver`, add it to
 :data:`DRIVERS`, add the name to the hypervisor role's ``hypervisor_volume_driver`` choices, and test it on
 real guests (docs/host-backend.md, "Where to add a volume driver").
 """
