@@ -31,12 +31,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / ".collections"))
 
-from ansible_collections.zjusct.cloud.plugins.module_utils.model import qos as q  # noqa: E402
 from ansible_collections.zjusct.cloud.plugins.module_utils.host import tc_qos_module as _tc_qos_module  # noqa: E402
-from ansible_collections.zjusct.cloud.plugins.module_utils.network import tc as _tc  # noqa: E402
-from ansible_collections.zjusct.cloud.plugins.module_utils.network import tc_netlink as _tc_netlink  # noqa: E402
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.qos_store import QoSStore  # noqa: E402
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import HostStore  # noqa: E402
+from ansible_collections.zjusct.cloud.plugins.module_utils.model import qos as q  # noqa: E402
+from ansible_collections.zjusct.cloud.plugins.module_utils.network import tc as _tc  # noqa: E402
+from ansible_collections.zjusct.cloud.plugins.module_utils.network import tc_netlink as _tc_netlink  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
 import qos_baseline  # noqa: E402
