@@ -32,6 +32,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.host.host_network_mod
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.ports import HostSupervisor, volume_driver
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import HostStore, StoreError, audited
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.volume_claim import settle as settle_claim
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.watch import ChangeWatch
 from ansible_collections.zjusct.cloud.plugins.module_utils.model import quota
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import (
     CloudVMError,
@@ -48,7 +49,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
 from ansible_collections.zjusct.cloud.plugins.module_utils.network import hostnet as net
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.volume import VolumeError, resolve_image
 
-POLL_SECONDS = 1.0
+POLL_SECONDS = 1.0  # the longest wait between two passes of _wait; the launcher's events end it sooner
 
 
 def _config(params: dict) -> HostConfig:
@@ -96,7 +97,17 @@ def _result(vm: Optional[dict], changed: bool, before: Optional[dict], diff: boo
 
 
 def _wait(cfg: HostConfig, store: HostStore, ns: str, name: str, target: str, timeout: int) -> dict:
-    """Reconcile until the VM reaches ``target`` (Running for its current boot, Stopped) or fail."""
+    """Reconcile until the VM reaches ``target`` (Running for its current boot, Stopped) or fail.
+
+    Between passes it waits for the launcher's files to change or the launcher to exit
+    (:class:`host.watch.ChangeWatch`), at most :data:`POLL_SECONDS`.
+    """
+    with ChangeWatch(_paths(cfg, ns, name).state_dir) as watch:
+        return _wait_passes(cfg, store, ns, name, target, timeout, watch)
+
+
+def _wait_passes(cfg: HostConfig, store: HostStore, ns: str, name: str, target: str, timeout: int,
+                 watch: ChangeWatch) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         with _vm_lock(cfg, ns, name):
@@ -122,7 +133,8 @@ def _wait(cfg: HostConfig, store: HostStore, ns: str, name: str, target: str, ti
             raise CloudVMError(f"timed out after {timeout} s waiting for {ns}/{name} to be {target}: last phase"
                                f" {status['phase']}, reason {status['reason']}: {status.get('message', '')}",
                                status=status)
-        time.sleep(POLL_SECONDS)
+        launcher = sup.running_boot(_paths(cfg, ns, name))
+        watch.wait(min(POLL_SECONDS, max(deadline - time.monotonic(), 0.0)), pid=launcher[1] if launcher else None)
 
 
 def ensure(params: dict, check_mode: bool = False, diff: bool = False) -> dict:
