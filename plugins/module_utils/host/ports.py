@@ -112,7 +112,8 @@ class Network(Protocol):
         """
 
     def attach(self, lease: dict) -> None:
-        """Bridge and uplink up, the lease's TAP on the bridge, isolation and gateway synced to the store."""
+        """The lease's TAP on the bridge, isolation and gateway synced to the store; the cloud's network (namespace,
+        bridge, uplink, guard table) made first when its bridge is missing."""
 
     def detach(self, lease: dict) -> None:
         """Remove the lease's TAP (a missing one is no error); the lease itself stays."""
@@ -196,7 +197,11 @@ class HostNetwork:
                 "tap": net.tap_name(vm_uid)}
 
     def attach(self, lease: dict) -> None:
-        ensure_network(self.cfg)
+        # site.yml's host_network task made (and repairs) the namespace, bridge, uplink and guard table; a start
+        # makes them again only when the bridge is missing (a host restart removed the namespace): one `ip link
+        # show` instead of the full check's ~20 commands (docs/host-backend.md "How a start works").
+        if not net.link_exists(self.cfg.netns, self.cfg.bridge):
+            ensure_network(self.cfg)
         net.ensure_tap(self.cfg.netns, self.cfg.bridge, lease["tap"], self.cfg.vmm_run_as(lease["ipv4"]))
         sync_isolation(self.cfg, self.store)
         sync_gateway(self.cfg, self.store)
