@@ -36,6 +36,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 CACHE = Path(os.environ.get("ZJUSCT_CACHE", "/var/cache/zjusct-cloud"))
+START_TASK = "Start the VM and wait until its SSH answers"  # playbooks/vm_start.yml
 
 
 def _ts(value: str) -> float:
@@ -113,6 +114,16 @@ def playbook(name: str, env: dict[str, str], extra: Sequence[str] = (), json_out
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}")
     return wall, json.loads(proc.stdout[proc.stdout.index("{"):]) if json_output else None
+
+
+def start_task(doc: dict[str, Any]) -> tuple[float, float, dict[str, Any]]:
+    """``(start, end, result)`` of vm_start.yml's cloudvm task in an ``ansible.posix.json`` document (epoch s)."""
+    for play in doc["plays"]:
+        for task in play["tasks"]:
+            if task["task"]["name"] == START_TASK:
+                d = task["task"]["duration"]
+                return _ts(d["start"]), _ts(d["end"]), task["hosts"]["localhost"]
+    raise RuntimeError(f"no task {START_TASK!r} in the playbook's output")
 
 
 def key_args(root: Path) -> list[str]:

@@ -61,7 +61,14 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / ".collections"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from host_backend import host_cleanup, host_setup, key_args, last_guest_boot, playbook  # noqa: E402  bench/
+from host_backend import (  # noqa: E402  bench/
+    host_cleanup,
+    host_setup,
+    key_args,
+    last_guest_boot,
+    playbook,
+    start_task,
+)
 from kubernetes import client  # noqa: E402
 
 from tests.cluster import Cluster, RealNode, wait_for  # noqa: E402
@@ -79,7 +86,6 @@ from tests.integration.k8s_node.controller_helpers import (  # noqa: E402
 
 VM = "bench"  # vm_start.yml's VM name: the owner's (-e owner=bench)
 NS = "bench"
-START_TASK = "Start the VM and wait until its SSH answers"  # playbooks/vm_start.yml
 BOOT_TIMEOUT = 1500  # s, one TCG boot on a loaded 2-core machine (tests/integration/k8s_node)
 PROBE = """
 import socket, sys, time
@@ -101,16 +107,6 @@ sys.exit(1)
 def epoch(value: str) -> float:
     """Seconds since the epoch of an RFC 3339 UTC time (``...Z``, with or without a fraction)."""
     return dt.datetime.fromisoformat(value.rstrip("Z")).replace(tzinfo=dt.UTC).timestamp()
-
-
-def start_task(doc: dict[str, Any]) -> tuple[float, float, dict[str, Any]]:
-    """``(start, end, result)`` of vm_start.yml's cloudvm task in an ``ansible.posix.json`` document (epoch s)."""
-    for play in doc["plays"]:
-        for task in play["tasks"]:
-            if task["task"]["name"] == START_TASK:
-                d = task["task"]["duration"]
-                return epoch(d["start"]), epoch(d["end"]), task["hosts"]["localhost"]
-    raise RuntimeError(f"no task {START_TASK!r} in the playbook's output")
 
 
 class BannerProbe:
