@@ -63,6 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import benchlib  # noqa: E402  bench/
 from host_backend import (  # noqa: E402  bench/
+    VENV_BIN,
     _ts,
     host_cleanup,
     host_setup,
@@ -324,9 +325,32 @@ def measure(root: Path, config: dict[str, Any], env: dict[str, str], peer_dir: P
                   f"{al:.2f} s: overhead {aw - al:.2f} s); peer wall {bw:.2f} s, guest {bg:.2f} s, overhead "
                   f"{bw - bg:.2f} s (guest from virsh start's return {bgr:.2f} s: overhead {bw - bgr:.2f} s); "
                   f"stop: vm_stop.yml {astop:.2f} s, virsh shutdown {bstop:.2f} s", flush=True)
+        floors(root, config, env)
     finally:
         peer.remove()
     return rows, profile
+
+
+def floors(root: Path, config: dict[str, Any], env: dict[str, str], runs: int = 3) -> None:
+    """Two fixed costs inside ours' phases, timed alone (no guest runs): ``ansible-playbook`` of an empty play
+    (interpreter and ansible-core start-up, inventory, exit) and the ``zjusct-launcher check`` subprocess the
+    start runs before the spawn (on the last boot's config, in the cloud's netns, as supervisor.check_config)."""
+    empty = root / "empty.yml"
+    empty.write_text("- hosts: localhost\n  gather_facts: false\n  tasks: []\n")
+    play = [benchlib.timed(lambda: subprocess.run([str(VENV_BIN / "ansible-playbook"), str(empty)], cwd=REPO,
+                                                  env=env, check=True, capture_output=True))
+            for _ in range(runs)]
+    state = Path(config["state_dir"]) / "vms" / VM_DIR
+    boot = max(int(p.stem.split("-")[1]) for p in state.glob("boot-*.json"))
+    argv = ["ip", "netns", "exec", config["netns"], *config["launcher_command"], "check", "--config",
+            str(state / f"boot-{boot}.json")]
+    check_env = {"PATH": os.environ.get("PATH", ""), "LC_ALL": "C.UTF-8", "PYTHONPATH": config["launcher_pythonpath"]}
+    codes: list[int] = []
+    check = [benchlib.timed(lambda: codes.append(subprocess.run(argv, env=check_env, capture_output=True,
+                                                                check=False).returncode)) for _ in range(runs)]
+    print(f"fixed costs alone (median of {runs}, load {load()}): ansible-playbook of an empty play "
+          f"{statistics.median(play):.2f} s; launcher check subprocess {statistics.median(check):.2f} s "
+          f"(exit codes {codes})", flush=True)
 
 
 def main() -> int:
