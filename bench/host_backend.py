@@ -83,6 +83,8 @@ def host_setup(root: Path, image: str | None = None, subnet: str = "10.215.0.0/2
         "default_image": image, "volumes_dir": str(root / "volumes"),
         "state_dir": str(root / "state"), "runtime_dir": f"/run/zjc-bench-{tag}", "log_dir": str(root / "log"),
         "netns": f"zjc-bench-{tag}", "subnet": subnet, "nat": False,
+        # TCG boots on this loaded 2-core machine took > 10 min at load 12-20 (the e2e tests allow 30 min too)
+        "readiness_timeout_seconds": 1800,
         "launcher_command": [sys.executable, "-m", "zjusct_launcher"], "launcher_pythonpath": str(REPO / "launcher"),
     }
     (root / "host.json").write_text(json.dumps(config))

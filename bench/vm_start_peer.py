@@ -293,7 +293,7 @@ def verdict(ok: bool) -> str:
 
 
 def measure(root: Path, config: dict[str, Any], env: dict[str, str], peer_dir: Path, pairs: int,
-            ) -> tuple[list[tuple[float, ...]], list[list[float]]]:
+            warmup: bool = True) -> tuple[list[tuple[float, ...]], list[list[float]]]:
     """The first boot of each side, then ``pairs`` alternating pairs (printed as they end); the peer's domain is
     removed before returning (libvirtd still runs). Returns the rows
     ``(ours wall, ours guest, peer wall, peer guest, ours stop, peer stop, peer guest from virsh's return)`` and
@@ -307,8 +307,9 @@ def measure(root: Path, config: dict[str, Any], env: dict[str, str], peer_dir: P
           f"cache {params['cache']}, cmdline {params['cmdline']!r}", flush=True)
     peer = Peer(peer_dir, params, (root / "key.pub").read_text().strip())
     try:
-        peer.start()  # first boot, not measured
-        peer.shutdown()
+        if warmup:
+            peer.start()  # first boot, not measured
+            peer.shutdown()
         for i in range(pairs):
             before = load()
             sides: dict[str, Any] = {}
@@ -324,7 +325,8 @@ def measure(root: Path, config: dict[str, Any], env: dict[str, str], peer_dir: P
                   f"ours wall {aw:.2f} s, guest {ag:.2f} s, overhead {aw - ag:.2f} s (launcher spawned->ready "
                   f"{al:.2f} s: overhead {aw - al:.2f} s); peer wall {bw:.2f} s, guest {bg:.2f} s, overhead "
                   f"{bw - bg:.2f} s (guest from virsh start's return {bgr:.2f} s: overhead {bw - bgr:.2f} s); "
-                  f"stop: vm_stop.yml {astop:.2f} s, virsh shutdown {bstop:.2f} s", flush=True)
+                  f"stop: vm_stop.yml {astop:.2f} s, virsh shutdown {bstop:.2f} s; ours' phases: "
+                  + "; ".join(f"{name} {x:.2f}" for name, x in zip(PHASES, phases, strict=True)), flush=True)
         floors(root, config, env)
     finally:
         peer.remove()
@@ -356,6 +358,8 @@ def floors(root: Path, config: dict[str, Any], env: dict[str, str], runs: int = 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=2)
+    parser.add_argument("--no-peer-warmup", action="store_true",
+                        help="skip the peer's unmeasured first boot (ours' first start creates the VM: always run)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root (a netns for our cloud, libvirtd for the peer)")
@@ -365,7 +369,7 @@ def main() -> int:
     config, env = host_setup(root)
     try:
         with Libvirt(root):
-            rows, profile = measure(root, config, env, peer_dir, args.pairs)
+            rows, profile = measure(root, config, env, peer_dir, args.pairs, warmup=not args.no_peer_warmup)
     finally:
         shutil.rmtree(peer_dir, ignore_errors=True)
         host_cleanup(root, config, env)
