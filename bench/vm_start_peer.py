@@ -21,9 +21,11 @@ as bench/host_backend.py defines it (launcher spawned -> readyAt, which counts t
 guest time) for continuity. Then the stop: ``vm_stop.yml`` vs ``virsh shutdown --mode acpi`` until the domain is
 "shut off" (polled every 0.1 s), walls only.
 
-Each side boots once before the pairs (not measured); ``--pairs`` pairs alternate which side runs first. Prints
-each pair with the load average before and after, the medians, the same-run ratio ours/peer of the overheads, and
-the verdicts against issue #20's goals (overhead <= 3 s absolute; <= the peer's).
+Each side boots once before the pairs (not measured; ``--no-peer-warmup`` skips the peer's); ``--pairs`` pairs
+alternate which side runs first. Prints each pair with the load average before and after and ours' phases (see
+:data:`PHASES`), then two fixed costs timed alone (an empty ``ansible-playbook``, the launcher check subprocess),
+the medians, the same-run ratio ours/peer of the overheads, and the verdicts against issue #20's goals (overhead
+<= 3 s absolute; <= the peer's).
 
 Prerequisite (as root): libvirt from Debian - ``apt-get install --no-install-recommends libvirt-daemon
 libvirt-daemon-driver-qemu libvirt-clients`` (shared/recipes/peer-libvirt.md). When ``virsh`` is missing and the
@@ -32,7 +34,7 @@ script runs as root it installs them itself (saying so); it creates the user/gro
 unless a libvirtd already answers on qemu:///system. It defines, starts and at the end destroys and undefines one
 domain ``zjc-peer-<tag>``, and removes its files. Usage (root, repository root, after ``make setup``)::
 
-    /var/cache/zjusct-cloud/venv/bin/python bench/vm_start_peer.py [--pairs 2]
+    /var/cache/zjusct-cloud/venv/bin/python bench/vm_start_peer.py [--pairs 2] [--no-peer-warmup]
 
 Exits non-zero only when a step fails.
 """
