@@ -70,7 +70,7 @@ def mac_address(vm_uid: str) -> str:
 
 def _network(cidr: str) -> Any:
     if IPNetwork is None:
-        raise NetworkError("the Python library netaddr is required on the hypervisor (pip install netaddr)")
+        raise NetworkError("the Python library netaddr is required on the hypervisor (Debian: python3-netaddr)")
     return IPNetwork(cidr)
 
 
