@@ -102,12 +102,13 @@ def _wait(cfg: HostConfig, store: HostStore, ns: str, name: str, target: str, ti
     Between passes it waits for the launcher's files to change or the launcher to exit
     (:class:`host.watch.ChangeWatch`), at most :data:`POLL_SECONDS`.
     """
-    with ChangeWatch(_paths(cfg, ns, name).state_dir) as watch:
-        return _wait_passes(cfg, store, ns, name, target, timeout, watch)
+    paths = _paths(cfg, ns, name)
+    with ChangeWatch(paths.state_dir) as watch:
+        return _wait_passes(cfg, store, ns, name, target, timeout, paths, watch)
 
 
 def _wait_passes(cfg: HostConfig, store: HostStore, ns: str, name: str, target: str, timeout: int,
-                 watch: ChangeWatch) -> dict:
+                 paths: sup.LauncherPaths, watch: ChangeWatch) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         with _vm_lock(cfg, ns, name):
@@ -115,12 +116,12 @@ def _wait_passes(cfg: HostConfig, store: HostStore, ns: str, name: str, target: 
             if vm is None:
                 raise AssertionError("vm unexpectedly missing")
             status = reconcile(cfg, store, vm)
+        launcher = sup.running_boot(paths)  # (bootID, pid) of the live launcher, read once per pass
         boot = int(vm["spec"]["bootID"])
         same_boot = int(status.get("bootID", -1)) == boot
         if target == "Running" and status["phase"] == "Running" and same_boot:
             return store.get_vm(ns, name) or vm
-        if target == "Stopped" and status["phase"] in ("Stopped", "Failed") and \
-                sup.running_boot(_paths(cfg, ns, name)) is None:
+        if target == "Stopped" and status["phase"] in ("Stopped", "Failed") and launcher is None:
             # Stopped means no launcher (nor VMM) of the VM remains; a boot that failed is off too.
             return store.get_vm(ns, name) or vm
         if target == "Running" and status["phase"] == "Blocked" and status["reason"] == "VolumeInUse":
@@ -133,7 +134,6 @@ def _wait_passes(cfg: HostConfig, store: HostStore, ns: str, name: str, target: 
             raise CloudVMError(f"timed out after {timeout} s waiting for {ns}/{name} to be {target}: last phase"
                                f" {status['phase']}, reason {status['reason']}: {status.get('message', '')}",
                                status=status)
-        launcher = sup.running_boot(_paths(cfg, ns, name))
         watch.wait(min(POLL_SECONDS, max(deadline - time.monotonic(), 0.0)), pid=launcher[1] if launcher else None)
 
 
