@@ -133,7 +133,7 @@ def make_world(tag: str) -> None:
 
 def free_port() -> int:
     """A free TCP port on 127.0.0.1 below 32768 (apt-cacher-ng 3.7 fails to bind a Port above 32767)."""
-    for _ in range(100):
+    for _attempt in range(100):
         port = secrets.randbelow(32767 - 20000) + 20000
         with socket.socket() as probe:
             try:
@@ -214,8 +214,8 @@ def up(work: Path) -> str:
         if sock.exists() and relay_answers(names(tag)["world"]):
             return "started"
         time.sleep(1)
-    logs = "\n".join(tail(p) for p in (acng / "daemon.log", acng / "log" / "apt-cacher.err",
-                                         work / "socat-host.log", work / "socat-world.log"))
+    files = (acng / "daemon.log", acng / "log" / "apt-cacher.err", work / "socat-host.log", work / "socat-world.log")
+    logs = "\n".join(tail(p) for p in files)
     down(work)
     raise SystemExit(f"the package relay did not answer within {START_TIMEOUT:.0f} s:\n{logs}")
 

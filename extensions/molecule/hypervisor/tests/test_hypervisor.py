@@ -82,8 +82,8 @@ def test_host_config(host) -> None:
     cfg = host_config(host)
     assert cfg["node"] == "hv-guest"  # the inventory name
     assert cfg["store_path"] == DEFAULTS["hypervisor_state_dir"] + "/cloud.db"
-    assert (cfg["netns"], cfg["bridge"], cfg["subnet"]) == (NETNS, DEFAULTS["hypervisor_bridge"],
-                                                           DEFAULTS["hypervisor_subnet"])
+    network = (NETNS, DEFAULTS["hypervisor_bridge"], DEFAULTS["hypervisor_subnet"])
+    assert (cfg["netns"], cfg["bridge"], cfg["subnet"]) == network
     assert cfg["accel"] == CONVERGE_VARS["hypervisor_accel"] and cfg["allow_tcg"] is True
     assert cfg["hypervisor"] == "qemu" and cfg["volume_driver"] == "file"
     assert cfg["nat"] is True and cfg["uplink_ip_forward"] is False
