@@ -11,8 +11,8 @@ builds one for the end-to-end tests: a host configuration ``DIR/host.json`` (sto
 launcher of this checkout), a network namespace of its own for the guests' bridge (``zjc-mh-<tag>``), and two more
 namespaces standing in for the host and the world behind the uplink (``zjc-mho-<tag>``, which forwards, and
 ``zjc-mhw-<tag>``, holding 198.51.100.1), so nothing in the host's own namespace changes (its
-``net.ipv4.ip_forward`` stays as it is, 0 here: guests of a cloud whose uplink ends in the host's namespace reach
-the Debian mirror only once the operator enables it, docs/network.md). The tag is random: the names never collide
+``net.ipv4.ip_forward`` stays as it is: guests of a cloud whose uplink ends in the host's namespace reach the
+Debian mirror only once the operator enables it, docs/network.md). The tag is random: the names never collide
 with the end-to-end tests' (``zjc-e2e-*``) nor with another run.
 
 The guest gets its Debian packages from a real package cache: Debian's apt-cacher-ng, run in the host's namespace
