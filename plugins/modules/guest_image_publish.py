@@ -42,7 +42,7 @@ options:
   default_cmdline:
     description: Kernel command line recorded as C(defaultCmdline).
     type: str
-    default: console=ttyS0 root=/dev/vda rw net.ifnames=0 panic=-1 zjusct.identity=/dev/vdb
+    default: console=ttyS0 root=/dev/vda rw net.ifnames=0 panic=-1 quiet zjusct.identity=/dev/vdb
   force:
     description: Replace a complete existing set.
     type: bool
@@ -83,7 +83,7 @@ ARGUMENT_SPEC: dict = dict(
     inputs_sha256=dict(type="str", required=True),
     kernel_version=dict(type="str", required=True),
     default_cmdline=dict(
-        type="str", default="console=ttyS0 root=/dev/vda rw net.ifnames=0 panic=-1 zjusct.identity=/dev/vdb"),
+        type="str", default="console=ttyS0 root=/dev/vda rw net.ifnames=0 panic=-1 quiet zjusct.identity=/dev/vdb"),
     force=dict(type="bool", default=False),
 )
 

@@ -28,7 +28,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.image.inputs import (
     sha256_file,
 )
 
-DEFAULT_CMDLINE = "console=ttyS0 root=/dev/vda rw net.ifnames=0 panic=-1 zjusct.identity=/dev/vdb"
+DEFAULT_CMDLINE = "console=ttyS0 root=/dev/vda rw net.ifnames=0 panic=-1 quiet zjusct.identity=/dev/vdb"
 
 
 def artifact_facts(set_dir: str) -> dict[str, dict[str, Any]]:

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Guest boot time under TCG: the image's default kernel command line vs variants of it, in the same run.
+
+Every test that boots a guest, the quickstart and the Molecule scenarios wait for a first boot of the cached
+Debian image (QEMU/TCG: no nested KVM here), so the guest's own boot is most of their time. This bench boots the
+image through the launcher (``python -m zjusct_launcher run``, user-mode network, 1 vCPU / 512 MiB, TCG
+translation cache 256 MiB) once per variant per round, each boot a first boot of a fresh copy of the root file
+system (new SSH host keys, as a new VM), and takes the time from the launcher's start to its ready marker (the
+guest's SSH banner). The variants run in a rotated order each round, so none is always first.
+
+Variants (``--variant NAME`` picks some; ``verbose`` is always the baseline):
+  verbose   the manifest's ``defaultCmdline`` without ``quiet`` (every kernel message and systemd status line on
+            the serial console, as the image had it before 2026-12-01)
+  quiet     + ``quiet`` (kernel messages below warning and systemd's status lines stay off the serial console; the
+            image's default now)
+  lean      + ``quiet`` and ``systemd.mask=`` for units a cloud guest without EFI, FUSE, binfmt or kernel debugging
+            does not use (names in LEAN_MASKS)
+Prints each boot, then per variant the median and the same-run ratio median(variant) / median(verbose), with
+the load average before and after. Usage:
+  /var/cache/zjusct-cloud/venv/bin/python bench/guest_boot.py [--rounds 3] [--variant quiet --variant lean]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from launcher_overhead import run_launcher
+
+from tests.integration.launcher.harness import base_config, free_port
+
+CACHE = Path(os.environ.get("ZJUSCT_CACHE", "/var/cache/zjusct-cloud"))
+# systemd units of a Debian bookworm minbase that a cloud guest (no EFI, no FUSE, no binfmt_misc, no kernel
+# debugging or tracing file systems) does not need at boot; masked with systemd.mask= (systemd-system.conf(5),
+# kernel command line).
+LEAN_MASKS = (
+    "sys-kernel-debug.mount", "sys-kernel-tracing.mount", "sys-fs-fuse-connections.mount",
+    "modprobe@drm.service", "modprobe@efi_pstore.service", "modprobe@fuse.service", "systemd-pstore.service",
+    "systemd-binfmt.service", "proc-sys-fs-binfmt_misc.automount",
+)
+VARIANTS = {
+    "verbose": "",
+    "quiet": "quiet",
+    "lean": " ".join(["quiet", *(f"systemd.mask={u}" for u in LEAN_MASKS)]),
+}
+
+
+def image() -> tuple[Path, dict]:
+    """The newest cached image set: (its directory, its manifest)."""
+    manifests = sorted(glob.glob(str(CACHE / "images" / "*" / "manifest.json")), key=os.path.getmtime)
+    if not manifests:
+        raise SystemExit(f"no guest image under {CACHE}/images (make test or make quickstart builds it)")
+    return Path(manifests[-1]).parent, json.loads(Path(manifests[-1]).read_text())
+
+
+def boot(set_dir: Path, cmdline: str, work: Path) -> float:
+    """One first boot of a fresh root copy with ``cmdline``: seconds from the launcher's start to ready."""
+    disk = work / "root.raw"
+    subprocess.run(["cp", "--sparse=always", str(set_dir / "rootfs.raw"), str(disk)], check=True, timeout=600)
+    name = f"boot-{uuid.uuid4().hex[:8]}"
+    cfg = base_config(work, name, kernel=str(set_dir / "vmlinuz"), initrd=str(set_dir / "initrd.img"),
+                      disk=str(disk), cmdline=cmdline, port=free_port(), memory_mib=512)
+    cfg["hypervisor"]["tcgTranslationCacheMiB"] = 256
+    try:
+        elapsed = run_launcher(cfg, work)[0]
+    finally:
+        disk.unlink(missing_ok=True)
+    return elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--variant", action="append", choices=[v for v in VARIANTS if v != "verbose"])
+    args = parser.parse_args()
+    names = ["verbose", *(args.variant or [v for v in VARIANTS if v != "verbose"])]
+    set_dir, manifest = image()
+    base = " ".join(t for t in manifest["defaultCmdline"].split() if t != "quiet")
+    print(f"image {set_dir.name}; its cmdline without quiet: {base}")
+    for n in names[1:]:
+        print(f"  {n}: + {VARIANTS[n]}")
+    load0 = os.getloadavg()[0]
+    times: dict[str, list[float]] = {n: [] for n in names}
+    with tempfile.TemporaryDirectory(prefix="zjusct-bench-boot-") as tmp:
+        for r in range(args.rounds):
+            order = names[r % len(names):] + names[:r % len(names)]
+            for n in order:
+                cmdline = f"{base} {VARIANTS[n]}".strip()
+                t = boot(set_dir, cmdline, Path(tmp))
+                times[n].append(t)
+                print(f"round {r + 1}: {n:8s} {t:7.2f} s (load {os.getloadavg()[0]:.1f})", flush=True)
+    ref = statistics.median(times["verbose"])
+    print(f"load average {load0:.1f} -> {os.getloadavg()[0]:.1f}; {args.rounds} rounds, same-run ratios:")
+    for n in names:
+        m = statistics.median(times[n])
+        print(f"  {n:8s} median {m:7.2f} s (runs {min(times[n]):.2f}-{max(times[n]):.2f}) ratio {m / ref:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
