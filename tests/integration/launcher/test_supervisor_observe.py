@@ -8,8 +8,9 @@ between the two reads looks like one that vanished without a result (``lost`` ->
   a real process holds the real flock, and the test makes it write its result and exit right after the first of
   the two reads returned, whichever read that is.
 * ``test_stop_start_cycles_polled_never_show_lost`` drives the real launcher with a real QEMU/TCG busybox guest
-  through 30 start/stop cycles and polls ``observe`` + ``derive_status`` every few milliseconds while each stop
-  is under way.
+  through 10 start/stop cycles and polls ``observe`` + ``derive_status`` every few milliseconds while each stop
+  is under way (a soak on the real components next to the deterministic test above, which is the exact guard;
+  it ran 30 cycles, about 20 min of a loaded CI run, for no more assurance than the forced interleaving gives).
 """
 
 from __future__ import annotations
@@ -115,12 +116,12 @@ def busybox_guest() -> tuple[str, str]:
     return kernel, bg.build_initrd()
 
 
-CYCLES = 30
+CYCLES = 10
 
 
 @pytest.mark.guest
 @pytest.mark.slow
-@pytest.mark.timeout(3600)  # 30 TCG boots: about 50 s each on a loaded 2-core machine
+@pytest.mark.timeout(1800)  # 10 TCG boots: about 50 s each on a loaded 2-core machine, far more under load spikes
 def test_stop_start_cycles_polled_never_show_lost(tmp_path: Path, busybox_guest: tuple[str, str]) -> None:
     kernel, initrd = busybox_guest
     paths = _paths(tmp_path)
