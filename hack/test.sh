@@ -63,9 +63,12 @@ checks_pid=$!
 # Ceph, guest image check); the tests and what they assert are the same as in one session. Set
 # ZJUSCT_TEST_LANES=1 for a single session.
 node_lane=(tests/integration/k8s_node tests/integration/hostnet tests/e2e/host/test_network_isolation.py)
-# Two short end-to-end modules run in lane rest instead: lane guests is the longest (CI of 2026-12-01: it ended
-# ~10 min after rest), and these mostly create stopped VMs (quotas, owner checks), so they balance the two.
+# Lane guests is the longest (CI of 2026-12-01: 72 min, rest 63, node 59; the rehearsal after it: 97, 90, 76 + the
+# Molecule scenarios after node), so four of its shorter modules run elsewhere: two that mostly create stopped VMs
+# (quotas, owner checks) in lane rest, the SSH gateway's and the inventory phase's in lane node (neither touches
+# ip_forward: they ran next to the real node before, in lane guests).
 rest_e2e=(tests/e2e/host/test_owner_authorization.py tests/e2e/host/test_quotas_audit.py)
+node_lane+=(tests/e2e/host/test_ssh_gateway.py tests/e2e/host/test_inventory_phase.py)
 mapfile -t guest_lane < <(find tests/e2e -name 'test_*.py' | sort \
   | grep -vxF -f <(printf '%s\n' "${node_lane[@]}" "${rest_e2e[@]}"))
 # Molecule scenarios of the roles (extensions/molecule/*, docs/testing.md#molecule); each prints its time. A full
@@ -119,7 +122,7 @@ if [ "$paths" -eq 1 ] || [ "${ZJUSCT_TEST_LANES:-3}" = 1 ]; then
 else
   ignores=()
   for d in "${guest_lane[@]}" "${node_lane[@]}"; do ignores+=("--ignore=$d"); done
-  echo "==> pytest in three lanes, seed $seed: lane guests = tests/e2e except ${node_lane[2]} ${rest_e2e[*]};"
+  echo "==> pytest in three lanes, seed $seed: lane guests = tests/e2e except ${node_lane[*]:2} ${rest_e2e[*]};"
   echo "==>   lane node = ${node_lane[*]}; lane rest = the other tests"
   echo "==>   again: hack/test.sh --random-order-seed=$seed   (lane output is prefixed [guests] / [node] / [rest])"
   logs=$(mktemp -d)
