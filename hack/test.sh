@@ -5,6 +5,7 @@
 #   3. ruff, mypy, ansible-lint (production profile), ansible-test sanity
 #   4. pytest: unit, integration (real kube-apiserver, Ceph, netns/tc, QEMU guests) and e2e
 #      (3 runs in the background while 4 runs; its output follows pytest's)
+#   5. Molecule scenarios cluster and images (in the background once pytest's lane node has ended)
 # Every step runs even when an earlier one failed; the exit code is non-zero if any failed, and a
 # pytest run that collected no test counts as a failure. Extra arguments go to pytest.
 # pytest runs the tests in a random order (pytest-random-order: modules shuffled, tests shuffled within
@@ -74,7 +75,7 @@ mapfile -t guest_lane < <(find tests/e2e -name 'test_*.py' | sort \
 # Molecule scenarios of the roles (extensions/molecule/*, docs/testing.md#molecule); each prints its time. A full
 # run (no test paths given) runs the cluster and images scenarios (images is warm: lane node built both images) in
 # the background, output to a file printed after pytest's; guest_image (a second debootstrap, ~10 min) and
-# hypervisor (a TCG guest made a hypervisor, ~11 min on a calm machine) are run by `hack/molecule.sh guest_image
+# hypervisor (a TCG guest made a hypervisor, ~10 min on a calm machine) are run by `hack/molecule.sh guest_image
 # hypervisor`, not here, to keep CI within its time budget.
 molecule_pid=""
 molecule_bg() {
