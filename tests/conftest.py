@@ -30,6 +30,17 @@ if str(REPO / "launcher") not in sys.path:
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
+# Every guest the suite boots on this machine, from any lane, takes one of these boot slots (launcher
+# ``bootSlots``, host config ``max_concurrent_boots``, controller ``maxConcurrentBoots``): TCG boots are CPU-bound,
+# and more of them than CPUs starve each other until systemd's unit timeouts fail them (docs/testing.md).
+TEST_BOOT_SLOT_DIR = "/run/lock/zjusct-test/boot-slots"
+TEST_BOOT_SLOTS = int(os.environ.get("ZJUSCT_TEST_BOOT_SLOTS", "0")) or max(1, len(os.sched_getaffinity(0)))
+
+
+def boot_slots() -> dict:
+    """The launcher's ``bootSlots`` object every test guest uses."""
+    return {"directory": TEST_BOOT_SLOT_DIR, "count": TEST_BOOT_SLOTS}
+
 
 def require(component: str, ok: bool, why: str) -> None:
     """Fail (under CI) or skip (elsewhere) the running test when a real component is missing.

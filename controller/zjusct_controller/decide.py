@@ -180,6 +180,10 @@ class Config:
         node_selector: merged under the CloudVM's ``spec.nodeSelector`` (the VM's own entries win).
         tolerations: copied into every launcher Pod.
         ceph: the Ceph cluster of RBD root disks (:class:`CephConfig`); None: Block claims are refused.
+        max_concurrent_boots: at most this many guests boot at once on a node (0..1024, 0 = no limit): the
+            launcher's ``bootSlots`` on the node directory ``boot_slot_dir`` (hostPath, created if missing)
+            mounted at :data:`BOOT_SLOTS_MOUNT` (docs/launcher-protocol.md).
+        boot_slot_dir: the boot slots' directory on every node; host-backend launchers of the same node share it.
     """
 
     launcher_image: str
@@ -196,6 +200,8 @@ class Config:
     node_selector: dict = field(default_factory=dict)
     tolerations: list = field(default_factory=list)
     ceph: Optional[CephConfig] = None
+    max_concurrent_boots: int = 0
+    boot_slot_dir: str = "/run/lock/zjusct-cloud/boot-slots"
 
     @classmethod
     def from_dict(cls, raw: dict) -> Config:
@@ -209,7 +215,8 @@ class Config:
                 "readinessTimeoutSeconds": "readiness_timeout_s", "stopTimeoutSeconds": "stop_timeout_s",
                 "cpuOvercommit": "cpu_ratio", "memoryOvercommit": "memory_ratio",
                 "overheadCPUMillis": "overhead_cpu_m", "overheadMemoryMiB": "overhead_memory_mib",
-                "nodeSelector": "node_selector", "tolerations": "tolerations", "ceph": "ceph"}
+                "nodeSelector": "node_selector", "tolerations": "tolerations", "ceph": "ceph",
+                "maxConcurrentBoots": "max_concurrent_boots", "bootSlotDir": "boot_slot_dir"}
         unknown = sorted(set(raw) - set(keys))
         if unknown:
             raise ValueError(f"controller config: unknown keys {', '.join(unknown)} (allowed: {', '.join(keys)})")
@@ -218,6 +225,13 @@ class Config:
             raise ValueError(f"controller config: required keys missing: {', '.join(missing)}")
         if raw.get("accel", "tcg") not in ("tcg", "kvm", "auto"):
             raise ValueError(f"controller config: accel: {raw['accel']!r} is not one of tcg, kvm, auto")
+        boots = raw.get("maxConcurrentBoots", 0)
+        if isinstance(boots, bool) or not isinstance(boots, int) or not 0 <= boots <= BOOT_SLOTS_MAX:
+            raise ValueError(f"controller config: maxConcurrentBoots: {boots!r} is not 0 (no limit) or an integer"
+                             f" 1-{BOOT_SLOTS_MAX}")
+        slot_dir = raw.get("bootSlotDir", "/")
+        if not isinstance(slot_dir, str) or not slot_dir.startswith("/"):
+            raise ValueError(f"controller config: bootSlotDir: {slot_dir!r} is not an absolute path")
         args = {keys[k]: v for k, v in raw.items()}
         if "ceph" in raw:
             args["ceph"] = CephConfig.from_dict(raw["ceph"])
@@ -225,6 +239,8 @@ class Config:
 
 
 GRACE_MARGIN_S = 30
+BOOT_SLOTS_MAX = 1024  # the launcher's bootSlots.count range
+BOOT_SLOTS_MOUNT = "/run/zjusct-boot-slots"  # where a launcher Pod sees the node's boot slot directory
 
 
 # --------------------------------------------------------------------------- the root volume
@@ -363,7 +379,7 @@ def launcher_config(vm: dict, cfg: Config, rbd: Optional[dict] = None) -> dict:
     """
     md, spec = vm["metadata"], with_defaults(vm.get("spec") or {})
     boot = int(spec["bootID"])
-    return {
+    doc = {
         "apiVersion": "launcher.cloud.zjusct.io/v1", "kind": "LauncherConfig",
         "vm": {"namespace": md["namespace"], "name": md["name"], "uid": md["uid"], "bootID": boot},
         "machine": {"vcpus": int(spec["vcpus"]), "memoryMiB": int(spec["memoryMiB"])},
@@ -380,6 +396,9 @@ def launcher_config(vm: dict, cfg: Config, rbd: Optional[dict] = None) -> dict:
         "serialLogPath": "/vm/serial.log",
         "result": {"path": f"/vm/result-{boot}.json", "terminationMessagePath": "/dev/termination-log"},
     }
+    if cfg.max_concurrent_boots:
+        doc["bootSlots"] = {"directory": BOOT_SLOTS_MOUNT, "count": int(cfg.max_concurrent_boots)}
+    return doc
 
 
 def owner_reference(vm: dict) -> dict:
@@ -413,6 +432,10 @@ def launcher_pod(vm: dict, cfg: Config, rbd: Optional[dict] = None) -> dict:
                    ROOT_CLAIM: spec["rootVolumeClaim"]}
     extra_mounts: list[dict] = []
     extra_volumes: list[dict] = []
+    if cfg.max_concurrent_boots:
+        extra_mounts.append({"name": "boot-slots", "mountPath": BOOT_SLOTS_MOUNT})
+        extra_volumes.append({"name": "boot-slots",
+                              "hostPath": {"path": cfg.boot_slot_dir, "type": "DirectoryOrCreate"}})
     if rbd:
         if cfg.ceph is None:
             raise ValueError("launcher_pod: an RBD root disk needs the controller config's ceph section")

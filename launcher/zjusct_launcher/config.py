@@ -27,6 +27,7 @@ KVM_PROBE_TIMEOUT_SECONDS = (1, 60)
 TCG_TB_MIB = (16, 2048)
 READINESS_TIMEOUT_SECONDS = (1, 3600)
 STOP_TIMEOUT_SECONDS = (1, 3600)
+BOOT_SLOTS = (1, 1024)
 PORT = (1, 65535)
 # A VMM's uid/gid: never 0 (root), never 4294967295 ((uid_t)-1, "no change" to setresuid/chown).
 RUN_AS_ID = (1, 2**32 - 2)
@@ -145,6 +146,15 @@ class Readiness:
 
 
 @dataclass(frozen=True)
+class BootSlots:
+    """At most ``count`` guests of this host boot at once: each launcher holds one ``<directory>/slot-<i>.lock``
+    (flock) from just before it starts the VMM until the guest is ready (docs/launcher-protocol.md)."""
+
+    directory: str
+    count: int
+
+
+@dataclass(frozen=True)
 class LauncherConfig:
     vm: VMRef
     machine: Machine
@@ -160,6 +170,7 @@ class LauncherConfig:
     result_path: str
     termination_message_path: str | None
     ready_marker_path: str
+    boot_slots: BootSlots | None = None
     raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
 
@@ -509,8 +520,18 @@ def _parse_readiness(c: _Checker, raw: Any, net: Network) -> Readiness | None:
     return Readiness(host, port, timeout)
 
 
+def _parse_boot_slots(c: _Checker, raw: Any) -> BootSlots | None:
+    if raw is None:
+        return None
+    d = c.obj("bootSlots", raw, ("directory", "count"), ("directory", "count"))
+    directory = c.abs_path("bootSlots.directory", d["directory"]) if "directory" in d else ""
+    count = c.integer("bootSlots.count", d["count"], BOOT_SLOTS) if "count" in d else 1
+    return BootSlots(directory, count)
+
+
 TOP_FIELDS = ("apiVersion", "kind", "vm", "machine", "boot", "rootDisk", "identity", "network", "hypervisor",
-              "readiness", "stopTimeoutSeconds", "runtimeDir", "serialLogPath", "result", "readyMarkerPath")
+              "readiness", "bootSlots", "stopTimeoutSeconds", "runtimeDir", "serialLogPath", "result",
+              "readyMarkerPath")
 TOP_REQUIRED = ("apiVersion", "kind", "vm", "machine", "boot", "rootDisk", "network", "hypervisor", "runtimeDir",
                 "serialLogPath", "result")
 
@@ -553,6 +574,7 @@ def parse(doc: Any) -> LauncherConfig:
         if root.format != "raw":
             c.bad("rootDisk.format", f"{_show(root.format)} is only available with hypervisor.type qemu"
                                      " (Firecracker opens raw files only)")
+    boot_slots = _parse_boot_slots(c, d.get("bootSlots"))
     stop = c.integer("stopTimeoutSeconds", d.get("stopTimeoutSeconds", 30), STOP_TIMEOUT_SECONDS)
     runtime_dir = c.abs_path("runtimeDir", d["runtimeDir"]) if "runtimeDir" in d else ""
     if len(runtime_dir) > RUNTIME_DIR_MAX:
@@ -569,7 +591,7 @@ def parse(doc: Any) -> LauncherConfig:
     if c.problems:
         raise ConfigError(c.problems)
     return LauncherConfig(vm, machine, boot, root, identity, net, hyp, readiness, stop, runtime_dir, serial,
-                          result_path, term, ready_path, raw=doc)
+                          result_path, term, ready_path, boot_slots, raw=doc)
 
 
 def environment_problems(cfg: LauncherConfig) -> list[str]:

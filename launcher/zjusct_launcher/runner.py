@@ -34,6 +34,7 @@ from zjusct_launcher.result import EXIT_ALREADY_RUNNING, Result, publish, write_
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 QMP_CONNECT_TIMEOUT_SECONDS = 30.0
 POLL_SECONDS = 1.0
+BOOT_SLOT_POLL_SECONDS = 0.2  # how often a launcher waiting for a boot slot tries the slots again
 GRACEFUL_RETRY_SECONDS = 0.05  # Firecracker API not listening yet at a stop: try SendCtrlAltDel again this often
 PANIC_MARKER = b"Kernel panic - not syncing"
 WATCHDOG_EXIT_SECONDS = 5.0
@@ -154,6 +155,8 @@ class Runner:
         self.guest_panicked = False
         self.serial_offset = 0
         self.vmm_stderr: deque[str] = deque(maxlen=20)
+        self.boot_slot_fd: int | None = None
+        self.boot_slot_since = 0.0
         self._ready_stop = threading.Event()
         self._ready_outcome: list[bytes | None] = []
 
@@ -219,6 +222,8 @@ class Runner:
         binary = self._resolve_binary()
         jailer = self._resolve_jailer()
         accel = self._decide_accel(binary)
+        if not self._take_boot_slot():
+            return "StopRequested", f"{self.stop_signal} while waiting for a boot slot; nothing was started", None
         self._prepare()
         if jailer is not None:
             self._prepare_jail(binary)
@@ -273,6 +278,46 @@ class Runner:
         raise _Fail("HypervisorMissing", f"KVM is not usable ({verdict.detail}) and "
                     + ("firecracker needs KVM" if hyp.type == "firecracker" else
                        "TCG is not allowed" if hyp.accel == "auto" else "hypervisor.accel is kvm"))
+
+    def _take_boot_slot(self) -> bool:
+        """Wait for one of the host's boot slots (config ``bootSlots``; none configured: no wait).
+
+        The slot is held from here until the guest is ready, its readiness times out, or the run ends (see
+        :meth:`_release_boot_slot`), so at most ``bootSlots.count`` guests of the host boot at once; the
+        readiness timeout counts from the VMM's start, after the wait. Returns False when a stop signal arrived
+        while waiting. Raises _Fail(LauncherError) when the slot directory cannot be used.
+        """
+        slots = self.cfg.boot_slots
+        if slots is None:
+            return True
+        began = time.monotonic()
+        announced = False
+        while True:
+            try:
+                got = lock.try_boot_slot(slots.directory, slots.count)
+            except OSError as exc:
+                raise _Fail("LauncherError", f"bootSlots.directory {slots.directory}: {exc}") from None
+            if got is not None:
+                self.boot_slot_fd, index = got
+                self.boot_slot_since = time.monotonic()
+                log.info("boot slot acquired", slot=index, count=slots.count,
+                         waitedSeconds=round(self.boot_slot_since - began, 3))
+                return True
+            if self.stop_requested:
+                return False
+            if not announced:
+                log.info("waiting for a boot slot", directory=slots.directory, count=slots.count)
+                announced = True
+            readable, _unused, _unused = select.select([self._wake_r], [], [], BOOT_SLOT_POLL_SECONDS)
+            if readable:
+                self._drain(self._wake_r)
+
+    def _release_boot_slot(self, cause: str) -> None:
+        if self.boot_slot_fd is None:
+            return
+        os.close(self.boot_slot_fd)
+        self.boot_slot_fd = None
+        log.info("boot slot released", cause=cause, heldSeconds=round(time.monotonic() - self.boot_slot_since, 3))
 
     def _prepare(self) -> None:
         cfg, paths = self.cfg, self.paths
@@ -566,6 +611,7 @@ class Runner:
             log.warning("readiness timeout: no SSH banner; stopping the guest",
                         host=r.host if r else None, port=r.port if r else None,
                         timeoutSeconds=r.timeout_seconds if r else None)
+            self._release_boot_slot("readiness timeout")
 
     def _mark_ready(self, banner: bytes | None) -> None:
         self.ready_at = log.rfc3339()
@@ -573,6 +619,7 @@ class Runner:
                   "banner": banner.split(b"\r")[0].split(b"\n")[0].decode(errors="replace") if banner else None}
         write_atomic(self.cfg.ready_marker_path, (json.dumps(marker) + "\n").encode())
         log.info("guest ready", readyAt=self.ready_at, banner=marker["banner"])
+        self._release_boot_slot("guest ready")
 
     def _serial_shows_panic(self) -> bool:
         try:
@@ -595,6 +642,7 @@ class Runner:
     def _cleanup(self, status: int | None) -> int | None:
         """Leave nothing behind: VMM dead and reaped, TAP removed (if ours), transient files gone."""
         self._ready_stop.set()
+        self._release_boot_slot("run ended")
         if self.proc is not None:
             if self.proc.poll() is None:
                 log.warning("killing the VMM during cleanup", pid=self.proc.pid)

@@ -90,7 +90,7 @@ def launcher_config(cfg: HostConfig, vm: dict, volume: dict, lease: dict, root_d
     with open(os.path.join(volume["image"], "manifest.json"), encoding="utf-8") as fh:
         manifest = json.load(fh)
     prefix = net.prefix_length(cfg.subnet)
-    return {
+    doc = {
         "apiVersion": LAUNCHER_API,
         "kind": "LauncherConfig",
         "vm": {"namespace": ns, "name": name, "uid": meta["uid"], "bootID": boot},
@@ -114,6 +114,10 @@ def launcher_config(cfg: HostConfig, vm: dict, volume: dict, lease: dict, root_d
         "result": {"path": paths.result(boot)},
         "readyMarkerPath": paths.ready(boot),
     }
+    slots = cfg.boot_slots()
+    if slots is not None:
+        doc["bootSlots"] = slots
+    return doc
 
 
 def observed_status(supervisor: Supervisor, vm: dict, paths: sup.LauncherPaths,

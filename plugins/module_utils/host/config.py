@@ -26,6 +26,7 @@ DEFAULT_PATH = "/etc/zjusct-cloud/host.json"
 VMM_UID_BASE = 1610612736
 VMM_UID_MIN_BASE = 65536
 VMM_UID_MAX = 2**31 - 1
+BOOT_SLOTS_MAX = 1024  # the launcher's bootSlots.count range (docs/launcher-protocol.md)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,9 @@ class HostConfig:
         stop_timeout_seconds: graceful stop budget before the VMM is killed.
         readiness_timeout_seconds: how long a boot may take to answer SSH.
         tcg_translation_cache_mib: QEMU TCG translation cache size (MiB).
+        max_concurrent_boots: at most this many guests of the host boot at once (launcher ``bootSlots``,
+            docs/launcher-protocol.md); a start beyond it waits for a slot before its VMM starts. 0 = no limit.
+        boot_slot_dir: the slot files' directory, shared by every launcher of the host.
         physical: node capacity for placement: cpu (vCPUs), memory (MiB), disk (MiB); 0 means "measure
             this host". Not bandwidth: that is ``nic_mbps``, admitted by the QoS arbitration alone.
         ratios: overcommit ratios per dimension (defaults in model.placement); ``bandwidth`` is the QoS
@@ -109,6 +113,8 @@ class HostConfig:
     stop_timeout_seconds: int = 60
     readiness_timeout_seconds: int = 600
     tcg_translation_cache_mib: int = 256
+    max_concurrent_boots: int = 0
+    boot_slot_dir: str = "/run/lock/zjusct-cloud/boot-slots"
     physical: dict = field(default_factory=dict)
     ratios: dict = field(default_factory=dict)
     nic_mbps: int = 1000
@@ -155,6 +161,12 @@ class HostConfig:
         if self.hypervisor == "firecracker" and out["runAs"] is not None:
             out["jailer"] = {"binary": self.jailer_binary or None, "chrootBaseDir": self.jailer_chroot_base_dir}
         return out
+
+    def boot_slots(self) -> Optional[dict]:
+        """The launcher's ``bootSlots`` (``{"directory", "count"}``), or None when ``max_concurrent_boots`` is 0."""
+        if not self.max_concurrent_boots:
+            return None
+        return {"directory": self.boot_slot_dir, "count": self.max_concurrent_boots}
 
     def volume_settings(self) -> VolumeSettings:
         """What the volume drivers read (:class:`storage.driver.VolumeSettings`): ``volumes_dir`` and ``rbd``."""
@@ -229,6 +241,13 @@ def load(path: Optional[str] = None) -> HostConfig:
         raise ValueError(f"host_config: gateway_dir: {data['gateway_dir']!r} needs nat: true and a netns of its"
                          " own (the gateway reaches guests over the uplink); hypervisor_ssh_gateway needs"
                          " hypervisor_nat and hypervisor_netns")
+    boots = data.get("max_concurrent_boots", HostConfig.max_concurrent_boots)
+    if isinstance(boots, bool) or not isinstance(boots, int) or not 0 <= boots <= BOOT_SLOTS_MAX:
+        raise ValueError(f"host_config: max_concurrent_boots: {boots!r} is not 0 (no limit) or an integer"
+                         f" 1-{BOOT_SLOTS_MAX} (hypervisor_max_concurrent_boots; launcher bootSlots.count)")
+    if not os.path.isabs(data.get("boot_slot_dir", HostConfig.boot_slot_dir)):
+        raise ValueError(f"host_config: boot_slot_dir: {data['boot_slot_dir']!r} is not an absolute path"
+                         " (hypervisor_boot_slot_dir)")
     if data.get("gateway_dir") and not os.path.isabs(data["gateway_dir"]):
         raise ValueError(f"host_config: gateway_dir: {data['gateway_dir']!r} is not an absolute path")
     return HostConfig(**data)

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.ceph import Cluster
+from tests.conftest import TEST_BOOT_SLOT_DIR, TEST_BOOT_SLOTS
 from tests.e2e.host.conftest import REPO, Cloud, launcher_pids
 from tests.integration.ceph.conftest import ceph_cluster  # noqa: F401  (session fixture used below)
 
@@ -70,6 +71,8 @@ def rbd_cloud(guest_image, ceph_cluster: Cluster, tmp_path_factory) -> Iterator[
         "stop_timeout_seconds": 90,
         "readiness_timeout_seconds": 900,
         "tcg_translation_cache_mib": 128,
+        "max_concurrent_boots": TEST_BOOT_SLOTS,
+        "boot_slot_dir": TEST_BOOT_SLOT_DIR,
         "volume_driver": "rbd",
         "rbd": {"pool": "rbd", "conf": str(ceph_cluster.conf), "user": "admin",
                 "keyring_path": str(ceph_cluster.keyring)},

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import TEST_BOOT_SLOT_DIR, TEST_BOOT_SLOTS
+
 REPO = Path(__file__).resolve().parents[3]
 VENV_BIN = Path(sys.executable).parent
 
@@ -148,6 +150,8 @@ def cloud(guest_image, tmp_path_factory) -> Cloud:
         # TCG guests on a shared, loaded test host (load 25+ on 2 cores seen) take more than 10 minutes to answer
         "readiness_timeout_seconds": 1800,
         "tcg_translation_cache_mib": 128,
+        "max_concurrent_boots": TEST_BOOT_SLOTS,
+        "boot_slot_dir": TEST_BOOT_SLOT_DIR,
         # auto exercises the launcher's KVM probe (on the CI machines KVM runs real mode only: the probe's kernel
         # stage falls back to TCG); ZJUSCT_E2E_ACCEL=tcg skips the probe
         "accel": os.environ.get("ZJUSCT_E2E_ACCEL", "auto"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import shutil
 import signal
 import socket
@@ -17,6 +18,8 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from zjusct_launcher import lock
 
 from tests.guest_image_fixture import GuestImage, config_disk
 
@@ -56,6 +59,9 @@ class Vm:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
+    # {"directory", "count"}: hold one of the machine's boot slots (the launcher's bootSlots) from start until SSH
+    boot_slots: dict | None = None
+    slot_fd: int | None = None
 
     @property
     def serial_log(self) -> Path:
@@ -79,7 +85,25 @@ class Vm:
         (self.workdir / "config.tar").write_bytes(
             config_disk(self.instance_id, self.name, self.authorized_keys, network))
 
+    def take_boot_slot(self, timeout: float = 3600.0) -> None:
+        """Wait for a free boot slot (no-op without ``boot_slots``); released by :meth:`release_boot_slot`."""
+        if self.boot_slots is None or self.slot_fd is not None:
+            return
+        deadline = time.monotonic() + timeout
+        while (got := lock.try_boot_slot(self.boot_slots["directory"], self.boot_slots["count"])) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name}: no boot slot free within {timeout}s")
+            time.sleep(0.2)
+        self.slot_fd = got[0]
+
+    def release_boot_slot(self) -> None:
+        if self.slot_fd is not None:
+            os.close(self.slot_fd)
+            self.slot_fd = None
+
     def start(self, memory_mib: int = 512) -> None:
+        """Start QEMU (after taking a boot slot when ``boot_slots`` is set)."""
+        self.take_boot_slot()
         self.prepare()
         self.qmp_path.unlink(missing_ok=True)
         argv = [
@@ -110,19 +134,22 @@ class Vm:
     def wait_ssh_banner(self, timeout: float = 300.0) -> float:
         """Seconds from start until the guest's sshd sends ``SSH-`` (a bare TCP accept proves nothing: slirp
         accepts before sshd runs). Raises TimeoutError with the serial log tail."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name}: QEMU exited ({self.proc.returncode}) before SSH:\n{self.tail()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
-                    s.settimeout(10)
-                    if s.recv(4) == b"SSH-":
-                        return time.monotonic() - self.started_at
-            except OSError:
-                pass
-            time.sleep(1)
-        raise TimeoutError(f"{self.name}: no SSH banner within {timeout}s:\n{self.tail()}")
+        try:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if self.proc is not None and self.proc.poll() is not None:
+                    raise RuntimeError(f"{self.name}: QEMU exited ({self.proc.returncode}) before SSH:\n{self.tail()}")
+                try:
+                    with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
+                        s.settimeout(10)
+                        if s.recv(4) == b"SSH-":
+                            return time.monotonic() - self.started_at
+                except OSError:
+                    pass
+                time.sleep(1)
+            raise TimeoutError(f"{self.name}: no SSH banner within {timeout}s:\n{self.tail()}")
+        finally:
+            self.release_boot_slot()
 
     def ssh(self, key: Path, command: str, timeout: float = 120.0) -> str:
         """Run ``command`` as root in the guest; returns stdout, raises CalledProcessError on failure."""
@@ -170,6 +197,7 @@ class Vm:
 
     def close(self) -> None:
         """Stop QEMU by pid (SIGTERM, then SIGKILL) if it is still running."""
+        self.release_boot_slot()
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.terminate()

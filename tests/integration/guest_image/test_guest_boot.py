@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import TEST_BOOT_SLOTS, boot_slots
 from tests.guest_image_fixture import GuestImage
 from tests.integration.guest_image.qemu_vm import Vm, make_key
 
@@ -39,10 +40,13 @@ def booted_pair(guest_image: GuestImage, tmp_path_factory: pytest.TempPathFactor
     work = tmp_path_factory.mktemp("guest-pair")
     key, pub = make_key(work)
     a = Vm(guest_image, work / "alice", "alice", "0b6e5e1c-0000-4000-8000-00000000000a", [pub],
-           mac="52:54:00:00:00:0a")
-    b = Vm(guest_image, work / "bob", "bob", "0b6e5e1c-0000-4000-8000-00000000000b", [pub], mac="52:54:00:00:00:0b")
+           mac="52:54:00:00:00:0a", boot_slots=boot_slots())
+    b = Vm(guest_image, work / "bob", "bob", "0b6e5e1c-0000-4000-8000-00000000000b", [pub], mac="52:54:00:00:00:0b",
+           boot_slots=boot_slots())
     try:
         a.start()
+        if TEST_BOOT_SLOTS < 2:  # b's start waits for a slot: a must get to SSH (and free its slot) first
+            a.wait_ssh_banner(BOOT_TIMEOUT_S)
         b.start()
         with ThreadPoolExecutor(2) as pool:
             list(pool.map(lambda vm: vm.wait_ssh_banner(BOOT_TIMEOUT_S), (a, b)))
@@ -59,7 +63,6 @@ def pair(booted_pair: Pair) -> Pair:
     down = [vm for vm in (booted_pair.a, booted_pair.b) if vm.proc is None or vm.proc.poll() is not None]
     for vm in down:
         vm.start()
-    for vm in down:
         vm.wait_ssh_banner(BOOT_TIMEOUT_S)
     return booted_pair
 

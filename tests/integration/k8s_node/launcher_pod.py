@@ -19,6 +19,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from tests.conftest import TEST_BOOT_SLOT_DIR, boot_slots
+
+BOOT_SLOTS_MOUNT = "/run/zjusct-boot-slots"  # the node's boot slot directory in the Pod (hostPath)
 GUEST_IP = "10.0.3.2"
 GUEST_CIDR = f"{GUEST_IP}/30"
 POD_SIDE = "10.0.3.1"
@@ -60,6 +63,7 @@ def launcher_config(name: str, image_dir: Path, cmdline: str, pubkey: str, *, bo
                     "ipv4": GUEST_CIDR, "gateway": POD_SIDE, "dns": []},
         "hypervisor": {"type": "qemu", "accel": "tcg", "tcgTranslationCacheMiB": 128},
         "readiness": {"timeoutSeconds": 1500},
+        "bootSlots": {**boot_slots(), "directory": BOOT_SLOTS_MOUNT} if in_pod else boot_slots(),
         "stopTimeoutSeconds": 120,
         "runtimeDir": "/run/zjusct/vm" if in_pod else str(vm / "run"),
         "serialLogPath": str(vm / "serial.log"),
@@ -97,6 +101,7 @@ def launcher_pod(name: str, image: str, placement: dict[str, Any], image_dir: Pa
                     {"name": "config", "mountPath": "/etc/zjusct", "readOnly": True},
                     {"name": "tun", "mountPath": "/dev/net/tun"},
                     {"name": "run", "mountPath": "/run/zjusct"},
+                    {"name": "boot-slots", "mountPath": BOOT_SLOTS_MOUNT},
                 ],
             }],
             "volumes": [
@@ -105,6 +110,7 @@ def launcher_pod(name: str, image: str, placement: dict[str, Any], image_dir: Pa
                 {"name": "config", "configMap": {"name": config_map}},
                 {"name": "tun", "hostPath": {"path": "/dev/net/tun", "type": "CharDevice"}},
                 {"name": "run", "emptyDir": {"medium": "Memory"}},
+                {"name": "boot-slots", "hostPath": {"path": TEST_BOOT_SLOT_DIR, "type": "DirectoryOrCreate"}},
             ],
         },
     }

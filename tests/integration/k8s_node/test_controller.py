@@ -24,6 +24,7 @@ import pytest
 from kubernetes import client
 
 from tests.cluster import Cluster, RealNode, wait_for
+from tests.conftest import TEST_BOOT_SLOT_DIR, TEST_BOOT_SLOTS
 from tests.integration.cloudvm_k8s import cloudvm_helpers
 from tests.integration.cloudvm_k8s.cloudvm_helpers import PlayRun, cloudvm_task, finish_play, run_play
 from tests.integration.k8s_node.controller_helpers import (
@@ -71,6 +72,7 @@ def env(k8s_cluster: Cluster, real_node: RealNode, launcher_image: dict[str, Any
     cfg = tmp_path / "controller.json"
     cfg.write_text(json.dumps({"launcherImage": launcher_image["tag"], "imageDir": str(guest_image.dir),
                                "cmdline": guest_image.default_cmdline, "accel": "tcg",
+                               "maxConcurrentBoots": TEST_BOOT_SLOTS, "bootSlotDir": TEST_BOOT_SLOT_DIR,
                                "nodeSelector": placement["nodeSelector"], "tolerations": placement["tolerations"]}))
     key = tmp_path / "id_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True, timeout=60)

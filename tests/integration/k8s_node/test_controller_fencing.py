@@ -28,6 +28,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.ceph import Cluster as CephCluster
 from tests.cluster import Cluster, RealNode, wait_for
+from tests.conftest import TEST_BOOT_SLOT_DIR, TEST_BOOT_SLOTS
 from tests.integration.k8s_node.controller_helpers import (
     BOOT_TIMEOUT,
     UNUSED_PUBKEY,
@@ -93,6 +94,7 @@ def test_kubelet_killed_is_unknown_with_no_second_writer_until_out_of_service_fe
     cfg = tmp_path / "controller.json"
     cfg.write_text(json.dumps({"launcherImage": launcher_image["tag"], "imageDir": str(guest_image.dir),
                                "cmdline": guest_image.default_cmdline, "accel": "tcg",
+                               "maxConcurrentBoots": TEST_BOOT_SLOTS, "bootSlotDir": TEST_BOOT_SLOT_DIR,
                                "nodeSelector": placement["nodeSelector"], "tolerations": placement["tolerations"],
                                "ceph": {"monitors": [pod_ceph.mon_host], "user": CEPH_USER, "secretName": SECRET,
                                         "fenceUser": FENCE_USER, "fenceKeyring": str(fence_keyring)}}))

@@ -20,6 +20,7 @@ from kubernetes import client
 
 from tests.ceph import Cluster as CephCluster
 from tests.cluster import Cluster, RealNode, wait_for
+from tests.conftest import TEST_BOOT_SLOT_DIR, TEST_BOOT_SLOTS
 from tests.integration.k8s_node.conftest import CEPH_ADDR
 from tests.integration.k8s_node.controller_helpers import (
     BOOT_TIMEOUT,
@@ -60,6 +61,7 @@ def test_rbd_root_disk_boots_keeps_a_file_across_stop_and_start_and_the_key_is_n
     cfg = tmp_path / "controller.json"
     cfg.write_text(json.dumps({"launcherImage": launcher_image["tag"], "imageDir": str(guest_image.dir),
                                "cmdline": guest_image.default_cmdline, "accel": "tcg",
+                               "maxConcurrentBoots": TEST_BOOT_SLOTS, "bootSlotDir": TEST_BOOT_SLOT_DIR,
                                "nodeSelector": placement["nodeSelector"], "tolerations": placement["tolerations"],
                                "ceph": {"monitors": [pod_ceph.mon_host], "user": CEPH_USER,
                                         "secretName": SECRET}}))

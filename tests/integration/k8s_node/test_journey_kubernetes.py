@@ -26,6 +26,7 @@ import yaml
 from kubernetes import client
 
 from tests.cluster import Cluster, RealNode, wait_for
+from tests.conftest import TEST_BOOT_SLOT_DIR, TEST_BOOT_SLOTS
 from tests.e2e.playbook_results import task_result
 from tests.integration.inventory_k8s.inventory_k8s_helpers import run_inventory
 from tests.integration.k8s_node.controller_helpers import ceph_user_secret, ssh
@@ -97,6 +98,7 @@ def test_site_then_vm_start_inventory_stop_start_backup_restore_delete_on_kubern
                  "cluster_controller_config": {
                      "launcherImage": launcher_image["tag"], "imageDir": str(guest_image.dir),
                      "cmdline": guest_image.default_cmdline, "accel": "tcg",
+                     "maxConcurrentBoots": TEST_BOOT_SLOTS, "bootSlotDir": TEST_BOOT_SLOT_DIR,
                      "nodeSelector": placement["nodeSelector"], "tolerations": placement["tolerations"],
                      "ceph": {"monitors": [pod_ceph.mon_host], "user": CEPH_USER, "secretName": SECRET}},
                  "cluster_controller_node_selector": placement["nodeSelector"],

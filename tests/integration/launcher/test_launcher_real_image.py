@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import boot_slots
 from tests.integration.launcher.harness import Launched, base_config, free_port, leftovers, wait_dead
 
 pytestmark = [pytest.mark.guest, pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -61,6 +62,7 @@ class RealFleet:
         vmm_id = REAL_VMM_ID_BASE + sorted(NAMES).index(name)
         cfg["hypervisor"]["runAs"] = {"uid": vmm_id, "gid": vmm_id}
         cfg["readiness"] = {"timeoutSeconds": 1500}
+        cfg["bootSlots"] = boot_slots()  # Debian boots take the machine's slots; the tiny busybox guests do not
         cfg["stopTimeoutSeconds"] = 120
         vm = Launched(cfg, work)
         self.vms[f"{name}#{boot_id}"] = vm

@@ -260,3 +260,22 @@ def test_config_refuses_unknown_and_missing_keys() -> None:
         Config.from_dict({"launcherImage": "x", "imageDir": "/x", "cmdline": "c", "bogus": 1})
     with pytest.raises(ValueError, match="required keys missing: imageDir"):
         Config.from_dict({"launcherImage": "x", "cmdline": "c"})
+
+
+def test_max_concurrent_boots_mounts_the_nodes_slot_directory_and_sets_boot_slots() -> None:
+    assert "bootSlots" not in json.loads(launcher_pod(vm(), CFG)["metadata"]["annotations"][
+        "cloud.zjusct.io/launcher-config"])
+    cfg = Config.from_dict({"launcherImage": "x", "imageDir": "/x", "cmdline": "c", "maxConcurrentBoots": 2,
+                            "bootSlotDir": "/run/lock/hv/slots"})
+    body = launcher_pod(vm(), cfg)
+    launcher = json.loads(body["metadata"]["annotations"]["cloud.zjusct.io/launcher-config"])
+    assert launcher["bootSlots"] == {"directory": "/run/zjusct-boot-slots", "count": 2}
+    assert {"name": "boot-slots", "hostPath": {"path": "/run/lock/hv/slots", "type": "DirectoryOrCreate"}} \
+        in body["spec"]["volumes"]
+    assert {"name": "boot-slots", "mountPath": "/run/zjusct-boot-slots"} in body["spec"]["containers"][0][
+        "volumeMounts"]
+    for bad, named in (({"maxConcurrentBoots": -1}, "maxConcurrentBoots: -1 is not 0"),
+                       ({"maxConcurrentBoots": True}, "maxConcurrentBoots: True"),
+                       ({"bootSlotDir": "slots"}, "bootSlotDir: 'slots' is not an absolute path")):
+        with pytest.raises(ValueError, match=named):
+            Config.from_dict({"launcherImage": "x", "imageDir": "/x", "cmdline": "c", **bad})

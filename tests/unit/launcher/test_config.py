@@ -151,6 +151,12 @@ INVALID: list[tuple[str, Any, str]] = [
     ("readiness.timeoutSeconds", 0, "readiness.timeoutSeconds: 0 is below the minimum 1"),
     ("readiness.timeoutSeconds", 7200, "readiness.timeoutSeconds: 7200 is above the maximum 3600"),
     ("readiness", DELETE, "readiness: is required when network.mode is tap"),
+    ("bootSlots", {"directory": "/run/lock/slots", "count": 0}, "bootSlots.count: 0 is below the minimum 1"),
+    ("bootSlots", {"directory": "/run/lock/slots", "count": 1025}, "bootSlots.count: 1025 is above the maximum 1024"),
+    ("bootSlots", {"directory": "slots", "count": 2}, 'bootSlots.directory: "slots" is not an absolute path'),
+    ("bootSlots", {"count": 2}, "bootSlots.directory: required field is missing"),
+    ("bootSlots", {"directory": "/run/lock/slots"}, "bootSlots.count: required field is missing"),
+    ("bootSlots", {"directory": "/run/lock/slots", "count": 2, "wait": 1}, "bootSlots.wait: unknown field"),
     ("stopTimeoutSeconds", 0, "stopTimeoutSeconds: 0 is below the minimum 1"),
     ("stopTimeoutSeconds", 3601, "stopTimeoutSeconds: 3601 is above the maximum 3600"),
     ("runtimeDir", "/run/" + "x" * 100, "runtimeDir: is 105 characters long, above the maximum 96"),
@@ -285,3 +291,10 @@ def test_firecracker_needs_an_elf_kernel(tmp_path: Path) -> None:
     doc["boot"]["kernel"] = str(kernel)
     found = config.environment_problems(config.parse(doc))
     assert any("is not an uncompressed ELF vmlinux" in p for p in found), found
+
+
+def test_boot_slots_are_optional_and_parsed_when_given() -> None:
+    assert config.parse(example()).boot_slots is None
+    doc = set_path(example(), "bootSlots", {"directory": "/run/lock/zjusct-cloud/boot-slots", "count": 2})
+    assert config.parse(doc).boot_slots == config.BootSlots("/run/lock/zjusct-cloud/boot-slots", 2)
+    assert schema_ok(doc) and schema_ok(set_path(example(), "bootSlots", None))

@@ -57,3 +57,19 @@ def test_launcher_config_of_an_rbd_volume_is_valid_for_the_launcher(tmp_path):
                                        "keyringPath": str(keyring)}, "cache": "Writeback"}
     parsed = launcher_config.parse(doc)
     assert parsed.root_disk.rbd is not None and parsed.root_disk.rbd.image == "alice-root"
+    assert "bootSlots" not in doc
+    slotted = load(write(tmp_path, **{**json.loads((tmp_path / "host.json").read_text()), "max_concurrent_boots": 3}))
+    parsed = launcher_config.parse(backend.launcher_config(slotted, vm, volume, lease, root_disk))
+    assert parsed.boot_slots == launcher_config.BootSlots("/run/lock/zjusct-cloud/boot-slots", 3)
+
+
+def test_max_concurrent_boots_becomes_the_launchers_boot_slots(tmp_path):
+    assert load(write(tmp_path)).boot_slots() is None  # default 0: no limit, no bootSlots in the config
+    cfg = load(write(tmp_path, max_concurrent_boots=2, boot_slot_dir="/run/lock/hv/slots"))
+    assert cfg.boot_slots() == {"directory": "/run/lock/hv/slots", "count": 2}
+    for bad, named in (({"max_concurrent_boots": -1}, "max_concurrent_boots: -1 is not 0"),
+                       ({"max_concurrent_boots": 1025}, "max_concurrent_boots: 1025"),
+                       ({"max_concurrent_boots": "2"}, "max_concurrent_boots: '2'"),
+                       ({"boot_slot_dir": "slots"}, "boot_slot_dir: 'slots' is not an absolute path")):
+        with pytest.raises(ValueError, match=named):
+            load(write(tmp_path, **bad))
