@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Guest boot time under TCG: the image's default kernel command line vs variants of it, in the same run.
+"""Guest boot time under TCG: the image's default kernel command line vs variants of it, or the launcher's TCG CPU
+model vs others (``--cpu``), in the same run.
 
 Every test that boots a guest, the quickstart and the Molecule scenarios wait for a first boot of the cached
 Debian image (QEMU/TCG: no nested KVM here), so the guest's own boot is most of their time. This bench boots the
@@ -15,9 +16,12 @@ Variants (``--variant NAME`` picks some; ``verbose`` is always the baseline):
             image's default now)
   lean      + ``quiet`` and ``systemd.mask=`` for units a cloud guest without EFI, FUSE, binfmt or kernel debugging
             does not use (names in LEAN_MASKS)
-Prints each boot, then per variant the median and the same-run ratio median(variant) / median(verbose), with
-the load average before and after. Usage:
+With ``--cpu`` the variants are ``hypervisor.tcgCPUModel`` values instead, all with the image's own command line:
+``max`` (the launcher's model before 2026-12-02; the baseline), ``qemu64,+rdrand`` (its default since) and
+``Nehalem,+rdrand`` (x86-64-v2). Prints each boot, then per variant the median and the same-run ratio
+median(variant) / median(baseline), with the load average before and after. Usage:
   /var/cache/zjusct-cloud/venv/bin/python bench/guest_boot.py [--rounds 3] [--variant quiet --variant lean]
+  /var/cache/zjusct-cloud/venv/bin/python bench/guest_boot.py --cpu [--rounds 3]
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ LEAN_MASKS = (
     "modprobe@drm.service", "modprobe@efi_pstore.service", "modprobe@fuse.service", "systemd-pstore.service",
     "systemd-binfmt.service", "proc-sys-fs-binfmt_misc.automount",
 )
+CPU_MODELS = ("max", "qemu64,+rdrand", "Nehalem,+rdrand")  # the first is the --cpu baseline
 VARIANTS = {
     "verbose": "",
     "quiet": "quiet",
@@ -63,14 +68,17 @@ def image() -> tuple[Path, dict]:
     return Path(manifests[-1]).parent, json.loads(Path(manifests[-1]).read_text())
 
 
-def boot(set_dir: Path, cmdline: str, work: Path) -> float:
-    """One first boot of a fresh root copy with ``cmdline``: seconds from the launcher's start to ready."""
+def boot(set_dir: Path, cmdline: str, work: Path, cpu_model: str | None = None) -> float:
+    """One first boot of a fresh root copy with ``cmdline`` (and ``hypervisor.tcgCPUModel``, None: the
+    launcher's default): seconds from the launcher's start to ready."""
     disk = work / "root.raw"
     subprocess.run(["cp", "--sparse=always", str(set_dir / "rootfs.raw"), str(disk)], check=True, timeout=600)
     name = f"boot-{uuid.uuid4().hex[:8]}"
     cfg = base_config(work, name, kernel=str(set_dir / "vmlinuz"), initrd=str(set_dir / "initrd.img"),
                       disk=str(disk), cmdline=cmdline, port=free_port(), memory_mib=512)
     cfg["hypervisor"]["tcgTranslationCacheMiB"] = 256
+    if cpu_model is not None:
+        cfg["hypervisor"]["tcgCPUModel"] = cpu_model
     try:
         elapsed = run_launcher(cfg, work)[0]
     finally:
@@ -82,28 +90,35 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--variant", action="append", choices=[v for v in VARIANTS if v != "verbose"])
+    parser.add_argument("--cpu", action="store_true", help="compare TCG CPU models (CPU_MODELS) instead")
     args = parser.parse_args()
-    names = ["verbose", *(args.variant or [v for v in VARIANTS if v != "verbose"])]
     set_dir, manifest = image()
-    base = " ".join(t for t in manifest["defaultCmdline"].split() if t != "quiet")
-    print(f"image {set_dir.name}; its cmdline without quiet: {base}")
-    for n in names[1:]:
-        print(f"  {n}: + {VARIANTS[n]}")
+    if args.cpu:
+        names = list(CPU_MODELS)
+        print(f"image {set_dir.name}; cmdline {manifest['defaultCmdline']}; -cpu variants, baseline {names[0]}")
+    else:
+        names = ["verbose", *(args.variant or [v for v in VARIANTS if v != "verbose"])]
+        base = " ".join(t for t in manifest["defaultCmdline"].split() if t != "quiet")
+        print(f"image {set_dir.name}; its cmdline without quiet: {base}")
+        for n in names[1:]:
+            print(f"  {n}: + {VARIANTS[n]}")
     load0 = os.getloadavg()[0]
     times: dict[str, list[float]] = {n: [] for n in names}
     with tempfile.TemporaryDirectory(prefix="zjusct-bench-boot-") as tmp:
         for r in range(args.rounds):
             order = names[r % len(names):] + names[:r % len(names)]
             for n in order:
-                cmdline = f"{base} {VARIANTS[n]}".strip()
-                t = boot(set_dir, cmdline, Path(tmp))
+                if args.cpu:
+                    t = boot(set_dir, manifest["defaultCmdline"], Path(tmp), cpu_model=n)
+                else:
+                    t = boot(set_dir, f"{base} {VARIANTS[n]}".strip(), Path(tmp))
                 times[n].append(t)
-                print(f"round {r + 1}: {n:8s} {t:7.2f} s (load {os.getloadavg()[0]:.1f})", flush=True)
-    ref = statistics.median(times["verbose"])
+                print(f"round {r + 1}: {n:16s} {t:7.2f} s (load {os.getloadavg()[0]:.1f})", flush=True)
+    ref = statistics.median(times[names[0]])
     print(f"load average {load0:.1f} -> {os.getloadavg()[0]:.1f}; {args.rounds} rounds, same-run ratios:")
     for n in names:
         m = statistics.median(times[n])
-        print(f"  {n:8s} median {m:7.2f} s (runs {min(times[n]):.2f}-{max(times[n]):.2f}) ratio {m / ref:.3f}")
+        print(f"  {n:16s} median {m:7.2f} s (runs {min(times[n]):.2f}-{max(times[n]):.2f}) ratio {m / ref:.3f}")
     return 0
 
 

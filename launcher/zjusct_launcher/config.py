@@ -25,6 +25,11 @@ MEMORY_MIB = (128, 4096)
 BOOT_ID = (0, 2**31 - 1)
 KVM_PROBE_TIMEOUT_SECONDS = (1, 60)
 TCG_TB_MIB = (16, 2048)
+# QEMU's -cpu under TCG: the baseline x86-64 model plus RDRAND, which early-boot entropy needs (getrandom() for
+# sshd's host keys). Measured (bench/guest_boot.py --cpu, docs/benchmarks.md): a Debian guest reaches SSH 8-20 %
+# sooner than with "max", whose AVX2/SSE4.2 code paths in glibc TCG emulates slowly ("Nehalem" is slower still).
+TCG_CPU_MODEL = "qemu64,+rdrand"
+CPU_MODEL_RE = re.compile(r"^[A-Za-z0-9_.-]+(,[+-]?[A-Za-z0-9_.-]+(=[A-Za-z0-9_.-]+)?)*$")
 READINESS_TIMEOUT_SECONDS = (1, 3600)
 STOP_TIMEOUT_SECONDS = (1, 3600)
 BOOT_SLOTS = (1, 1024)
@@ -133,6 +138,7 @@ class Hypervisor:
     binary: str | None = None
     kvm_probe_timeout_seconds: int = 5
     tcg_translation_cache_mib: int = 256
+    tcg_cpu_model: str = TCG_CPU_MODEL
     run_as: RunAs | None = None
     seccomp: bool = True
     jailer: Jailer | None = None
@@ -478,7 +484,7 @@ def _parse_jailer(c: _Checker, raw: Any) -> Jailer | None:
 
 def _parse_hypervisor(c: _Checker, raw: Any) -> Hypervisor:
     d = c.obj("hypervisor", raw, ("type", "accel", "allowTCG", "binary", "kvmProbeTimeoutSeconds",
-                                  "tcgTranslationCacheMiB", "runAs", "seccomp", "jailer"), ("type",))
+                                  "tcgTranslationCacheMiB", "tcgCPUModel", "runAs", "seccomp", "jailer"), ("type",))
     typ = c.enum("hypervisor.type", d["type"], ("qemu", "firecracker")) if "type" in d else "qemu"
     accel = c.enum("hypervisor.accel", d.get("accel", "auto"), ("auto", "kvm", "tcg"))
     allow = c.boolean("hypervisor.allowTCG", d.get("allowTCG", True))
@@ -486,6 +492,8 @@ def _parse_hypervisor(c: _Checker, raw: Any) -> Hypervisor:
     probe = c.integer("hypervisor.kvmProbeTimeoutSeconds", d.get("kvmProbeTimeoutSeconds", 5),
                       KVM_PROBE_TIMEOUT_SECONDS)
     tb = c.integer("hypervisor.tcgTranslationCacheMiB", d.get("tcgTranslationCacheMiB", 256), TCG_TB_MIB)
+    cpu_model = c.string("hypervisor.tcgCPUModel", d.get("tcgCPUModel", TCG_CPU_MODEL), pattern=CPU_MODEL_RE,
+                         what="a QEMU CPU model with optional ,+feature / ,-feature / ,prop=value", max_len=256)
     if typ == "firecracker" and accel == "tcg":
         c.bad("hypervisor.accel", '"tcg" is not available with firecracker (it needs KVM)')
     if accel == "tcg" and not allow:
@@ -500,7 +508,7 @@ def _parse_hypervisor(c: _Checker, raw: Any) -> Hypervisor:
                                    "(Firecracker drops privileges only through its jailer)")
     if typ == "firecracker" and jailer is not None and run_as is None:
         c.bad("hypervisor.runAs", "is required with hypervisor.jailer (the jailer needs a uid and a gid)")
-    return Hypervisor(typ, accel, allow, binary, probe, tb, run_as, seccomp, jailer)
+    return Hypervisor(typ, accel, allow, binary, probe, tb, cpu_model, run_as, seccomp, jailer)
 
 
 def _parse_readiness(c: _Checker, raw: Any, net: Network) -> Readiness | None:

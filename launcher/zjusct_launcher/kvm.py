@@ -23,6 +23,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from zjusct_launcher.config import TCG_CPU_MODEL
+
 DEBUG_EXIT_PORT = 0xF4
 PROBE_VALUE = 0x31
 PROBE_EXIT_STATUS = (PROBE_VALUE << 1) | 1
@@ -87,7 +89,7 @@ def probe(qemu_binary: str, timeout_seconds: float, accel: str = "kvm", device: 
             fh.write(probe_firmware())
         # Same machine and CPU model as the real run: on some hosts KVM runs real-mode code but QEMU aborts
         # setting the host CPU's MSRs (-cpu host), which only this shape of probe catches.
-        cpu = ["-cpu", "host"] if accel == "kvm" else ["-cpu", "max"]
+        cpu = ["-cpu", "host"] if accel == "kvm" else ["-cpu", TCG_CPU_MODEL]
         argv = [qemu_binary, "-accel", accel, "-M", "q35", *cpu, "-m", "16", "-nodefaults", "-no-user-config",
                 "-display", "none", "-bios", bios,
                 "-device", f"isa-debug-exit,iobase={DEBUG_EXIT_PORT:#x},iosize=0x04"]

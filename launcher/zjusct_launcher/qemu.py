@@ -85,7 +85,8 @@ def build_argv(cfg: LauncherConfig, binary: str, accel: str, paths: RuntimePaths
     if accel == "kvm":
         argv += ["-accel", "kvm", "-cpu", "host"]
     else:
-        argv += ["-accel", f"tcg,tb-size={cfg.hypervisor.tcg_translation_cache_mib}", "-cpu", "max"]
+        argv += ["-accel", f"tcg,tb-size={cfg.hypervisor.tcg_translation_cache_mib}",
+                 "-cpu", cfg.hypervisor.tcg_cpu_model]
     argv += ["-smp", str(m.vcpus), "-m", f"{m.memory_mib}M",
              "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
              "-action", "panic=shutdown", "-device", "pvpanic",

@@ -136,6 +136,8 @@ INVALID: list[tuple[str, Any, str]] = [
     ("hypervisor.kvmProbeTimeoutSeconds", 61, "hypervisor.kvmProbeTimeoutSeconds: 61 is above the maximum 60"),
     ("hypervisor.tcgTranslationCacheMiB", 8, "hypervisor.tcgTranslationCacheMiB: 8 is below the minimum 16"),
     ("hypervisor.tcgTranslationCacheMiB", 4096, "hypervisor.tcgTranslationCacheMiB: 4096 is above the maximum 2048"),
+    ("hypervisor.tcgCPUModel", "max -device x", 'hypervisor.tcgCPUModel: "max -device x" is not a QEMU CPU model'),
+    ("hypervisor.tcgCPUModel", "", "hypervisor.tcgCPUModel: must not be empty"),
     ("hypervisor.runAs", {"uid": 0, "gid": 5}, "hypervisor.runAs.uid: 0 is below the minimum 1"),
     ("hypervisor.runAs", {"uid": 70000, "gid": 2**32 - 1},
      "hypervisor.runAs.gid: 4294967295 is above the maximum 4294967294"),

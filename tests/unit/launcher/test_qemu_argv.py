@@ -31,10 +31,14 @@ def blockdevs(args: list[str]) -> dict[str, dict[str, Any]]:
     return {d["node-name"]: d for d in map(json.loads, after(args, "-blockdev"))}
 
 
-def test_tcg_uses_translation_cache_size_and_cpu_max() -> None:
+def test_tcg_uses_translation_cache_size_and_the_tcg_cpu_model() -> None:
     a = argv(cfg())
-    assert after(a, "-accel") == ["tcg,tb-size=256"] and after(a, "-cpu") == ["max"]
+    assert after(a, "-accel") == ["tcg,tb-size=256"] and after(a, "-cpu") == ["qemu64,+rdrand"]
     assert after(a, "-M") == ["q35"]
+    doc = json.loads((EXAMPLES / "config-qemu-tap.json").read_text())
+    doc["hypervisor"]["tcgCPUModel"] = "max"
+    assert after(argv(config.parse(doc)), "-cpu") == ["max"]
+    assert after(argv(config.parse(doc), accel="kvm"), "-cpu") == ["host"]  # the model is TCG's only
 
 
 def test_kvm_uses_cpu_host() -> None:
