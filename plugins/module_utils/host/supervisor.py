@@ -295,6 +295,9 @@ def _config_paths(config: dict) -> list[str]:
     jail = ((config.get("hypervisor") or {}).get("jailer") or {}).get("chrootBaseDir")
     if jail:
         out.add(jail)
+    slots = (config.get("bootSlots") or {}).get("directory")
+    if slots:  # the slot files are opened read-write for flock
+        out.add(slots)
     return sorted(out)
 
 
@@ -331,7 +334,11 @@ def spawn(paths: LauncherPaths, boot_id: int, command: list[str], env: dict, net
     if systemd_is_init():
         unit = f"zjusct-launcher-{paths.name}-{boot_id}"
         with open(paths.config(boot_id), encoding="utf-8") as fh:
-            hardening = hardening_properties(json.load(fh))
+            config = json.load(fh)
+        hardening = hardening_properties(config)
+        slots = (config.get("bootSlots") or {}).get("directory")
+        if slots:  # ReadWritePaths= skips a missing path ("-"), and the unit then cannot create it
+            os.makedirs(slots, mode=0o755, exist_ok=True)
         sd = ["systemd-run", f"--unit={unit}", "--collect", "--property=KillMode=mixed",
               "--property=TimeoutStopSec=infinity", *[f"--property={p}" for p in hardening],
               *[f"--setenv={k}={v}" for k, v in env.items()], *argv]

@@ -34,6 +34,9 @@ def test_properties_confine_writes_to_the_run_s_paths_and_keep_few_capabilities(
     assert props["ProtectSystem"] == "strict" and props["NoNewPrivileges"] == "yes"
     assert "CAP_SYS_PTRACE" not in props["CapabilityBoundingSet"] and "CAP_SETUID" in props["CapabilityBoundingSet"]
     assert props["PrivateTmp"] == "yes"
+    cfg["bootSlots"] = {"directory": "/run/lock/zjusct-cloud/boot-slots", "count": 2}
+    props = dict(p.split("=", 1) for p in sup.hardening_properties(cfg))
+    assert "-/run/lock/zjusct-cloud/boot-slots" in props["ReadWritePaths"].split(), "flock opens the slots O_RDWR"
     cfg["runtimeDir"] = "/tmp/zj/run"
     assert "PrivateTmp" not in dict(p.split("=", 1) for p in sup.hardening_properties(cfg)), \
         "a private /tmp would hide the config's own paths"
