@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import posixpath
 import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -172,6 +173,8 @@ class Config:
         accel: ``tcg``, ``kvm`` or ``auto`` (launcher ``hypervisor.accel``).
         tcg_cache_mib: TCG translation cache (``hypervisor.tcgTranslationCacheMiB``); counted in the Pod's memory
             request when ``accel`` is ``tcg``.
+        tcg_cpu_model: QEMU ``-cpu`` under TCG (``hypervisor.tcgCPUModel``; x86-64-v2 guests need e.g.
+            ``Nehalem,+rdrand``); checked by the launcher, whose ConfigInvalid result names it.
         readiness_timeout_s: launcher ``readiness.timeoutSeconds`` (boot -> SSH banner).
         stop_timeout_s: launcher ``stopTimeoutSeconds``; the Pod's grace period is this plus
             :data:`GRACE_MARGIN_S` so the launcher can stop the guest and write its result.
@@ -191,6 +194,7 @@ class Config:
     cmdline: str
     accel: str = "tcg"
     tcg_cache_mib: int = 128
+    tcg_cpu_model: str = "qemu64,+rdrand"
     readiness_timeout_s: int = 1500
     stop_timeout_s: int = 120
     cpu_ratio: float = DEFAULT_RATIOS["cpu"]
@@ -211,7 +215,7 @@ class Config:
             ValueError: unknown keys or missing required keys (named).
         """
         keys = {"launcherImage": "launcher_image", "imageDir": "image_dir", "cmdline": "cmdline",
-                "accel": "accel", "tcgTranslationCacheMiB": "tcg_cache_mib",
+                "accel": "accel", "tcgTranslationCacheMiB": "tcg_cache_mib", "tcgCPUModel": "tcg_cpu_model",
                 "readinessTimeoutSeconds": "readiness_timeout_s", "stopTimeoutSeconds": "stop_timeout_s",
                 "cpuOvercommit": "cpu_ratio", "memoryOvercommit": "memory_ratio",
                 "overheadCPUMillis": "overhead_cpu_m", "overheadMemoryMiB": "overhead_memory_mib",
@@ -229,9 +233,11 @@ class Config:
         if isinstance(boots, bool) or not isinstance(boots, int) or not 0 <= boots <= BOOT_SLOTS_MAX:
             raise ValueError(f"controller config: maxConcurrentBoots: {boots!r} is not 0 (no limit) or an integer"
                              f" 1-{BOOT_SLOTS_MAX}")
-        slot_dir = raw.get("bootSlotDir", "/")
-        if not isinstance(slot_dir, str) or not slot_dir.startswith("/"):
-            raise ValueError(f"controller config: bootSlotDir: {slot_dir!r} is not an absolute path")
+        slot_dir = raw.get("bootSlotDir", "/run/lock/zjusct-cloud/boot-slots")
+        if not isinstance(slot_dir, str) or not slot_dir.startswith("/") or slot_dir == "/" \
+                or posixpath.normpath(slot_dir) != slot_dir:
+            raise ValueError(f"controller config: bootSlotDir: {slot_dir!r} is not a normalised absolute path"
+                             " other than / (a node directory mounted into every launcher Pod)")
         args = {keys[k]: v for k, v in raw.items()}
         if "ceph" in raw:
             args["ceph"] = CephConfig.from_dict(raw["ceph"])
@@ -389,7 +395,8 @@ def launcher_config(vm: dict, cfg: Config, rbd: Optional[dict] = None) -> dict:
         "identity": {"sshAuthorizedKeys": list(spec.get("sshAuthorizedKeys") or [])},
         "network": {"mode": "tap", "tap": "tap0", "createTap": True, "bridge": "br0", "mac": "52:54:00:0a:00:02",
                     "ipv4": f"{GUEST_IP}/30", "gateway": POD_SIDE_IP, "dns": []},
-        "hypervisor": {"type": "qemu", "accel": cfg.accel, "tcgTranslationCacheMiB": int(cfg.tcg_cache_mib)},
+        "hypervisor": {"type": "qemu", "accel": cfg.accel, "tcgTranslationCacheMiB": int(cfg.tcg_cache_mib),
+                       "tcgCPUModel": str(cfg.tcg_cpu_model)},
         "readiness": {"timeoutSeconds": int(cfg.readiness_timeout_s)},
         "stopTimeoutSeconds": int(cfg.stop_timeout_s),
         "runtimeDir": RUNTIME_DIR,

@@ -533,6 +533,8 @@ def _parse_boot_slots(c: _Checker, raw: Any) -> BootSlots | None:
         return None
     d = c.obj("bootSlots", raw, ("directory", "count"), ("directory", "count"))
     directory = c.abs_path("bootSlots.directory", d["directory"]) if "directory" in d else ""
+    if directory == "/":
+        c.bad("bootSlots.directory", '"/" is not allowed: the slot files need a directory of their own')
     count = c.integer("bootSlots.count", d["count"], BOOT_SLOTS) if "count" in d else 1
     return BootSlots(directory, count)
 

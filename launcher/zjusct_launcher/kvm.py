@@ -87,8 +87,8 @@ def probe(qemu_binary: str, timeout_seconds: float, accel: str = "kvm", device: 
         bios = os.path.join(tmp, "probe.bin")
         with open(bios, "wb") as fh:
             fh.write(probe_firmware())
-        # Same machine and CPU model as the real run: on some hosts KVM runs real-mode code but QEMU aborts
-        # setting the host CPU's MSRs (-cpu host), which only this shape of probe catches.
+        # Same machine and CPU model as a real KVM run (-cpu host; TCG: the default model): on some hosts KVM runs
+        # real-mode code but QEMU aborts setting the host CPU's MSRs (-cpu host), which only this probe catches.
         cpu = ["-cpu", "host"] if accel == "kvm" else ["-cpu", TCG_CPU_MODEL]
         argv = [qemu_binary, "-accel", accel, "-M", "q35", *cpu, "-m", "16", "-nodefaults", "-no-user-config",
                 "-display", "none", "-bios", bios,

@@ -43,7 +43,8 @@ def try_boot_slot(directory: str, count: int) -> tuple[int, int] | None:
     """
     os.makedirs(directory, mode=0o755, exist_ok=True)
     for index in range(count):
-        fd = os.open(os.path.join(directory, f"slot-{index}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        # read-only is enough for flock(2), so slot files another user created work too
+        fd = os.open(os.path.join(directory, f"slot-{index}.lock"), os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

@@ -293,6 +293,8 @@ class Runner:
         began = time.monotonic()
         announced = False
         while True:
+            if self.stop_requested:
+                return False
             try:
                 got = lock.try_boot_slot(slots.directory, slots.count)
             except OSError as exc:
@@ -303,8 +305,6 @@ class Runner:
                 log.info("boot slot acquired", slot=index, count=slots.count,
                          waitedSeconds=round(self.boot_slot_since - began, 3))
                 return True
-            if self.stop_requested:
-                return False
             if not announced:
                 log.info("waiting for a boot slot", directory=slots.directory, count=slots.count)
                 announced = True
@@ -313,6 +313,7 @@ class Runner:
                 self._drain(self._wake_r)
 
     def _release_boot_slot(self, cause: str) -> None:
+        """Free the boot slot (close its fd) if this launcher holds one; ``cause`` goes into the log line."""
         if self.boot_slot_fd is None:
             return
         os.close(self.boot_slot_fd)

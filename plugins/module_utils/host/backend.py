@@ -106,6 +106,7 @@ def launcher_config(cfg: HostConfig, vm: dict, volume: dict, lease: dict, root_d
                     "dns": list(cfg.dns) or net.host_resolvers()},
         "hypervisor": {"type": cfg.hypervisor, "accel": cfg.accel, "allowTCG": cfg.allow_tcg,
                        "kvmProbeTimeoutSeconds": 5, "tcgTranslationCacheMiB": cfg.tcg_translation_cache_mib,
+                       "tcgCPUModel": cfg.tcg_cpu_model,
                        **cfg.hypervisor_sandbox(lease["ipv4"])},
         "readiness": {"host": lease["ipv4"], "port": 22, "timeoutSeconds": cfg.readiness_timeout_seconds},
         "stopTimeoutSeconds": cfg.stop_timeout_seconds,

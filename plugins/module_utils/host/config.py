@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import socket
 from dataclasses import dataclass, field, fields
 from typing import Optional
@@ -26,6 +27,8 @@ DEFAULT_PATH = "/etc/zjusct-cloud/host.json"
 VMM_UID_BASE = 1610612736
 VMM_UID_MIN_BASE = 65536
 VMM_UID_MAX = 2**31 - 1
+# the launcher's hypervisor.tcgCPUModel rule (launcher/zjusct_launcher/config.py CPU_MODEL_RE)
+CPU_MODEL_RE = re.compile(r"^[A-Za-z0-9_.-]+(,[+-]?[A-Za-z0-9_.-]+(=[A-Za-z0-9_.-]+)?)*$")
 BOOT_SLOTS_MAX = 1024  # the launcher's bootSlots.count range (docs/launcher-protocol.md)
 
 
@@ -59,6 +62,9 @@ class HostConfig:
         stop_timeout_seconds: graceful stop budget before the VMM is killed.
         readiness_timeout_seconds: how long a boot may take to answer SSH.
         tcg_translation_cache_mib: QEMU TCG translation cache size (MiB).
+        tcg_cpu_model: QEMU ``-cpu`` under TCG (launcher ``hypervisor.tcgCPUModel``). The default,
+            ``qemu64,+rdrand``, is the x86-64 baseline (v1) and boots a Debian guest fastest; guests built for
+            x86-64-v2 or later (the RHEL 9 family) need e.g. ``Nehalem,+rdrand`` or ``max``.
         max_concurrent_boots: at most this many guests of the host boot at once (launcher ``bootSlots``,
             docs/launcher-protocol.md); a start beyond it waits for a slot before its VMM starts. 0 = no limit.
         boot_slot_dir: the slot files' directory, shared by every launcher of the host.
@@ -113,6 +119,7 @@ class HostConfig:
     stop_timeout_seconds: int = 60
     readiness_timeout_seconds: int = 600
     tcg_translation_cache_mib: int = 256
+    tcg_cpu_model: str = "qemu64,+rdrand"
     max_concurrent_boots: int = 0
     boot_slot_dir: str = "/run/lock/zjusct-cloud/boot-slots"
     physical: dict = field(default_factory=dict)
@@ -241,13 +248,19 @@ def load(path: Optional[str] = None) -> HostConfig:
         raise ValueError(f"host_config: gateway_dir: {data['gateway_dir']!r} needs nat: true and a netns of its"
                          " own (the gateway reaches guests over the uplink); hypervisor_ssh_gateway needs"
                          " hypervisor_nat and hypervisor_netns")
+    model = data.get("tcg_cpu_model", HostConfig.tcg_cpu_model)
+    if not isinstance(model, str) or not CPU_MODEL_RE.match(model):
+        raise ValueError(f"host_config: tcg_cpu_model: {model!r} is not a QEMU CPU model with optional ,+feature,"
+                         " ,-feature or ,prop=value (hypervisor_tcg_cpu_model; launcher hypervisor.tcgCPUModel)")
     boots = data.get("max_concurrent_boots", HostConfig.max_concurrent_boots)
     if isinstance(boots, bool) or not isinstance(boots, int) or not 0 <= boots <= BOOT_SLOTS_MAX:
         raise ValueError(f"host_config: max_concurrent_boots: {boots!r} is not 0 (no limit) or an integer"
                          f" 1-{BOOT_SLOTS_MAX} (hypervisor_max_concurrent_boots; launcher bootSlots.count)")
-    if not os.path.isabs(data.get("boot_slot_dir", HostConfig.boot_slot_dir)):
-        raise ValueError(f"host_config: boot_slot_dir: {data['boot_slot_dir']!r} is not an absolute path"
-                         " (hypervisor_boot_slot_dir)")
+    slot_dir = data.get("boot_slot_dir", HostConfig.boot_slot_dir)
+    if not isinstance(slot_dir, str) or not os.path.isabs(slot_dir) or os.path.normpath(slot_dir) != slot_dir \
+            or slot_dir == "/":
+        raise ValueError(f"host_config: boot_slot_dir: {slot_dir!r} is not a normalised absolute path other than /"
+                         " (hypervisor_boot_slot_dir; launcher bootSlots.directory)")
     if data.get("gateway_dir") and not os.path.isabs(data["gateway_dir"]):
         raise ValueError(f"host_config: gateway_dir: {data['gateway_dir']!r} is not an absolute path")
     return HostConfig(**data)

@@ -296,7 +296,7 @@ def _config_paths(config: dict) -> list[str]:
     if jail:
         out.add(jail)
     slots = (config.get("bootSlots") or {}).get("directory")
-    if slots:  # the slot files are opened read-write for flock
+    if slots:  # the launcher creates the slot files there
         out.add(slots)
     return sorted(out)
 

@@ -97,6 +97,7 @@ class Vm:
         self.slot_fd = got[0]
 
     def release_boot_slot(self) -> None:
+        """Free the boot slot taken by :meth:`take_boot_slot`, if held."""
         if self.slot_fd is not None:
             os.close(self.slot_fd)
             self.slot_fd = None

@@ -270,12 +270,18 @@ def test_max_concurrent_boots_mounts_the_nodes_slot_directory_and_sets_boot_slot
     body = launcher_pod(vm(), cfg)
     launcher = json.loads(body["metadata"]["annotations"]["cloud.zjusct.io/launcher-config"])
     assert launcher["bootSlots"] == {"directory": "/run/zjusct-boot-slots", "count": 2}
+    assert launcher["hypervisor"]["tcgCPUModel"] == "qemu64,+rdrand"
+    nehalem = Config.from_dict({"launcherImage": "x", "imageDir": "/x", "cmdline": "c", "tcgCPUModel": "Nehalem"})
+    assert json.loads(launcher_pod(vm(), nehalem)["metadata"]["annotations"][
+        "cloud.zjusct.io/launcher-config"])["hypervisor"]["tcgCPUModel"] == "Nehalem"
     assert {"name": "boot-slots", "hostPath": {"path": "/run/lock/hv/slots", "type": "DirectoryOrCreate"}} \
         in body["spec"]["volumes"]
     assert {"name": "boot-slots", "mountPath": "/run/zjusct-boot-slots"} in body["spec"]["containers"][0][
         "volumeMounts"]
     for bad, named in (({"maxConcurrentBoots": -1}, "maxConcurrentBoots: -1 is not 0"),
                        ({"maxConcurrentBoots": True}, "maxConcurrentBoots: True"),
-                       ({"bootSlotDir": "slots"}, "bootSlotDir: 'slots' is not an absolute path")):
+                       ({"bootSlotDir": "slots"}, "bootSlotDir: 'slots' is not a normalised absolute path"),
+                       ({"bootSlotDir": "/"}, "bootSlotDir: '/' is not"),
+                       ({"bootSlotDir": "/a/../b"}, "bootSlotDir: '/a/../b' is not")):
         with pytest.raises(ValueError, match=named):
             Config.from_dict({"launcherImage": "x", "imageDir": "/x", "cmdline": "c", **bad})

@@ -36,7 +36,7 @@ def test_properties_confine_writes_to_the_run_s_paths_and_keep_few_capabilities(
     assert props["PrivateTmp"] == "yes"
     cfg["bootSlots"] = {"directory": "/run/lock/zjusct-cloud/boot-slots", "count": 2}
     props = dict(p.split("=", 1) for p in sup.hardening_properties(cfg))
-    assert "-/run/lock/zjusct-cloud/boot-slots" in props["ReadWritePaths"].split(), "flock opens the slots O_RDWR"
+    assert "-/run/lock/zjusct-cloud/boot-slots" in props["ReadWritePaths"].split(), "slot files made"
     cfg["runtimeDir"] = "/tmp/zj/run"
     assert "PrivateTmp" not in dict(p.split("=", 1) for p in sup.hardening_properties(cfg)), \
         "a private /tmp would hide the config's own paths"

@@ -157,6 +157,7 @@ INVALID: list[tuple[str, Any, str]] = [
     ("bootSlots", {"directory": "/run/lock/slots", "count": 1025}, "bootSlots.count: 1025 is above the maximum 1024"),
     ("bootSlots", {"directory": "slots", "count": 2}, 'bootSlots.directory: "slots" is not an absolute path'),
     ("bootSlots", {"count": 2}, "bootSlots.directory: required field is missing"),
+    ("bootSlots", {"directory": "/", "count": 2}, 'bootSlots.directory: "/" is not allowed'),
     ("bootSlots", {"directory": "/run/lock/slots"}, "bootSlots.count: required field is missing"),
     ("bootSlots", {"directory": "/run/lock/slots", "count": 2, "wait": 1}, "bootSlots.wait: unknown field"),
     ("stopTimeoutSeconds", 0, "stopTimeoutSeconds: 0 is below the minimum 1"),

@@ -58,18 +58,24 @@ def test_launcher_config_of_an_rbd_volume_is_valid_for_the_launcher(tmp_path):
     parsed = launcher_config.parse(doc)
     assert parsed.root_disk.rbd is not None and parsed.root_disk.rbd.image == "alice-root"
     assert "bootSlots" not in doc
+    assert parsed.hypervisor.tcg_cpu_model == "qemu64,+rdrand" == doc["hypervisor"]["tcgCPUModel"]
     slotted = load(write(tmp_path, **{**json.loads((tmp_path / "host.json").read_text()), "max_concurrent_boots": 3}))
     parsed = launcher_config.parse(backend.launcher_config(slotted, vm, volume, lease, root_disk))
     assert parsed.boot_slots == launcher_config.BootSlots("/run/lock/zjusct-cloud/boot-slots", 3)
 
 
-def test_max_concurrent_boots_becomes_the_launchers_boot_slots(tmp_path):
+def test_max_concurrent_boots_becomes_the_launchers_boot_slots_and_bad_values_are_named(tmp_path):
     assert load(write(tmp_path)).boot_slots() is None  # default 0: no limit, no bootSlots in the config
     cfg = load(write(tmp_path, max_concurrent_boots=2, boot_slot_dir="/run/lock/hv/slots"))
     assert cfg.boot_slots() == {"directory": "/run/lock/hv/slots", "count": 2}
     for bad, named in (({"max_concurrent_boots": -1}, "max_concurrent_boots: -1 is not 0"),
                        ({"max_concurrent_boots": 1025}, "max_concurrent_boots: 1025"),
                        ({"max_concurrent_boots": "2"}, "max_concurrent_boots: '2'"),
-                       ({"boot_slot_dir": "slots"}, "boot_slot_dir: 'slots' is not an absolute path")):
+                       ({"boot_slot_dir": "slots"}, "boot_slot_dir: 'slots' is not a normalised absolute path"),
+                       ({"boot_slot_dir": "/"}, "boot_slot_dir: '/' is not"),
+                       ({"boot_slot_dir": "/run//lock"}, "boot_slot_dir: '/run//lock' is not"),
+                       ({"boot_slot_dir": 7}, "boot_slot_dir: 7 is not"),
+                       ({"tcg_cpu_model": "max -device x"}, "tcg_cpu_model: 'max -device x' is not a QEMU CPU"),
+                       ({"tcg_cpu_model": ""}, "tcg_cpu_model: '' is not")):
         with pytest.raises(ValueError, match=named):
             load(write(tmp_path, **bad))
