@@ -229,11 +229,11 @@ class Config:
             raise ValueError(f"controller config: required keys missing: {', '.join(missing)}")
         if raw.get("accel", "tcg") not in ("tcg", "kvm", "auto"):
             raise ValueError(f"controller config: accel: {raw['accel']!r} is not one of tcg, kvm, auto")
-        boots = raw.get("maxConcurrentBoots", 0)
+        boots = raw.get("maxConcurrentBoots", cls.max_concurrent_boots)
         if isinstance(boots, bool) or not isinstance(boots, int) or not 0 <= boots <= BOOT_SLOTS_MAX:
             raise ValueError(f"controller config: maxConcurrentBoots: {boots!r} is not 0 (no limit) or an integer"
                              f" 1-{BOOT_SLOTS_MAX}")
-        slot_dir = raw.get("bootSlotDir", "/run/lock/zjusct-cloud/boot-slots")
+        slot_dir = raw.get("bootSlotDir", cls.boot_slot_dir)
         if not isinstance(slot_dir, str) or not slot_dir.startswith("/") or slot_dir == "/" \
                 or posixpath.normpath(slot_dir) != slot_dir:
             raise ValueError(f"controller config: bootSlotDir: {slot_dir!r} is not a normalised absolute path"

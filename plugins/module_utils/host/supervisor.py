@@ -295,10 +295,15 @@ def _config_paths(config: dict) -> list[str]:
     jail = ((config.get("hypervisor") or {}).get("jailer") or {}).get("chrootBaseDir")
     if jail:
         out.add(jail)
-    slots = (config.get("bootSlots") or {}).get("directory")
+    slots = _boot_slot_dir(config)
     if slots:  # the launcher creates the slot files there
         out.add(slots)
     return sorted(out)
+
+
+def _boot_slot_dir(config: dict) -> Optional[str]:
+    """``bootSlots.directory`` of a LauncherConfig, or None without boot slots."""
+    return (config.get("bootSlots") or {}).get("directory")
 
 
 def hardening_properties(config: dict) -> list[str]:
@@ -336,7 +341,7 @@ def spawn(paths: LauncherPaths, boot_id: int, command: list[str], env: dict, net
         with open(paths.config(boot_id), encoding="utf-8") as fh:
             config = json.load(fh)
         hardening = hardening_properties(config)
-        slots = (config.get("bootSlots") or {}).get("directory")
+        slots = _boot_slot_dir(config)
         if slots:  # ReadWritePaths= skips a missing path ("-"), and the unit then cannot create it
             os.makedirs(slots, mode=0o755, exist_ok=True)
         sd = ["systemd-run", f"--unit={unit}", "--collect", "--property=KillMode=mixed",

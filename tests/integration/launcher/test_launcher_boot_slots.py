@@ -12,28 +12,18 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from zjusct_launcher import lock
 
+from tests.cluster import wait_for
 from tests.conftest import require
 from tests.integration.launcher import busybox_guest as bg
 from tests.integration.launcher.harness import Launched, base_config, free_port, leftovers
 
 pytestmark = [pytest.mark.guest]
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"not seen within {timeout} s: {what}")
 
 
 def start(tmp_path: Path, slots: Path) -> Launched:
@@ -61,7 +51,7 @@ def test_a_launcher_boots_only_when_a_slot_frees_and_frees_it_when_the_guest_is_
     assert held is not None and held[1] == 0
     vm = start(tmp_path, slots)
     try:
-        wait_for("the launcher waiting for a boot slot", lambda: logged(vm, "waiting for a boot slot"))
+        wait_for(lambda: logged(vm, "waiting for a boot slot"), 120, "the launcher waiting for a boot slot", 0.1)
         time.sleep(2.0)  # the launcher polls every 0.2 s: ten tries, all refused
         assert logged(vm, "vmm started") is None and not (vm.runtime_dir / "vmm.pid").exists()
         assert vm.proc.poll() is None
@@ -72,8 +62,8 @@ def test_a_launcher_boots_only_when_a_slot_frees_and_frees_it_when_the_guest_is_
         acquired = logged(vm, "boot slot acquired")
         assert acquired is not None and acquired["slot"] == 0 and acquired["waitedSeconds"] >= 2.0
         # the guest is ready: its slot is free for the next boot while the guest runs on
-        again = wait_for("the slot free again after the guest became ready",
-                         lambda: lock.try_boot_slot(str(slots), 1), timeout=30)
+        again = wait_for(lambda: lock.try_boot_slot(str(slots), 1), 30,
+                         "the slot free again after the guest became ready", 0.1)
         os.close(again[0])
         assert logged(vm, "boot slot released")["cause"] == "guest ready"
         assert vm.proc.poll() is None and time.monotonic() - released_at < 400
@@ -90,7 +80,7 @@ def test_a_stop_while_waiting_for_a_slot_starts_nothing(tmp_path: Path) -> None:
     assert held is not None
     vm = start(tmp_path, slots)
     try:
-        wait_for("the launcher waiting for a boot slot", lambda: logged(vm, "waiting for a boot slot"))
+        wait_for(lambda: logged(vm, "waiting for a boot slot"), 120, "the launcher waiting for a boot slot", 0.1)
         vm.signal(signal.SIGTERM)
         rc, result = vm.wait(60)
         assert result is not None and (rc, result["reason"]) == (0, "StopRequested"), result
