@@ -5,7 +5,7 @@ Measures, in one run on this machine:
 * ``vm_start.yml`` on an existing stopped VM, wall time, minus the guest's own boot time (the
   launcher's ``readyAt - startedAt`` of that boot): the collection's overhead (goal <= 3 s).
 * the same for ``vm_stop.yml`` minus the guest's shutdown time (the launcher's ``finishedAt`` in
-  ``result-<boot>.json`` minus the ``ts`` of its last ``graceful stop sent`` log line), reported for
+  ``result-<boot>.json`` minus the ``ts`` of the last stop's first ``graceful stop sent`` log line), reported for
   information. Launcher times are RFC 3339 with milliseconds; fractions of a second are kept.
 
 The VM boots under QEMU/TCG here, so the absolute times are dominated by the guest; the overhead is
@@ -45,11 +45,13 @@ def _ts(value: str) -> float:
 
 
 def _shutdown_s(state: Path, log: Path, boot: int) -> float:
-    """Guest shutdown of boot ``boot``: launcher finishedAt minus its last "graceful stop sent" (nan if absent)."""
+    """Guest shutdown of boot ``boot``: launcher finishedAt minus the first "graceful stop sent" of the log's last stop
+    (attempt 1; the launcher repeats the request every stopRetryIntervalSeconds) (nan if absent)."""
     result = state / f"result-{boot}.json"
     finished = json.loads(result.read_text()).get("finishedAt") if result.exists() else None
     sent = [json.loads(x)["ts"] for x in (log.read_text().splitlines() if log.exists() else [])
-            if x.startswith("{") and json.loads(x).get("msg") == "graceful stop sent"]
+            if x.startswith("{") and json.loads(x).get("msg") == "graceful stop sent"
+            and json.loads(x).get("attempt", 1) == 1]
     if not finished or not sent:
         return float("nan")
     return _ts(finished) - _ts(sent[-1])

@@ -32,6 +32,12 @@ TCG_CPU_MODEL = "qemu64,+rdrand"
 CPU_MODEL_RE = re.compile(r"^[A-Za-z0-9_.-]+(,[+-]?[A-Za-z0-9_.-]+(=[A-Za-z0-9_.-]+)?)*$")
 READINESS_TIMEOUT_SECONDS = (1, 3600)
 STOP_TIMEOUT_SECONDS = (1, 3600)
+# How often a stop repeats its graceful request (0: once). A guest whose init does not handle the ACPI power button
+# or Ctrl-Alt-Del yet (still booting: logind not started) drops the first one; OpenStack Nova resends for the same
+# reason (its shutdown_retry_interval, 10 s). At least 1 s apart: systemd turns more than 7 Ctrl-Alt-Dels within 2 s
+# into a forced reboot (CtrlAltDelBurstAction, systemd-system.conf(5)).
+STOP_RETRY_INTERVAL_SECONDS = (0, 3600)
+STOP_RETRY_INTERVAL_DEFAULT = 10
 BOOT_SLOTS = (1, 1024)
 PORT = (1, 65535)
 # A VMM's uid/gid: never 0 (root), never 4294967295 ((uid_t)-1, "no change" to setresuid/chown).
@@ -177,6 +183,7 @@ class LauncherConfig:
     termination_message_path: str | None
     ready_marker_path: str
     boot_slots: BootSlots | None = None
+    stop_retry_interval_seconds: int = STOP_RETRY_INTERVAL_DEFAULT
     raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
 
@@ -540,8 +547,8 @@ def _parse_boot_slots(c: _Checker, raw: Any) -> BootSlots | None:
 
 
 TOP_FIELDS = ("apiVersion", "kind", "vm", "machine", "boot", "rootDisk", "identity", "network", "hypervisor",
-              "readiness", "bootSlots", "stopTimeoutSeconds", "runtimeDir", "serialLogPath", "result",
-              "readyMarkerPath")
+              "readiness", "bootSlots", "stopTimeoutSeconds", "stopRetryIntervalSeconds", "runtimeDir", "serialLogPath",
+              "result", "readyMarkerPath")
 TOP_REQUIRED = ("apiVersion", "kind", "vm", "machine", "boot", "rootDisk", "network", "hypervisor", "runtimeDir",
                 "serialLogPath", "result")
 
@@ -586,6 +593,8 @@ def parse(doc: Any) -> LauncherConfig:
                                      " (Firecracker opens raw files only)")
     boot_slots = _parse_boot_slots(c, d.get("bootSlots"))
     stop = c.integer("stopTimeoutSeconds", d.get("stopTimeoutSeconds", 30), STOP_TIMEOUT_SECONDS)
+    stop_retry = c.integer("stopRetryIntervalSeconds",
+                           d.get("stopRetryIntervalSeconds", STOP_RETRY_INTERVAL_DEFAULT), STOP_RETRY_INTERVAL_SECONDS)
     runtime_dir = c.abs_path("runtimeDir", d["runtimeDir"]) if "runtimeDir" in d else ""
     if len(runtime_dir) > RUNTIME_DIR_MAX:
         c.bad("runtimeDir", f"is {len(runtime_dir)} characters long, above the maximum {RUNTIME_DIR_MAX} "
@@ -601,7 +610,7 @@ def parse(doc: Any) -> LauncherConfig:
     if c.problems:
         raise ConfigError(c.problems)
     return LauncherConfig(vm, machine, boot, root, identity, net, hyp, readiness, stop, runtime_dir, serial,
-                          result_path, term, ready_path, boot_slots, raw=doc)
+                          result_path, term, ready_path, boot_slots, stop_retry, raw=doc)
 
 
 def environment_problems(cfg: LauncherConfig) -> list[str]:

@@ -151,6 +151,7 @@ class Runner:
         self.ready_at: str | None = None
         self.readiness_timed_out = False
         self.killed_after_timeout = False
+        self.graceful_attempts = 0  # graceful stop requests sent in this run
         self.shutdown_reason: str | None = None
         self.guest_panicked = False
         self.serial_offset = 0
@@ -503,13 +504,14 @@ class Runner:
         else:
             self._mark_ready(None)
         stop_deadline: float | None = None
-        graceful_sent = False
+        next_graceful: float | None = None  # when to (re)send the graceful stop request; None: not (any more)
         try:
             while True:
                 if (self.stop_requested or self.readiness_timed_out) and stop_deadline is None:
                     stop_deadline = time.monotonic() + cfg.stop_timeout_seconds
-                if stop_deadline is not None and not graceful_sent:
-                    graceful_sent = self._graceful_stop()
+                    next_graceful = time.monotonic()
+                if next_graceful is not None and time.monotonic() >= next_graceful and self.proc.poll() is None:
+                    next_graceful = self._graceful_stop()
                     if self.qmp is not None:  # events that arrived with the command's reply
                         self._handle_events(self.qmp.poll_events())
                 if self.proc.poll() is not None:
@@ -527,8 +529,8 @@ class Runner:
                     fds.append(self.pidfd)
                 timeout = POLL_SECONDS if self.pidfd is None else 60.0
                 if stop_deadline is not None:
-                    retry = GRACEFUL_RETRY_SECONDS if not graceful_sent else timeout
-                    timeout = max(0.0, min(timeout, retry, stop_deadline - time.monotonic()))
+                    wake = stop_deadline if next_graceful is None else min(stop_deadline, next_graceful)
+                    timeout = max(0.0, min(timeout, wake - time.monotonic()))
                 readable, _unused, _unused = select.select(fds, [], [], timeout)
                 if self._wake_r in readable:
                     self._drain(self._wake_r)
@@ -553,29 +555,42 @@ class Runner:
             message += f"; last stderr: {self.vmm_stderr[-1]}"
         return reason, message, exit_status(rc)
 
-    def _graceful_stop(self) -> bool:
+    def _graceful_stop(self) -> float | None:
         """Ask the guest to shut down (QMP system_powerdown, or Firecracker's SendCtrlAltDel).
 
-        Returns False when it should be tried again: Firecracker's API socket is not listening yet (a stop that
-        arrives right after the VMM started); the loop retries every GRACEFUL_RETRY_SECONDS until the stop
-        deadline. True when sent, or when it failed for good (the stop timeout then ends in a kill).
+        Returns when to ask again (time.monotonic()), or None for never. A guest drops a request its init cannot
+        handle yet (the power button before logind runs, Ctrl-Alt-Del before systemd does: a stop right after a
+        start), so a sent request is repeated every ``stopRetryIntervalSeconds`` (0: never) until the guest is
+        gone or the stop deadline passes. Firecracker's API socket not listening yet (a stop right after the VMM
+        started): again in GRACEFUL_RETRY_SECONDS. No QMP, or a request that failed: never (the stop timeout
+        then ends in a kill).
         """
         why = "readiness timeout" if self.readiness_timed_out and not self.stop_requested else self.stop_signal
+        self.graceful_attempts += 1
+        first = self.graceful_attempts == 1  # a repeat that fails: the VMM is on its way out (QMP closing)
         try:
             if self.cfg.hypervisor.type == "qemu":
                 if self.qmp is None or self.qmp.closed:
-                    log.warning("graceful stop impossible without QMP; waiting for the stop timeout")
-                    return True
+                    if first:
+                        log.warning("graceful stop impossible without QMP; waiting for the stop timeout")
+                    return None
                 self.qmp.execute("system_powerdown")
-                log.info("graceful stop sent", method="QMP system_powerdown", cause=why)
+                log.info("graceful stop sent", method="QMP system_powerdown", cause=why,
+                         attempt=self.graceful_attempts)
             else:
                 firecracker.send_ctrl_alt_del(self.fc_api_socket)
-                log.info("graceful stop sent", method="SendCtrlAltDel", cause=why)
+                log.info("graceful stop sent", method="SendCtrlAltDel", cause=why, attempt=self.graceful_attempts)
         except firecracker.ApiNotListening:
-            return False
+            self.graceful_attempts -= 1
+            return time.monotonic() + GRACEFUL_RETRY_SECONDS
         except (QmpError, firecracker.ApiError) as exc:
-            log.warning("graceful stop failed; waiting for the stop timeout", error=str(exc))
-        return True
+            if first:
+                log.warning("graceful stop failed; waiting for the stop timeout", error=str(exc))
+            else:
+                log.info("graceful stop not repeated", attempt=self.graceful_attempts, error=str(exc))
+            return None
+        interval = self.cfg.stop_retry_interval_seconds
+        return time.monotonic() + interval if interval > 0 else None
 
     def _handle_events(self, events: list[dict[str, Any]]) -> None:
         for ev in events:

@@ -3,7 +3,8 @@
 Its init reads the launcher's config disk (/dev/vdb, ustar) with busybox tar, configures eth0 from the
 ``network`` member, and serves a fake SSH banner on port 22 that also accepts one command per connection:
 ``poweroff`` | ``reboot`` | ``panic`` (sysrq c) | ``write <text>`` (to /dev/vda + fsync) | ``read`` |
-``identity`` (prints the config disk members) | ``sh <cmd>`` (diagnostics).
+``identity`` (prints the config disk members) | ``acpid`` (starts acpid now: the power button then powers the
+guest off) | ``sh <cmd>`` (diagnostics).
 Kernel command line switches: ``zjtest.acpi=1`` runs busybox acpid so the ACPI power button powers the guest
 off (without it the guest ignores the power button: case L4); ``zjtest.nossh=1`` serves no banner (readiness
 timeout); ``zjtest.nopvpanic=1`` leaves the pvpanic driver out (a panic then reboots through ``panic=-1`` and
@@ -44,12 +45,7 @@ if [ -n "$IPV4" ]; then
   ip link set eth0 up; ip addr add "$IPV4" dev eth0
   [ -n "$GATEWAY" ] && ip route add default via "$GATEWAY"
 fi
-if grep -q 'zjtest.acpi=1' /proc/cmdline; then
-  mkdir -p /etc/acpi/PWRF; printf '#!/bin/sh\npoweroff -f\n' > /etc/acpi/PWRF/00000080
-  chmod +x /etc/acpi/PWRF/00000080; mkdir -p /var/log /var/run
-  acpid -c /etc/acpi
-  echo "zjtest: acpid running"
-fi
+grep -q 'zjtest.acpi=1' /proc/cmdline && /bin/zjacpid
 if ! grep -q 'zjtest.nossh=1' /proc/cmdline; then
   echo "zjtest: serving"
   nc -ll -p 22 -e /bin/zjsh &
@@ -67,9 +63,18 @@ case "$cmd" in
   write) printf '%s\n' "$arg" | dd of=/dev/vda bs=512 count=1 conv=fsync,notrunc 2>/dev/null; echo written ;;
   read) head -n 1 /dev/vda ;;
   sh) eval "$arg" 2>&1 ;;
+  acpid) /bin/zjacpid ;;
   identity) for f in instance-id hostname authorized_keys network; do echo "== $f"; cat /run/id/$f; done ;;
   *) echo "unknown $cmd" ;;
 esac
+"""
+
+# Starts busybox acpid: from then on the ACPI power button powers the guest off.
+ACPID = r"""#!/bin/busybox sh
+mkdir -p /etc/acpi/PWRF; printf '#!/bin/sh\npoweroff -f\n' > /etc/acpi/PWRF/00000080
+chmod +x /etc/acpi/PWRF/00000080; mkdir -p /var/log /var/run
+acpid -c /etc/acpi
+echo "zjtest: acpid running"
 """
 
 
@@ -107,7 +112,8 @@ def build_initrd() -> str:
         if found:
             mods.append((name, Path(found[0]).read_bytes()))
     bb = Path(busybox).read_bytes()
-    digest = hashlib.sha256(bb + INIT.encode() + SHELL.encode() + b"".join(d for _, d in mods)).hexdigest()[:12]
+    scripts = INIT.encode() + SHELL.encode() + ACPID.encode()
+    digest = hashlib.sha256(bb + scripts + b"".join(d for _, d in mods)).hexdigest()[:12]
     target = CACHE / f"busybox-initrd-{digest}.img"
     if target.exists():
         return str(target)
@@ -115,6 +121,7 @@ def build_initrd() -> str:
     entries: list[tuple[str, int, bytes]] = [(p, d, b"") for p in ("bin", "dev", "proc", "sys", "run", "etc",
                                                                     "lib", "lib/modules", "tmp")]
     entries += [("bin/busybox", x, bb), ("init", x, INIT.encode()), ("bin/zjsh", x, SHELL.encode()),
+                ("bin/zjacpid", x, ACPID.encode()),
                 ("modules.list", f, "\n".join(n for n, _ in mods).encode() + b"\n")]
     entries += [(f"lib/modules/{n}.ko", f, data) for n, data in mods]
     CACHE.mkdir(parents=True, exist_ok=True)

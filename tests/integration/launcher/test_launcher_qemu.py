@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.cluster import wait_for
 from tests.conftest import require
 from tests.integration.launcher import busybox_guest as bg
 from tests.integration.launcher.harness import (
@@ -41,6 +42,7 @@ SCENARIOS: dict[str, tuple[str, dict[str, Any]]] = {
                                      "kvmProbeTimeoutSeconds": 5, "tcgTranslationCacheMiB": 32}}),
     "reboot": ("", {}),
     "ignore": ("", {"stopTimeoutSeconds": 5}),
+    "latepower": ("", {"stopTimeoutSeconds": 300, "stopRetryIntervalSeconds": 1}),
     "crash": ("", {}),
     "panic": ("", {}),
     "panicserial": ("zjtest.nopvpanic=1", {}),
@@ -166,6 +168,26 @@ def test_case_L4_guest_ignoring_power_button_is_killed_after_stop_timeout(fleet:
     assert (rc, result["reason"]) == (1, "StopTimeoutKilled"), result
     assert result["hypervisorExitStatus"] == 128 + signal.SIGKILL
     assert time.time() - sent < 5 + 120, "ended within the stop timeout plus a generous margin"
+    assert_clean(vm, pid)
+
+
+def test_a_power_button_the_guest_missed_is_pressed_again_until_it_shuts_down(fleet: Fleet) -> None:
+    """A stop that reaches a guest before its init handles the power button (as one right after a start): the
+    launcher repeats the request every stopRetryIntervalSeconds, and once the guest listens it powers off
+    gracefully, long before the stop timeout (a single request would end in StopTimeoutKilled)."""
+    vm = fleet.vm("latepower")
+    vm.wait_ready()
+    pid = vm.vmm_pid()
+    vm.signal(signal.SIGTERM)
+    wait_for(lambda: sum(1 for line in vm.log_lines() if line.get("msg") == "graceful stop sent") >= 2,
+             timeout=120, what="the graceful stop request repeated while the guest ignores it")
+    assert vm.proc.poll() is None, "the guest (no acpid yet) ignored the requests so far"
+    assert "acpid running" in bg.guest_command(fleet.ports["latepower"], "acpid")
+    rc, result = finish(vm)
+    assert (rc, result["reason"]) == (0, "StopRequested"), result
+    sent = [line for line in vm.log_lines() if line.get("msg") == "graceful stop sent"]
+    assert [line["attempt"] for line in sent] == list(range(1, len(sent) + 1)), sent
+    assert not any(line.get("msg") == "stop timeout passed; killing the VMM" for line in vm.log_lines())
     assert_clean(vm, pid)
 
 

@@ -74,6 +74,7 @@ def test_defaults_are_filled_in() -> None:
             cfg.hypervisor.tcg_translation_cache_mib) == ("auto", True, 5, 256)
     assert cfg.readiness == config.Readiness("10.200.0.5", 22, 300)
     assert cfg.stop_timeout_seconds == 30 and cfg.root_disk.cache == "Writeback"
+    assert cfg.stop_retry_interval_seconds == 10
     assert cfg.ready_marker_path == doc["runtimeDir"] + "/ready"
     assert schema_ok(doc)
 
@@ -162,6 +163,8 @@ INVALID: list[tuple[str, Any, str]] = [
     ("bootSlots", {"directory": "/run/lock/slots", "count": 2, "wait": 1}, "bootSlots.wait: unknown field"),
     ("stopTimeoutSeconds", 0, "stopTimeoutSeconds: 0 is below the minimum 1"),
     ("stopTimeoutSeconds", 3601, "stopTimeoutSeconds: 3601 is above the maximum 3600"),
+    ("stopRetryIntervalSeconds", -1, "stopRetryIntervalSeconds: -1 is below the minimum 0"),
+    ("stopRetryIntervalSeconds", 3601, "stopRetryIntervalSeconds: 3601 is above the maximum 3600"),
     ("runtimeDir", "/run/" + "x" * 100, "runtimeDir: is 105 characters long, above the maximum 96"),
     ("runtimeDir", "run/vm", 'runtimeDir: "run/vm" is not an absolute path'),
     ("runtimeDir", DELETE, "runtimeDir: required field is missing"),
