@@ -55,10 +55,17 @@ class Env(Vms):
     seen: list[tuple[Any, Any, Any]] = field(default_factory=list)  # (bootID, phase, reason) in watch order
 
 
+# For a test that stops the launcher while its guest boots: a booting guest cannot act on the power button yet, so
+# the stop ends in the kill after stopTimeoutSeconds. What such a test checks is the controller, not the guest's
+# shutdown: 10 s instead of the default 120 s (a boot's worth of CPU for nothing).
+STOPPED_WHILE_BOOTING = pytest.mark.controller_config(stopTimeoutSeconds=10)
+
+
 @pytest.fixture
 def env(k8s_cluster: Cluster, real_node: RealNode, launcher_image: dict[str, Any], guest_image: Any,
-        k8s_api: Any, k8s_namespace: str, tmp_path: Path) -> Iterator[Env]:
-    """CRD, a bound root volume claim ``vm1-root`` (hostPath PV with the guest's root.raw), the controller."""
+        k8s_api: Any, k8s_namespace: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Env]:
+    """CRD, a bound root volume claim ``vm1-root`` (hostPath PV with the guest's root.raw), the controller (its
+    controller.json plus the fields of the test's ``controller_config`` mark)."""
     install_crd(k8s_api)
     core: Any = client.CoreV1Api(k8s_api)
     custom: Any = client.CustomObjectsApi(k8s_api)
@@ -70,10 +77,12 @@ def env(k8s_cluster: Cluster, real_node: RealNode, launcher_image: dict[str, Any
     pv_name = hostpath_root_volume(core, ns, vm_dir, size="4Gi")
     placement = real_node.pod_placement()
     cfg = tmp_path / "controller.json"
+    marked = request.node.get_closest_marker("controller_config") or pytest.mark.controller_config.mark
     cfg.write_text(json.dumps({"launcherImage": launcher_image["tag"], "imageDir": str(guest_image.dir),
                                "cmdline": guest_image.default_cmdline, "accel": "tcg",
                                "maxConcurrentBoots": TEST_BOOT_SLOTS, "bootSlotDir": TEST_BOOT_SLOT_DIR,
-                               "nodeSelector": placement["nodeSelector"], "tolerations": placement["tolerations"]}))
+                               "nodeSelector": placement["nodeSelector"], "tolerations": placement["tolerations"],
+                               **marked.kwargs}))
     key = tmp_path / "id_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True, timeout=60)
     kubeconfig = controller_kubeconfig(k8s_api, k8s_cluster.kubeconfig, tmp_path / "controller.kubeconfig")
@@ -157,6 +166,7 @@ def test_cloudvm_module_start_runs_on_the_real_node_ssh_answers_restart_keeps_on
     assert "Stopping" in [s[1] for s in env.seen if s[0] == 1], env.seen
 
 
+@STOPPED_WHILE_BOOTING
 def test_launcher_pod_deleted_behind_the_controller_is_failed_never_running(env: Env) -> None:
     pubkey = env.key.with_suffix(".pub").read_text().strip()
     env.custom.create_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL, cloudvm("vm1", pubkey, "Running", 1))
@@ -248,6 +258,7 @@ def test_launcher_process_killed_is_failed_launcher_lost_never_running(env: Env,
     assert pods.names == ["vm1-boot-1"], pods.names
 
 
+@STOPPED_WHILE_BOOTING
 def test_stop_and_immediate_start_never_has_two_launcher_pods_alive_and_ends_running_on_the_new_boot(
         env: Env) -> None:
     """powerState Stopped and, at once, Running with bootID 2 while boot 1's launcher runs: boot 2's Pod is
@@ -273,6 +284,7 @@ def test_stop_and_immediate_start_never_has_two_launcher_pods_alive_and_ends_run
     assert "Running" not in [s[1] for s in env.seen if s[0] == 1], env.seen
 
 
+@STOPPED_WHILE_BOOTING
 def test_api_server_restart_while_booting_the_controller_recovers_without_a_duplicate_pod(
         env: Env, k8s_cluster: Cluster) -> None:
     """kube-apiserver is restarted while the launcher boots the guest: the controller's watches reconnect, the
