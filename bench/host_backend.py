@@ -49,9 +49,8 @@ def _shutdown_s(state: Path, log: Path, boot: int) -> float:
     (attempt 1; the launcher repeats the request every stopRetryIntervalSeconds) (nan if absent)."""
     result = state / f"result-{boot}.json"
     finished = json.loads(result.read_text()).get("finishedAt") if result.exists() else None
-    sent = [json.loads(x)["ts"] for x in (log.read_text().splitlines() if log.exists() else [])
-            if x.startswith("{") and json.loads(x).get("msg") == "graceful stop sent"
-            and json.loads(x).get("attempt", 1) == 1]
+    lines = [json.loads(x) for x in (log.read_text().splitlines() if log.exists() else []) if x.startswith("{")]
+    sent = [x["ts"] for x in lines if x.get("msg") == "graceful stop sent" and x.get("attempt", 1) == 1]
     if not finished or not sent:
         return float("nan")
     return _ts(finished) - _ts(sent[-1])

@@ -151,7 +151,7 @@ class Runner:
         self.ready_at: str | None = None
         self.readiness_timed_out = False
         self.killed_after_timeout = False
-        self.graceful_attempts = 0  # graceful stop requests sent in this run
+        self.graceful_attempts = 0  # graceful stop attempts in this run (each sent one is logged with its number)
         self.shutdown_reason: str | None = None
         self.guest_panicked = False
         self.serial_offset = 0
@@ -510,7 +510,11 @@ class Runner:
                 if (self.stop_requested or self.readiness_timed_out) and stop_deadline is None:
                     stop_deadline = time.monotonic() + cfg.stop_timeout_seconds
                     next_graceful = time.monotonic()
-                if next_graceful is not None and time.monotonic() >= next_graceful and self.proc.poll() is None:
+                if self.shutdown_reason is not None:
+                    next_graceful = None  # QEMU's SHUTDOWN event: the guest is going; nothing to repeat
+                now = time.monotonic()
+                if next_graceful is not None and stop_deadline is not None and next_graceful <= now < stop_deadline \
+                        and self.proc.poll() is None:
                     next_graceful = self._graceful_stop()
                     if self.qmp is not None:  # events that arrived with the command's reply
                         self._handle_events(self.qmp.poll_events())
@@ -567,19 +571,21 @@ class Runner:
         """
         why = "readiness timeout" if self.readiness_timed_out and not self.stop_requested else self.stop_signal
         self.graceful_attempts += 1
-        first = self.graceful_attempts == 1  # a repeat that fails: the VMM is on its way out (QMP closing)
+        # Only the first attempt's failure is worth a warning: a repeat fails when the VMM is already on its way out
+        # (QMP closing as QEMU exits).
+        first = self.graceful_attempts == 1
         try:
             if self.cfg.hypervisor.type == "qemu":
+                method = "QMP system_powerdown"
                 if self.qmp is None or self.qmp.closed:
                     if first:
                         log.warning("graceful stop impossible without QMP; waiting for the stop timeout")
                     return None
                 self.qmp.execute("system_powerdown")
-                log.info("graceful stop sent", method="QMP system_powerdown", cause=why,
-                         attempt=self.graceful_attempts)
             else:
+                method = "SendCtrlAltDel"
                 firecracker.send_ctrl_alt_del(self.fc_api_socket)
-                log.info("graceful stop sent", method="SendCtrlAltDel", cause=why, attempt=self.graceful_attempts)
+            log.info("graceful stop sent", method=method, cause=why, attempt=self.graceful_attempts)
         except firecracker.ApiNotListening:
             self.graceful_attempts -= 1
             return time.monotonic() + GRACEFUL_RETRY_SECONDS

@@ -60,6 +60,13 @@ def test_every_example_is_valid_for_parser_and_schema(name: str) -> None:
     assert schema_ok(doc), [e.message for e in VALIDATOR.iter_errors(doc)]
 
 
+def test_a_stop_retry_interval_of_zero_sends_the_graceful_stop_once() -> None:
+    doc = example()
+    doc["stopRetryIntervalSeconds"] = 0
+    assert problems(doc) == [] and schema_ok(doc)
+    assert config.parse(doc).stop_retry_interval_seconds == 0
+
+
 def test_defaults_are_filled_in() -> None:
     doc = example()
     for key in ("identity", "stopTimeoutSeconds", "readyMarkerPath"):

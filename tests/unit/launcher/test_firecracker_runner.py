@@ -63,6 +63,7 @@ while True:
     action = json.loads(body).get("action_type")
     conn.sendall(b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n")
     conn.close()
+    print("fake console: action", action, flush=True)
     if action == "SendCtrlAltDel" and mode == "obey":
         print("fake console: reset", flush=True)
         sys.exit(0)
@@ -100,7 +101,8 @@ LAUNCH = ("import sys; from zjusct_launcher import runner; runner.Runner._decide
 
 
 def setup(tmp_path: Path, mode: str, jailed: bool = False, stop_timeout_seconds: int = 60,
-          listen_delay_seconds: float = 0) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+          listen_delay_seconds: float = 0, stop_retry_interval_seconds: int | None = None,
+          ) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
     """Start the real launcher on the fake. A guest that obeys ends the stop as soon as it answers, so only the
     test of an ignored stop needs a short stop timeout; the others keep a long one (a loaded machine)."""
     fake = tmp_path / "firecracker"
@@ -129,6 +131,8 @@ def setup(tmp_path: Path, mode: str, jailed: bool = False, stop_timeout_seconds:
                                  jailer={"binary": str(jailer), "chrootBaseDir": str(base)})
         disk.chmod(0o600)
     cfg["stopTimeoutSeconds"] = stop_timeout_seconds
+    if stop_retry_interval_seconds is not None:
+        cfg["stopRetryIntervalSeconds"] = stop_retry_interval_seconds
     cfg["runtimeDir"] = str(tmp_path / "run")
     cfg["serialLogPath"] = str(tmp_path / "serial.log")
     cfg["result"] = {"path": str(tmp_path / "result.json"), "terminationMessagePath": str(tmp_path / "term")}
@@ -148,8 +152,13 @@ def wait_for(path: Path, proc: subprocess.Popen[bytes], timeout: float = 30) -> 
     assert path.exists(), f"{path} missing"
 
 
-def outcome(proc: subprocess.Popen[bytes], cfg: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+def outcome(proc: subprocess.Popen[bytes], cfg: dict[str, Any],
+            log: list[dict[str, Any]] | None = None) -> tuple[int, dict[str, Any]]:
+    """The launcher's exit code and result (checked against its termination message and runtime dir); ``log``
+    gets its stderr's JSON lines."""
     _, err = proc.communicate(timeout=60)
+    if log is not None:
+        log.extend(json.loads(line) for line in err.decode().splitlines() if line.startswith("{"))
     result = json.loads(Path(cfg["result"]["path"]).read_text())
     assert json.loads(Path(cfg["result"]["terminationMessagePath"]).read_text()) == result
     assert sorted(os.listdir(cfg["runtimeDir"])) == ["launcher.lock"], err.decode()
@@ -174,17 +183,25 @@ def test_stop_before_the_api_listens_is_still_graceful(tmp_path: Path) -> None:
     proc, cfg = setup(tmp_path, "obey", listen_delay_seconds=2)
     wait_for(tmp_path / "run" / "firecracker.sock", proc)
     proc.send_signal(signal.SIGTERM)
-    rc, result = outcome(proc, cfg)
+    log: list[dict[str, Any]] = []
+    rc, result = outcome(proc, cfg, log)
     assert (rc, result["reason"]) == (0, "StopRequested"), result
     assert "fake console: reset" in (tmp_path / "serial.log").read_text()
+    # the refused connects are not attempts: one request reached the API, and the guest obeyed it
+    assert [x["attempt"] for x in log if x["msg"] == "graceful stop sent"] == [1], log
 
 
-def test_ignored_ctrl_alt_del_is_killed_after_the_stop_timeout(tmp_path: Path) -> None:
-    proc, cfg = setup(tmp_path, "ignore", stop_timeout_seconds=3)
+def test_ignored_ctrl_alt_del_is_repeated_then_killed_after_the_stop_timeout(tmp_path: Path) -> None:
+    proc, cfg = setup(tmp_path, "ignore", stop_timeout_seconds=5, stop_retry_interval_seconds=1)
     wait_for(tmp_path / "run" / "firecracker.sock", proc)
     proc.send_signal(signal.SIGTERM)
-    rc, result = outcome(proc, cfg)
+    log: list[dict[str, Any]] = []
+    rc, result = outcome(proc, cfg, log)
     assert (rc, result["reason"], result["hypervisorExitStatus"]) == (1, "StopTimeoutKilled", 137), result
+    # SendCtrlAltDel once a second (never at or after the deadline: the kill comes then), numbered from 1
+    attempts = [x["attempt"] for x in log if x["msg"] == "graceful stop sent"]
+    assert 2 <= len(attempts) <= 5 and attempts == list(range(1, len(attempts) + 1)), log
+    assert (tmp_path / "serial.log").read_text().count("fake console: action SendCtrlAltDel") == len(attempts)
 
 
 @pytest.mark.parametrize(("mode", "reason", "rc"), [("reboot", "GuestReboot", 0), ("crash", "HypervisorCrashed", 1)])
