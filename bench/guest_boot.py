@@ -18,10 +18,14 @@ Variants (``--variant NAME`` picks some; ``verbose`` is always the baseline):
             does not use (names in LEAN_MASKS)
 With ``--cpu`` the variants are ``hypervisor.tcgCPUModel`` values instead, all with the image's own command line:
 ``max`` (the launcher's model before 2026-12-02; the baseline), ``qemu64,+rdrand`` (its default since) and
-``Nehalem,+rdrand`` (x86-64-v2). Prints each boot, then per variant the median and the same-run ratio
+``Nehalem,+rdrand`` (x86-64-v2). With ``--machine`` the variants are QEMU ``-M`` values, the launcher's own
+(``zjusct_launcher.qemu.MACHINE``, q35 without AHCI, SMBus, PS/2 and the VMware port, since launcher 1.1.1)
+against plain ``q35`` (the launcher's machine until then; the baseline): the same launcher, its ``MACHINE``
+replaced in its process. Prints each boot, then per variant the median and the same-run ratio
 median(variant) / median(baseline), with the load average before and after. Usage:
   /var/cache/zjusct-cloud/venv/bin/python bench/guest_boot.py [--rounds 3] [--variant quiet --variant lean]
   /var/cache/zjusct-cloud/venv/bin/python bench/guest_boot.py --cpu [--rounds 3]
+  /var/cache/zjusct-cloud/venv/bin/python bench/guest_boot.py --machine [--rounds 3]
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from launcher_overhead import run_launcher
+from zjusct_launcher.qemu import MACHINE
 
 from tests.integration.launcher.harness import base_config, free_port
 
@@ -53,6 +58,7 @@ LEAN_MASKS = (
     "systemd-binfmt.service", "proc-sys-fs-binfmt_misc.automount",
 )
 CPU_MODELS = ("max", "qemu64,+rdrand", "Nehalem,+rdrand")  # the first is the --cpu baseline
+MACHINES = ("q35", MACHINE)  # the first is the --machine baseline
 VARIANTS = {
     "verbose": "",
     "quiet": "quiet",
@@ -68,9 +74,10 @@ def image() -> tuple[Path, dict]:
     return Path(manifests[-1]).parent, json.loads(Path(manifests[-1]).read_text())
 
 
-def boot(set_dir: Path, cmdline: str, work: Path, cpu_model: str | None = None) -> float:
+def boot(set_dir: Path, cmdline: str, work: Path, cpu_model: str | None = None, machine: str | None = None) -> float:
     """One first boot of a fresh root copy with ``cmdline`` (and ``hypervisor.tcgCPUModel``, None: the
-    launcher's default): seconds from the launcher's start to ready."""
+    launcher's default; QEMU ``-M`` ``machine``, None: the launcher's): seconds from the launcher's start to
+    ready."""
     disk = work / "root.raw"
     subprocess.run(["cp", "--sparse=always", str(set_dir / "rootfs.raw"), str(disk)], check=True, timeout=600)
     name = f"boot-{uuid.uuid4().hex[:8]}"
@@ -80,7 +87,7 @@ def boot(set_dir: Path, cmdline: str, work: Path, cpu_model: str | None = None) 
     if cpu_model is not None:
         cfg["hypervisor"]["tcgCPUModel"] = cpu_model
     try:
-        elapsed = run_launcher(cfg, work)[0]
+        elapsed = run_launcher(cfg, work, machine=machine)[0]
     finally:
         disk.unlink(missing_ok=True)
     return elapsed
@@ -90,12 +97,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--variant", action="append", choices=[v for v in VARIANTS if v != "verbose"])
-    parser.add_argument("--cpu", action="store_true", help="compare TCG CPU models (CPU_MODELS) instead")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--cpu", action="store_true", help="compare TCG CPU models (CPU_MODELS) instead")
+    mode.add_argument("--machine", action="store_true", help="compare QEMU machines (MACHINES) instead")
     args = parser.parse_args()
     set_dir, manifest = image()
-    if args.cpu:
-        names = list(CPU_MODELS)
-        print(f"image {set_dir.name}; cmdline {manifest['defaultCmdline']}; -cpu variants, baseline {names[0]}")
+    if args.cpu or args.machine:
+        names = list(CPU_MODELS if args.cpu else MACHINES)
+        print(f"image {set_dir.name}; cmdline {manifest['defaultCmdline']}; {'-cpu' if args.cpu else '-M'} "
+              f"variants, baseline {names[0]}")
     else:
         names = ["verbose", *(args.variant or [v for v in VARIANTS if v != "verbose"])]
         base = " ".join(t for t in manifest["defaultCmdline"].split() if t != "quiet")
@@ -110,6 +120,8 @@ def main() -> int:
             for n in order:
                 if args.cpu:
                     t = boot(set_dir, manifest["defaultCmdline"], Path(tmp), cpu_model=n)
+                elif args.machine:
+                    t = boot(set_dir, manifest["defaultCmdline"], Path(tmp), machine=n)
                 else:
                     t = boot(set_dir, f"{base} {VARIANTS[n]}".strip(), Path(tmp))
                 times[n].append(t)

@@ -67,15 +67,20 @@ def status_kib(pid: int, key: str) -> int:
     return 0
 
 
-def run_launcher(cfg: dict, work: Path) -> tuple[float, float, list[str], int, int, float]:
+def run_launcher(cfg: dict, work: Path, machine: str | None = None) -> tuple[float, float, list[str], int, int, float]:
     """Returns (seconds to the ready marker, seconds to the banner seen by this script's own probe, vmm argv,
-    VmRSS KiB, VmHWM KiB, launcher CPU s before the VMM)."""
+    VmRSS KiB, VmHWM KiB, launcher CPU s before the VMM). ``machine``: run the launcher with its QEMU ``-M``
+    value (``zjusct_launcher.qemu.MACHINE``) replaced by this one (None: the launcher's own)."""
     path = work / "config.json"
     path.write_text(json.dumps(cfg))
     err = open(work / "launcher.log", "wb")
     env = dict(os.environ, PYTHONPATH=str(REPO / "launcher"))
+    entry = ["-m", "zjusct_launcher"]
+    if machine is not None:
+        entry = ["-c", "import sys, zjusct_launcher.qemu as q; from zjusct_launcher.cli import main; "
+                 f"q.MACHINE = {machine!r}; sys.exit(main())"]
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "zjusct_launcher", "run", "--config", str(path)],
+    proc = subprocess.Popen([sys.executable, *entry, "run", "--config", str(path)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env)
     ready = Path(cfg["runtimeDir"]) / "ready"
     seen: list[float] = []

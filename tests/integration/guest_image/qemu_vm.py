@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zjusct_launcher import lock
+from zjusct_launcher.qemu import MACHINE
 
 from tests.guest_image_fixture import GuestImage, config_disk
 
@@ -109,7 +110,7 @@ class Vm:
         self.qmp_path.unlink(missing_ok=True)
         argv = [
             shutil.which("qemu-system-x86_64") or "qemu-system-x86_64",
-            "-name", self.name, "-accel", "tcg,tb-size=256", "-M", "q35", "-m", str(memory_mib), "-smp", "1",
+            "-name", self.name, "-accel", "tcg,tb-size=256", "-M", MACHINE, "-m", str(memory_mib), "-smp", "1",
             "-no-reboot", "-nodefaults", "-display", "none", "-no-user-config",
             "-kernel", str(self.image.vmlinuz), "-initrd", str(self.image.initrd),
             "-append", self.image.default_cmdline,

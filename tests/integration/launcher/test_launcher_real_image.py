@@ -121,6 +121,13 @@ def test_real_guest_login_from_an_unprivileged_vmm_synced_data_survives_kill9_an
     lines = out.stdout.splitlines()
     assert lines[0] == "real-data" and lines[1] == vm.cfg["identity"]["instanceID"]
     assert "10.0.2.15/24" in lines[2]
+    # the launcher's trimmed q35 (qemu.MACHINE): no AHCI (PCI class 0x010601) or SMBus (0x0c0500) function, no
+    # PS/2 port on the serio bus, no ATA port; the virtio disks and NIC are there
+    out = real.ssh("data", "cat /sys/bus/pci/devices/*/class; echo serio $(ls /sys/bus/serio/devices | wc -l); "
+                           "echo ata $(ls /sys/class/ata_port 2>/dev/null | wc -l)")
+    classes = set(out.stdout.split()[:-4])
+    assert not {"0x010601", "0x0c0500"} & classes and {"0x010000", "0x020000"} <= classes, out.stdout
+    assert out.stdout.split()[-4:] == ["serio", "0", "ata", "0"], out.stdout
     pid = vm.vmm_pid()
     status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
     vmm_id = str(vm.cfg["hypervisor"]["runAs"]["uid"])

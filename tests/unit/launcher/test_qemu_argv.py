@@ -34,7 +34,7 @@ def blockdevs(args: list[str]) -> dict[str, dict[str, Any]]:
 def test_tcg_uses_translation_cache_size_and_the_tcg_cpu_model() -> None:
     a = argv(cfg())
     assert after(a, "-accel") == ["tcg,tb-size=256"] and after(a, "-cpu") == ["qemu64,+rdrand"]
-    assert after(a, "-M") == ["q35"]
+    assert after(a, "-M") == ["q35,sata=off,smbus=off,i8042=off,vmport=off"]
     doc = json.loads((EXAMPLES / "config-qemu-tap.json").read_text())
     doc["hypervisor"]["tcgCPUModel"] = "max"
     assert after(argv(config.parse(doc)), "-cpu") == ["max"]
