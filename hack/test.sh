@@ -64,7 +64,7 @@ checks_pid=$!
 # Ceph, guest image check); the tests and what they assert are the same as in one session. Set
 # ZJUSCT_TEST_LANES=1 for a single session.
 node_lane=(tests/integration/k8s_node tests/integration/hostnet tests/e2e/host/test_network_isolation.py)
-# Balance (minutes; the rehearsal of 2026-12-02 04:46: guests 61, node 49, rest 59, the Molecule scenarios after
+# Balance (minutes; the rehearsal of 2026-12-02 08:07: guests 57, node 50, rest 57, the Molecule scenarios after
 # node): two end-to-end modules that mostly create stopped VMs (quotas, owner checks) run in lane rest, and the SSH
 # gateway's in lane node (it does not touch ip_forward).
 rest_e2e=(tests/e2e/host/test_owner_authorization.py tests/e2e/host/test_quotas_audit.py)
