@@ -184,7 +184,7 @@ def main() -> int:
     stop = statistics.median(s - d for _, _, s, d in rows)
     print(f"median control-plane overhead (absolute, load average {os.getloadavg()[0]:.1f}): vm_start "
           f"{overhead:.2f} s (goal <= 3 s: {'met' if overhead <= 3 else 'NOT met'}, {overhead / 3:.2f}x the goal); "
-          f"vm_stop {stop:.2f} s (no goal; nan: the launcher left no stop time)")
+          f"vm_stop {stop:.2f} s (no goal{'; nan: the launcher left no stop time' if stop != stop else ''})")
     return 0
 
 
