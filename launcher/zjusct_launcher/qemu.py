@@ -34,8 +34,9 @@ RBD_SECRET_ID = "rbdkey0"  # noqa: S105 - an object id, not a secret
 # The q35 machine without the chipset devices a headless virtio guest never uses (QEMU 7.2 ``-machine q35,help``):
 # the ICH9 AHCI controller (``sata``), the SMBus controller (``smbus``), the PS/2 keyboard and mouse controller
 # (``i8042``) and VMware's I/O port (``vmport``). Fewer emulated devices to attack, and fewer drivers for the
-# guest to load at boot (ahci, libata, scsi_mod, i2c_i801, psmouse, serio_raw): measured with the -svm CPU
-# model in docs/benchmarks.md. Power-off stays ACPI (system_powerdown), reboot and panic end QEMU as before.
+# guest to load at boot (ahci, libata, scsi_mod, i2c_i801, psmouse, serio_raw): a cheaper TCG boot, measured by
+# bench/guest_boot.py --machine (docs/benchmarks.md). Power-off stays ACPI (system_powerdown); reboot and panic
+# end QEMU as before.
 MACHINE = "q35,sata=off,smbus=off,i8042=off,vmport=off"
 
 
