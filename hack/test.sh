@@ -5,7 +5,8 @@
 #   3. ruff, mypy, ansible-lint (production profile), ansible-test sanity
 #   4. pytest: unit, integration (real kube-apiserver, Ceph, netns/tc, QEMU guests) and e2e
 #      (3 runs in the background while 4 runs; its output follows pytest's)
-#   5. Molecule scenarios cluster and images (in the background once pytest's lane node has ended)
+#   5. Molecule scenarios (in the background): guest_image and hypervisor from the start of pytest's lanes,
+#      cluster and images once lane node has ended; their output follows pytest's
 # Every step runs even when an earlier one failed; the exit code is non-zero if any failed, and a
 # pytest run that collected no test counts as a failure. Extra arguments go to pytest.
 # pytest runs the tests in a random order (pytest-random-order: modules shuffled, tests shuffled within
@@ -72,11 +73,15 @@ node_lane+=(tests/e2e/host/test_ssh_gateway.py)
 mapfile -t guest_lane < <(find tests/e2e -name 'test_*.py' | sort \
   | grep -vxF -f <(printf '%s\n' "${node_lane[@]}" "${rest_e2e[@]}"))
 # Molecule scenarios of the roles (extensions/molecule/*, docs/testing.md#molecule); each prints its time. A full
-# run (no test paths given) runs the cluster and images scenarios (images is warm: lane node built both images) in
-# the background, output to a file printed after pytest's; guest_image (a second debootstrap, ~10 min) and
-# hypervisor (a TCG guest made a hypervisor, ~10 min on a calm machine) are run by `hack/molecule.sh guest_image
-# hypervisor`, not here, to keep CI within its time budget.
+# run (no test paths given) runs all four in two background jobs, output to files printed after pytest's:
+# - molecule_bg: cluster and images, once lane node has ended (it built both images `images` imports, and its real
+#   node and control plane are gone);
+# - molecule_guests_bg: guest_image (a second debootstrap into a throwaway directory) and hypervisor (a TCG guest
+#   of a throwaway cloud made a hypervisor), from the start of the lanes: they need neither lane's images, only the
+#   default guest image set, which the job first ensures through the fixture's own function under its lock (warm:
+#   a check; cold: it waits while a lane builds it, so no two debootstraps share the .deb cache at once).
 molecule_pid=""
+molecule_guests_pid=""
 molecule_bg() {
   [ "$paths" -eq 0 ] || return 0
   (
@@ -86,6 +91,21 @@ molecule_bg() {
     else echo "==> molecule: FAILED ($((SECONDS - t0)) s)"; echo molecule >"$checks_dir/molecule.failed"; fi
   ) >"$checks_dir/molecule.log" 2>&1 &
   molecule_pid=$!
+}
+molecule_guests_bg() {
+  [ "$paths" -eq 0 ] || return 0
+  (
+    t0=$SECONDS
+    echo "==> molecule guest_image hypervisor"
+    if python -c 'from tests.guest_image_fixture import ensure_image_set; ensure_image_set()' \
+        && echo "==> guest image set ready ($((SECONDS - t0)) s)" && hack/molecule.sh guest_image hypervisor; then
+      echo "==> molecule guest_image hypervisor: ok ($((SECONDS - t0)) s)"
+    else
+      echo "==> molecule guest_image hypervisor: FAILED ($((SECONDS - t0)) s)"
+      echo "molecule guest_image hypervisor" >"$checks_dir/molecule-guests.failed"
+    fi
+  ) >"$checks_dir/molecule-guests.log" 2>&1 &
+  molecule_guests_pid=$!
 }
 seed=""
 paths=0
@@ -117,6 +137,7 @@ if [ "$paths" -eq 1 ] || [ "${ZJUSCT_TEST_LANES:-3}" = 1 ]; then
   pytest "${common[@]}" "$@" > >(tee "$checks_dir/single") 2>&1
   lane_rc "" $?
   molecule_bg
+  molecule_guests_bg
   sleep 1  # let tee drain
   grep -E "^(FAILED|ERROR) " "$checks_dir/single" >"$checks_dir/pytest-failures"
 else
@@ -134,6 +155,7 @@ else
   pid[node]=$!
   pytest "${common[@]}" "$@" "${ignores[@]}" tests > >(sed -u 's/^/[rest] /' | tee "$logs/rest") 2>&1 &
   pid[rest]=$!
+  molecule_guests_bg
   # The Molecule scenarios (below) start as soon as lane node has ended (it built the images `images` imports and
   # its real node is gone), next to the tails of the other lanes rather than after them.
   wait "${pid[node]}"; rc[node]=$?
@@ -160,6 +182,11 @@ if [ -n "$molecule_pid" ]; then
   wait "$molecule_pid"
   cat "$checks_dir/molecule.log"
   [ -s "$checks_dir/molecule.failed" ] && failed+=("molecule")
+fi
+if [ -n "$molecule_guests_pid" ]; then
+  wait "$molecule_guests_pid"
+  cat "$checks_dir/molecule-guests.log"
+  [ -s "$checks_dir/molecule-guests.failed" ] && failed+=("molecule guest_image hypervisor")
 fi
 
 wait "$checks_pid"
