@@ -8,7 +8,7 @@ Run from the repository root or with it on ``PYTHONPATH`` (the pid helpers are t
 ``up`` builds, under ``DIR``, the private host cloud the scenario's guest runs in, the way tests/e2e/host/conftest.py
 builds one for the end-to-end tests: a host configuration ``DIR/host.json`` (store, volumes, state and logs under
 ``DIR``, runtime directory ``/run/zjc-mh-<tag>``, the cached guest image set of ``$ZJUSCT_CACHE/images``, the
-launcher of this checkout), a network namespace of its own for the guests' bridge (``zjc-mh-<tag>``), and two more
+launcher of this checkout, the test suite's boot slots of tests/conftest.py), a network namespace of its own for the guests' bridge (``zjc-mh-<tag>``), and two more
 namespaces standing in for the host and the world behind the uplink (``zjc-mho-<tag>``, which forwards, and
 ``zjc-mhw-<tag>``, holding 198.51.100.1), so nothing in the host's own namespace changes (its
 ``net.ipv4.ip_forward`` stays as it is: guests of a cloud whose uplink ends in the host's namespace reach the
@@ -53,6 +53,7 @@ import time
 from pathlib import Path
 
 from tests.cluster._cluster import pid_alive, tail
+from tests.conftest import TEST_BOOT_SLOT_DIR, TEST_BOOT_SLOTS
 
 CACHE = Path(os.environ.get("ZJUSCT_CACHE", "/var/cache/zjusct-cloud"))
 REPO = Path(__file__).resolve().parents[3]
@@ -114,6 +115,10 @@ def host_config(work: Path, tag: str, image: Path) -> dict:
         "readiness_timeout_seconds": 1800,
         "tcg_translation_cache_mib": 256,
         "accel": os.environ.get("ZJUSCT_MOLECULE_ACCEL", "auto"),
+        # make test runs this scenario next to pytest's lanes: the guest takes one of the machine's test boot
+        # slots until it answers SSH, like every guest the tests boot (docs/testing.md, boot slots)
+        "max_concurrent_boots": TEST_BOOT_SLOTS,
+        "boot_slot_dir": TEST_BOOT_SLOT_DIR,
     }
 
 
