@@ -8,12 +8,12 @@ Run from the repository root or with it on ``PYTHONPATH`` (the pid helpers are t
 ``up`` builds, under ``DIR``, the private host cloud the scenario's guest runs in, the way tests/e2e/host/conftest.py
 builds one for the end-to-end tests: a host configuration ``DIR/host.json`` (store, volumes, state and logs under
 ``DIR``, runtime directory ``/run/zjc-mh-<tag>``, the cached guest image set of ``$ZJUSCT_CACHE/images``, the
-launcher of this checkout, the test suite's boot slots of tests/conftest.py), a network namespace of its own for the guests' bridge (``zjc-mh-<tag>``), and two more
-namespaces standing in for the host and the world behind the uplink (``zjc-mho-<tag>``, which forwards, and
-``zjc-mhw-<tag>``, holding 198.51.100.1), so nothing in the host's own namespace changes (its
-``net.ipv4.ip_forward`` stays as it is: guests of a cloud whose uplink ends in the host's namespace reach the
-Debian mirror only once the operator enables it, docs/network.md). The tag is random: the names never collide
-with the end-to-end tests' (``zjc-e2e-*``) nor with another run.
+launcher of this checkout, the test suite's boot slots of tests/conftest.py), a network namespace of its own for
+the guests' bridge (``zjc-mh-<tag>``), and two more namespaces standing in for the host and the world behind the
+uplink (``zjc-mho-<tag>``, which forwards, and ``zjc-mhw-<tag>``, holding 198.51.100.1), so nothing in the host's
+own namespace changes (its ``net.ipv4.ip_forward`` stays as it is: guests of a cloud whose uplink ends in the host's
+namespace reach the Debian mirror only once the operator enables it, docs/network.md). The tag is random: the names
+never collide with the end-to-end tests' (``zjc-e2e-*``) nor with another run.
 
 The guest gets its Debian packages from a real package cache: Debian's apt-cacher-ng, run in the host's namespace
 (so it reaches the mirror) with its configuration, cache and logs under ``DIR/acng``, listening on 127.0.0.1 only
