@@ -13,7 +13,7 @@ setup: ## install Debian packages, the Python venv and link the collection
 quickstart: ## bring this host up (site.yml), start alice's VM, list it, run a command inside it
 	hack/quickstart.sh
 
-test: ## everything: setup, lint, sanity, unit, integration and e2e tests against real components
+test: ## everything: setup, lint, sanity, unit, integration and e2e tests and the Molecule scenarios, against real components
 	hack/test.sh
 
 unit: setup ## unit tests only (no real components)
