@@ -35,8 +35,12 @@ def test_fence_blocklists_the_live_writer_only_and_a_new_client_then_writes(
     keyring.chmod(0o600)
     bench = ["rbd", "-c", str(ceph_cluster.conf), "bench", "--io-type", "write", "--io-size", "4096",
              "--io-threads", "1", "--io-pattern", "rand"]
-    writer = subprocess.Popen([*bench, "--io-total", "100G", ref.spec], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, env=ceph_cluster.env())
+    # the writer's errors go to a file, never to a pipe nobody reads: once fenced, librbd logs every failed
+    # request and lock attempt, and a full pipe would block the writer in write(2) instead of letting it fail
+    writer_err = tmp_path / "writer.stderr"
+    with open(writer_err, "wb") as err:
+        writer = subprocess.Popen([*bench, "--io-total", "100G", ref.spec], stdout=subprocess.DEVNULL, stderr=err,
+                                  env=ceph_cluster.env())
     added: list[str] = []
     try:
         watchers = wait_for(lambda: rbd.status(ref), 60, "the writer watches the image")
@@ -44,6 +48,8 @@ def test_fence_blocklists_the_live_writer_only_and_a_new_client_then_writes(
         ip = watchers[0]["address"].split(":")[0]
         fencer = Fencer(CephConfig(monitors=(ceph_cluster.mon_host,), user="unused", secret_name="unused",
                                    fence_user="zjusct-fence-test", fence_keyring=str(keyring)))
+        # still writing when fenced: its failure below is the fence's doing
+        assert writer.poll() is None, writer_err.read_text(errors="replace")[-2000:]
         added = fencer.fence({"pod": "web-boot-1", "uid": None, "node": "n1", "podIP": ip, "pool": "rbd",
                               "image": image_name})
         # exactly the writer's client (its watch and its lock are the same client address), not the whole IP
@@ -52,7 +58,10 @@ def test_fence_blocklists_the_live_writer_only_and_a_new_client_then_writes(
         listed = ceph_cluster.ceph("osd", "blocklist", "ls")
         assert all(a in listed for a in added), listed
         # the fenced writer's I/O fails: rbd bench ends with an error
-        wait_for(lambda: writer.poll() is not None, 120, "the blocklisted writer fails")
+        try:
+            wait_for(lambda: writer.poll() is not None, 120, "the blocklisted writer fails")
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}; its stderr ends: {writer_err.read_text(errors='replace')[-2000:]}") from None
         assert writer.returncode != 0
         # a new client breaks the dead owner's lock and writes
         started = time.monotonic()
