@@ -1,7 +1,7 @@
 """Benchmark of the README's first command on a fresh machine: ``make quickstart`` in a new Debian 12 root.
 
 Usage (root, from the repository root; needs debootstrap, unshare and the Debian mirror):
-    /var/cache/zjusct-cloud/venv/bin/python bench/quickstart_fresh.py [--work DIR] [--keep]
+    /var/cache/zjusct-cloud/venv/bin/python bench/quickstart_fresh.py [--work DIR] [--keep] [--baseline]
 
 What it does:
 
@@ -17,6 +17,10 @@ What it does:
 * afterwards: every process whose root is the new root (the launcher, QEMU, SSH) is killed and, unless
   ``--keep``, the root is removed; the network namespace the quickstart made lives only in the private mount
   namespace and goes with it.
+
+``--baseline`` then makes a second fresh root the same way and times ``hack/install-deps.sh`` there, the full
+install of ``make test`` (every Debian package, requirements-test.txt, the ansible-test sanity venv), which the
+quickstart ran before it had ``--quickstart``: its time next to the quickstart's step 1 is a same-run ratio.
 
 The quickstart's output is echoed and kept in ``--work``/quickstart.log. Prints the setup time, the
 quickstart's wall time and each of its five steps (from the ``==> N/5`` lines), its user and system CPU seconds,
@@ -47,7 +51,7 @@ PASS_ENV = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "CURL_CA_BUNDLE",
             "PIP_DISABLE_PIP_VERSION_CHECK", "PIP_INDEX_URL", "PIP_TRUSTED_HOST", "http_proxy", "https_proxy",
             "no_proxy")
 STEP_RE = re.compile(r"^==> (\d)/5 ")
-# run as: unshare --mount --propagation private sh -c SCRIPT _ ROOT ENV... -- ; then chroot
+# run as: unshare --mount --propagation private sh -c SCRIPT _ ROOT COMMAND ENV... (COMMAND: a fixed string below)
 NS_SCRIPT = r"""
 set -e
 root=$1; shift
@@ -57,7 +61,8 @@ mount --rbind /sys "$root/sys"
 mount --rbind /dev "$root/dev"
 mount -t tmpfs -o mode=0755 tmpfs "$root/run"
 mkdir -p "$root/run/lock"
-exec chroot "$root" /usr/bin/env -i "$@" /bin/bash -c 'cd /root/zc && exec make quickstart'
+cmd=$1; shift
+exec chroot "$root" /usr/bin/env -i "$@" /bin/bash -c "cd /root/zc && exec $cmd"
 """
 
 
@@ -94,10 +99,14 @@ def processes_in(root: Path) -> list[int]:
     return pids
 
 
-def run_quickstart(root: Path, log: Path) -> tuple[int, float, dict[int, float], float, float]:
-    """Run ``make quickstart`` in ``root``, its output into ``log`` and echoed; return (exit code, wall s,
-    step → start offset s, user s, system s). The output goes through a file, not a pipe: the guest's launcher and
-    SSH's ControlPersist master outlive the command and would hold a pipe open."""
+Run = tuple[int, float, dict[int, float], float, float]
+
+
+def run_in_root(root: Path, log: Path, command: str = "make quickstart") -> Run:
+    """Run ``command`` (``make quickstart`` or ``hack/install-deps.sh``) in the checkout in ``root``, its output into
+    ``log`` and echoed; return (exit code, wall s, step → start offset s, user s, system s). The output goes through
+    a file, not a pipe: the guest's launcher and SSH's ControlPersist master outlive the command and would hold a
+    pipe open."""
     env = ["HOME=/root", "TERM=dumb", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
     env += [f"{k}={os.environ[k]}" for k in PASS_ENV if k in os.environ]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -105,7 +114,8 @@ def run_quickstart(root: Path, log: Path) -> tuple[int, float, dict[int, float],
     steps: dict[int, float] = {}
     with open(log, "w") as out, open(log) as follow:
         proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", NS_SCRIPT, "_",
-                                 str(root), *env], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                 str(root), command, *env],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         pending = ""
         while True:
             done = proc.poll() is not None
@@ -129,6 +139,8 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=Path("/var/tmp/zjusct-bench-quickstart"),
                     help="directory for the fresh root (created; removed afterwards unless --keep)")
     ap.add_argument("--keep", action="store_true", help="keep the root (its running VM is still killed)")
+    ap.add_argument("--baseline", action="store_true",
+                    help="also time the full hack/install-deps.sh in a second fresh root (same-run ratio)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("run as root (debootstrap, chroot, unshare)", file=sys.stderr)
@@ -141,7 +153,7 @@ def main() -> int:
     load0 = os.getloadavg()[0]
     try:
         setup = make_root(root)
-        rc, wall, steps, user, system = run_quickstart(root, args.work.resolve() / "quickstart.log")
+        rc, wall, steps, user, system = run_in_root(root, args.work.resolve() / "quickstart.log")
     finally:
         for pid in processes_in(root):
             try:
@@ -160,6 +172,22 @@ def main() -> int:
         print(f"  step {step}/5: {end - start:.0f} s")
     verdict = "met" if rc == 0 and wall <= GOAL_S else "not met"
     print(f"goal: <= {GOAL_S:.0f} s on a fresh machine: {verdict}")
+    if args.baseline and 1 in steps and 2 in steps:
+        base = args.work.resolve() / "baseline-root"
+        base.mkdir(parents=True)
+        try:
+            make_root(base)
+            brc, bwall, _steps, buser, bsys = run_in_root(base, args.work.resolve() / "baseline.log",
+                                                          "hack/install-deps.sh")
+        finally:
+            if not args.keep:
+                shutil.rmtree(args.work.resolve(), ignore_errors=True)
+        install = steps[2] - steps[1]
+        print(f"baseline: full hack/install-deps.sh in a fresh root: exit {brc}, {bwall:.0f} s wall, CPU "
+              f"{buser:.0f} s user + {bsys:.0f} s system")
+        print(f"step 1/5 (install-deps.sh --quickstart) / full install: {install:.0f} / {bwall:.0f} s = "
+              f"{install / bwall:.2f} (same-run ratio)")
+        rc = rc or brc
     return rc
 
 
