@@ -18,11 +18,10 @@ case "${1:-}" in
 esac
 mkdir -p "$cache"
 
-if [ "$profile" = quickstart ]; then
-  mapfile -t pkgs < <(sed '/^\[test\]$/q' "$here/hack/apt-packages.txt" | grep -v '^\s*#' | grep -v '^\s*$' | grep -vx '\[test\]')
-else
-  mapfile -t pkgs < <(grep -v '^\s*#' "$here/hack/apt-packages.txt" | grep -v '^\s*$' | grep -vx '\[test\]')
-fi
+package_lines() { # the list's lines for this profile: --quickstart stops at "[test]"
+  if [ "$profile" = quickstart ]; then sed '/^\[test\]$/q' "$here/hack/apt-packages.txt"; else cat "$here/hack/apt-packages.txt"; fi
+}
+mapfile -t pkgs < <(package_lines | grep -v '^\s*#' | grep -v '^\s*$' | grep -vx '\[test\]')
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
