@@ -73,39 +73,30 @@ rest_e2e=(tests/e2e/host/test_owner_authorization.py tests/e2e/host/test_quotas_
 mapfile -t guest_lane < <(find tests/e2e -name 'test_*.py' | sort \
   | grep -vxF -f <(printf '%s\n' "${node_lane[@]}" "${rest_e2e[@]}"))
 # Molecule scenarios of the roles (extensions/molecule/*, docs/testing.md#molecule); each prints its time. A full
-# run (no test paths given) runs all four in two background jobs, output to files printed after pytest's:
-# - molecule_bg: cluster and images, once lane node has ended (it built both images `images` imports, and its real
-#   node and control plane are gone);
-# - molecule_guests_bg: guest_image (a second debootstrap into a throwaway directory) and hypervisor (a TCG guest
-#   of a throwaway cloud made a hypervisor), from the start of the lanes: they need neither lane's images, only the
-#   default guest image set, which the job first ensures through the fixture's own function under its lock (warm:
-#   a check; cold: it waits while a lane builds it, so no two debootstraps share the .deb cache at once).
-molecule_pid=""
-molecule_guests_pid=""
-molecule_bg() {
+# run (no test paths given) runs all four in two background jobs (molecule_job), output to files printed after
+# pytest's, a failure recorded with the static checks' verdicts:
+# - cluster and images, once lane node has ended (it built both images `images` imports, and its real node and
+#   control plane are gone);
+# - guest_image (a second debootstrap into a throwaway directory) and hypervisor (a TCG guest of a throwaway cloud
+#   made a hypervisor), from the start of the lanes: they need neither lane's images, only the default guest image
+#   set, which the job first ensures through the fixture's own function under its lock (warm: a check; cold: it
+#   waits while a lane builds it, so no two debootstraps share the .deb cache at once).
+molecule_pids=()
+molecule_job() { # molecule_job NAME CMD...: CMD in the background (full runs only), its output into a file
   [ "$paths" -eq 0 ] || return 0
+  local name=$1 log="$checks_dir/molecule-${#molecule_pids[@]}.log"
+  shift
   (
     t0=$SECONDS
-    echo "==> molecule"
-    if hack/molecule.sh cluster images; then echo "==> molecule: ok ($((SECONDS - t0)) s)"
-    else echo "==> molecule: FAILED ($((SECONDS - t0)) s)"; echo molecule >"$checks_dir/molecule.failed"; fi
-  ) >"$checks_dir/molecule.log" 2>&1 &
-  molecule_pid=$!
+    echo "==> $name"
+    if "$@"; then echo "==> $name: ok ($((SECONDS - t0)) s)"
+    else echo "==> $name: FAILED ($((SECONDS - t0)) s)"; echo "$name" >>"$checks_dir/failed"; fi
+  ) >"$log" 2>&1 &
+  molecule_pids+=("$!")
 }
-molecule_guests_bg() {
-  [ "$paths" -eq 0 ] || return 0
-  (
-    t0=$SECONDS
-    echo "==> molecule guest_image hypervisor"
-    if python -c 'from tests.guest_image_fixture import ensure_image_set; ensure_image_set()' \
-        && echo "==> guest image set ready ($((SECONDS - t0)) s)" && hack/molecule.sh guest_image hypervisor; then
-      echo "==> molecule guest_image hypervisor: ok ($((SECONDS - t0)) s)"
-    else
-      echo "==> molecule guest_image hypervisor: FAILED ($((SECONDS - t0)) s)"
-      echo "molecule guest_image hypervisor" >"$checks_dir/molecule-guests.failed"
-    fi
-  ) >"$checks_dir/molecule-guests.log" 2>&1 &
-  molecule_guests_pid=$!
+molecule_guest_scenarios() {
+  python -c 'from tests.guest_image_fixture import ensure_image_set; ensure_image_set()' \
+    && echo "==> guest image set ready ($((SECONDS - t0)) s)" && hack/molecule.sh guest_image hypervisor
 }
 seed=""
 paths=0
@@ -136,8 +127,8 @@ if [ "$paths" -eq 1 ] || [ "${ZJUSCT_TEST_LANES:-3}" = 1 ]; then
   echo "==> pytest ${order[*]} $* (seed $seed)"
   pytest "${common[@]}" "$@" > >(tee "$checks_dir/single") 2>&1
   lane_rc "" $?
-  molecule_bg
-  molecule_guests_bg
+  molecule_job "molecule cluster images" hack/molecule.sh cluster images
+  molecule_job "molecule guest_image hypervisor" molecule_guest_scenarios
   sleep 1  # let tee drain
   grep -E "^(FAILED|ERROR) " "$checks_dir/single" >"$checks_dir/pytest-failures"
 else
@@ -155,11 +146,11 @@ else
   pid[node]=$!
   pytest "${common[@]}" "$@" "${ignores[@]}" tests > >(sed -u 's/^/[rest] /' | tee "$logs/rest") 2>&1 &
   pid[rest]=$!
-  molecule_guests_bg
+  molecule_job "molecule guest_image hypervisor" molecule_guest_scenarios
   # The Molecule scenarios (below) start as soon as lane node has ended (it built the images `images` imports and
   # its real node is gone), next to the tails of the other lanes rather than after them.
   wait "${pid[node]}"; rc[node]=$?
-  molecule_bg
+  molecule_job "molecule cluster images" hack/molecule.sh cluster images
   for lane in guests rest; do wait "${pid[$lane]}"; rc[$lane]=$?; done
   sleep 1  # let the output filters drain
   # a lane whose tests were all deselected (-k, -m) collected nothing: only every lane empty is a failure
@@ -177,17 +168,11 @@ else
 fi
 echo "==> pytest: $((SECONDS - t0)) s"
 
-# The Molecule scenarios' verdict (started by molecule_bg); their output follows pytest's.
-if [ -n "$molecule_pid" ]; then
-  wait "$molecule_pid"
-  cat "$checks_dir/molecule.log"
-  [ -s "$checks_dir/molecule.failed" ] && failed+=("molecule")
-fi
-if [ -n "$molecule_guests_pid" ]; then
-  wait "$molecule_guests_pid"
-  cat "$checks_dir/molecule-guests.log"
-  [ -s "$checks_dir/molecule-guests.failed" ] && failed+=("molecule guest_image hypervisor")
-fi
+# The Molecule jobs' output follows pytest's (their verdicts are read with the static checks' below).
+for i in "${!molecule_pids[@]}"; do
+  wait "${molecule_pids[$i]}"
+  cat "$checks_dir/molecule-$i.log"
+done
 
 wait "$checks_pid"
 cat "$checks_dir/log"
