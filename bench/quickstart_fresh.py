@@ -15,8 +15,8 @@ What it does:
   package, virtualenv, image or debootstrap cache, so apt, pip, the guest image build and the first boot all
   run cold, against the same kernel and CPUs as this machine;
 * afterwards: every process whose root is the new root (the launcher, QEMU, SSH) is killed and, unless
-  ``--keep``, the root is removed; the network namespace the quickstart made lives only in the private mount
-  namespace and goes with it.
+  ``--keep``, the root is removed (the logs stay in ``--work``); the network namespace the quickstart made lives
+  only in the private mount namespace and goes with it.
 
 ``--baseline`` then makes a second fresh root the same way and times ``hack/install-deps.sh`` there, the full
 install of ``make test`` (every Debian package, requirements-test.txt, the ansible-test sanity venv), which the
@@ -99,6 +99,18 @@ def processes_in(root: Path) -> list[int]:
     return pids
 
 
+def clean_up(root: Path, keep: bool) -> None:
+    """SIGKILL every process left in ``root`` (a launcher, QEMU, SSH's master), then remove ``root`` unless ``keep``."""
+    for pid in processes_in(root):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if not keep:
+        time.sleep(1)
+        shutil.rmtree(root, ignore_errors=True)
+
+
 Run = tuple[int, float, dict[int, float], float, float]
 
 
@@ -137,7 +149,7 @@ def run_in_root(root: Path, log: Path, command: str = "make quickstart") -> Run:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, default=Path("/var/tmp/zjusct-bench-quickstart"),
-                    help="directory for the fresh root (created; removed afterwards unless --keep)")
+                    help="directory for the fresh roots (removed afterwards unless --keep) and the logs")
     ap.add_argument("--keep", action="store_true", help="keep the root (its running VM is still killed)")
     ap.add_argument("--baseline", action="store_true",
                     help="also time the full hack/install-deps.sh in a second fresh root (same-run ratio)")
@@ -155,14 +167,7 @@ def main() -> int:
         setup = make_root(root)
         rc, wall, steps, user, system = run_in_root(root, args.work.resolve() / "quickstart.log")
     finally:
-        for pid in processes_in(root):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if not args.keep:
-            time.sleep(1)
-            shutil.rmtree(args.work.resolve(), ignore_errors=True)
+        clean_up(root, args.keep)
     load1 = os.getloadavg()[0]
     print(f"\nsetup (debootstrap of the fresh root + clone, not part of the quickstart): {setup:.0f} s")
     print(f"make quickstart: exit {rc}, {wall:.0f} s wall ({wall / 60:.1f} min), CPU {user:.0f} s user + "
@@ -180,8 +185,7 @@ def main() -> int:
             brc, bwall, _steps, buser, bsys = run_in_root(base, args.work.resolve() / "baseline.log",
                                                           "hack/install-deps.sh")
         finally:
-            if not args.keep:
-                shutil.rmtree(args.work.resolve(), ignore_errors=True)
+            clean_up(base, args.keep)
         install = steps[2] - steps[1]
         print(f"baseline: full hack/install-deps.sh in a fresh root: exit {brc}, {bwall:.0f} s wall, CPU "
               f"{buser:.0f} s user + {bsys:.0f} s system")
