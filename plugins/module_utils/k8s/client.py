@@ -12,15 +12,20 @@ managed node: importing this module never fails, and :func:`api_client` names wh
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any, Callable
 
-# ApiException is re-exported: callers catch the client's error type from here, also when the library is missing
-__all__ = ["HAS_K8S_CORE", "HAS_KUBERNETES", "ApiException", "CoreException", "api_client", "auth_argument_spec"]
+# Also ApiException (module __getattr__ below): callers catch the client's error type from here, also when the
+# library is missing.
+__all__ = ["HAS_K8S_CORE", "HAS_KUBERNETES", "CoreException", "api_client", "auth_argument_spec"]
 
+# Only kubernetes.core's light modules are imported here. Its get_api_client and the kubernetes library (whose
+# package import alone loads its config, dynamic and watch modules: 0.15-0.3 s) are imported when a Kubernetes
+# client is needed, so the host backend's modules (cloudvm, cloudvm_info), which read auth_argument_spec only,
+# start without them.
 try:
     from ansible_collections.kubernetes.core.plugins.module_utils.args_common import AUTH_ARG_MAP, AUTH_ARG_SPEC
-    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client
     from ansible_collections.kubernetes.core.plugins.module_utils.k8s.exceptions import CoreException
 
     HAS_K8S_CORE = True
@@ -31,19 +36,26 @@ except ImportError:  # pragma: no cover - reported by api_client()
     class CoreException(Exception):  # type: ignore[no-redef]
         """Placeholder when kubernetes.core is missing."""
 
-try:
-    from kubernetes.client.exceptions import ApiException
+HAS_KUBERNETES = importlib.util.find_spec("kubernetes") is not None
 
-    HAS_KUBERNETES = True
-except ImportError:  # pragma: no cover - reported by api_client()
-    HAS_KUBERNETES = False
 
-    class ApiException(Exception):  # type: ignore[no-redef]
-        """Placeholder when the kubernetes library is missing."""
+def __getattr__(name: str) -> Any:
+    """``ApiException`` on first use (PEP 562): importing it imports the kubernetes package."""
+    if name != "ApiException":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        from kubernetes.client.exceptions import ApiException as error_type
+    except ImportError:  # pragma: no cover - reported by api_client()
 
-        status = 0
-        reason = ""
-        body = ""
+        class error_type(Exception):  # type: ignore[no-redef]
+            """Placeholder when the kubernetes library is missing."""
+
+            status = 0
+            reason = ""
+            body = ""
+
+    globals()["ApiException"] = error_type
+    return error_type
 
 
 def auth_argument_spec() -> dict:
@@ -73,6 +85,8 @@ def api_client(params: dict, error: Callable[[str], Exception]) -> Any:
     kubeconfig = auth.get("kubeconfig") or os.environ.get("K8S_AUTH_KUBECONFIG")
     if isinstance(kubeconfig, str) and not os.path.exists(os.path.expanduser(kubeconfig)):
         raise error(f"kubeconfig: {kubeconfig} does not exist")
+    from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client
+
     try:
         k8s = get_api_client(**auth)
     except CoreException as exc:
