@@ -14,8 +14,34 @@ echo "==> 1/5 install packages, Python venv and the collection link (only what t
 hack/install-deps.sh --quickstart
 
 echo "==> 2/5 bring this host up: ansible-playbook site.yml (the guest image takes minutes the first time)"
+# The guest image's debootstrap is one Ansible task, which prints only when it ends (minutes on a cold download
+# cache or a slow mirror). Meanwhile this says every 15 s what it has done, read from the build tree: the
+# packages in its apt archive and the dpkg lines of its debootstrap.log (both exist only while debootstrap runs).
+debootstrap_progress() {
+  local root log fetched unpacked set_up sleeper=""
+  trap 'kill $sleeper 2>/dev/null; exit 0' TERM
+  while :; do
+    sleep 15 & sleeper=$!
+    wait "$sleeper"
+    for root in "$ZJUSCT_CACHE"/images/.build-*/root; do
+      log="$root/debootstrap/debootstrap.log"
+      [ -d "$root/debootstrap" ] || continue
+      # (each may vanish under it when debootstrap ends: no count is an error)
+      fetched=$(find "$root/var/cache/apt/archives" -maxdepth 1 -name '*.deb' 2>/dev/null | wc -l) || true
+      unpacked=$(grep -c '^Unpacking ' "$log" 2>/dev/null) || true
+      set_up=$(grep -c '^Setting up ' "$log" 2>/dev/null) || true
+      echo "    ... debootstrap: ${fetched:-0} packages fetched, ${unpacked:-0} unpacked, ${set_up:-0} set up"
+    done
+  done
+}
+debootstrap_progress &
+progress=$!
+trap 'kill $progress 2>/dev/null || true' EXIT
 # Image sets are kept in the cache so the quickstart and the tests share one build.
 ansible-playbook site.yml -e "hypervisor_images_dir=$ZJUSCT_CACHE/images" "$@"
+kill "$progress"
+wait "$progress" || true
+trap - EXIT
 
 key="$HOME/.ssh/id_ed25519"
 if [ ! -f "$key" ]; then
