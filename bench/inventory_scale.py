@@ -296,9 +296,9 @@ time.sleep(86400)
 HOST_BASELINE = r"""
 import sys
 sys.path.insert(0, sys.argv[1])
-from ansible_collections.zjusct.cloud.plugins.module_utils.host import config as host.config
+from ansible_collections.zjusct.cloud.plugins.module_utils.host import config as host_config
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.cloudvm import observed_vms
-vms = observed_vms(host.config.load(sys.argv[2]))
+vms = observed_vms(host_config.load(sys.argv[2]))
 print(sum(1 for vm in vms if vm["status"].get("phase") == "Running"))
 """
 
