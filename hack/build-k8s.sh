@@ -17,7 +17,8 @@
 #                    local staging/sibling paths by the published module versions.
 #
 # Environment: ZJUSCT_CACHE, K8S_VERSION, ETCD_VERSION (defaults: hack/k8s/versions.env),
-# BUILD_JOBS (go build -p, default 2), GO (path of the go command).
+# BUILD_JOBS (go build -p, default 2), GO (path of the go command), K8S_EXTRA_BINS (more commands of
+# k8s.io/kubernetes/cmd to build and check, space-separated: bench/inventory_scale.py asks for kubectl).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -32,6 +33,8 @@ GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
 K8S_DIR="$CACHE/k8s/$K8S_VERSION"
 ETCD_DIR="$CACHE/etcd/$ETCD_VERSION"
 K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
+read -ra extra_bins <<<"${K8S_EXTRA_BINS:-}"
+K8S_BINS+=("${extra_bins[@]}")
 
 log() { printf '[build-k8s %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
