@@ -25,7 +25,10 @@ Each side boots once before the pairs (not measured; ``--no-peer-warmup`` skips 
 alternate which side runs first. Prints each pair with the load average before and after and ours' phases (see
 :data:`PHASES`), then two fixed costs timed alone (an empty ``ansible-playbook``, the launcher check subprocess),
 the medians, the same-run ratio ours/peer of the overheads, and the verdicts against issue #20's goals (overhead
-<= 3 s absolute; <= the peer's).
+<= 3 s absolute; <= the peer's). ``--ansible-peer`` adds a third side to each round, rotating the order: the same
+domain started by ``ansible-playbook`` (``virsh start`` through ``ansible.builtin.command``, then
+``ansible.builtin.wait_for`` of the banner, 1 s between attempts), i.e. libvirt behind the same Ansible layer as
+ours; its overhead = wall - (the wait task's end - QEMU process start).
 
 Prerequisite (as root): libvirt from Debian - ``apt-get install --no-install-recommends libvirt-daemon
 libvirt-daemon-driver-qemu libvirt-clients`` (shared/recipes/peer-libvirt.md). When ``virsh`` is missing and the
@@ -34,7 +37,7 @@ script runs as root it installs them itself (saying so); it creates the user/gro
 unless a libvirtd already answers on qemu:///system. It defines, starts and at the end destroys and undefines one
 domain ``zjc-peer-<tag>``, and removes its files. Usage (root, repository root, after ``make setup``)::
 
-    /var/cache/zjusct-cloud/venv/bin/python bench/vm_start_peer.py [--pairs 2] [--no-peer-warmup]
+    /var/cache/zjusct-cloud/venv/bin/python bench/vm_start_peer.py [--pairs 2] [--ansible-peer] [--no-peer-warmup]
 
 Exits non-zero only when a step fails.
 """
@@ -246,6 +249,28 @@ class Peer:
         pid = int(Path(f"/run/libvirt/qemu/{self.name}.pid").read_text())
         return wall, seen - proc_start_boottime(pid), seen - returned
 
+    def start_by_playbook(self, env: dict[str, str]) -> tuple[float, float]:
+        """The same start through Ansible: ``ansible-playbook`` of a play that runs ``virsh start`` with
+        ``ansible.builtin.command`` and waits for the banner with ``ansible.builtin.wait_for`` (``search_regex:
+        SSH-``; its ``sleep`` is whole seconds, so 1 s between attempts). (wall s, guest boot s = the wait task's
+        end - QEMU process start): the Ansible layer around libvirt, to hold against ours' playbook."""
+        play = self.dir / "start.yml"
+        play.write_text(json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": [
+            {"name": "virsh start", "ansible.builtin.command": {"argv": ["virsh", "-c", URI, "start", self.name]}},
+            {"name": "wait for the SSH banner", "ansible.builtin.wait_for": {
+                "host": "127.0.0.1", "port": self.port, "search_regex": "SSH-", "sleep": 1,
+                "timeout": int(BOOT_TIMEOUT)}}]}]))
+        t0 = time.monotonic()
+        proc = subprocess.run([str(VENV_BIN / "ansible-playbook"), str(play)], cwd=REPO, check=False, text=True,
+                              capture_output=True, env=dict(env, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json"))
+        wall = time.monotonic() - t0
+        if proc.returncode != 0:
+            raise SystemExit(f"peer through ansible-playbook failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}")
+        doc = json.loads(proc.stdout[proc.stdout.index("{"):])
+        seen = _ts(doc["plays"][0]["tasks"][-1]["task"]["duration"]["end"])
+        pid = int(Path(f"/run/libvirt/qemu/{self.name}.pid").read_text())
+        return wall, wall_to_boottime(seen) - proc_start_boottime(pid)
+
     def shutdown(self) -> float:
         """``virsh shutdown --mode acpi`` until the domain is shut off: wall s."""
         t0 = time.monotonic()
@@ -295,13 +320,16 @@ def verdict(ok: bool) -> str:
 
 
 def measure(root: Path, config: dict[str, Any], env: dict[str, str], peer_dir: Path, pairs: int,
-            warmup: bool = True) -> tuple[list[tuple[float, ...]], list[list[float]]]:
+            warmup: bool = True, ansible_peer: bool = False,
+            ) -> tuple[list[tuple[float, ...]], list[list[float]], list[tuple[float, float]]]:
     """The first boot of each side, then ``pairs`` alternating pairs (printed as they end); the peer's domain is
     removed before returning (libvirtd still runs). Returns the rows
-    ``(ours wall, ours guest, peer wall, peer guest, ours stop, peer stop, peer guest from virsh's return)`` and
-    ours' phases per pair."""
+    ``(ours wall, ours guest, peer wall, peer guest, ours stop, peer stop, peer guest from virsh's return)``,
+    ours' phases per pair and, with ``ansible_peer``, the peer started through ansible-playbook as a third side
+    of each round ``(wall, guest)`` (the three sides' order rotates per round)."""
     rows: list[tuple[float, ...]] = []
     profile: list[list[float]] = []
+    through_ansible: list[tuple[float, float]] = []
     playbook("vm_start", env, key_args(root))  # creates the VM and its volume; first boot, not measured
     params = qemu_params(vmm_started(root / "log" / f"{VM_DIR}.launcher.log")["argv"])
     playbook("vm_stop", env)
@@ -315,15 +343,26 @@ def measure(root: Path, config: dict[str, Any], env: dict[str, str], peer_dir: P
         for i in range(pairs):
             before = load()
             sides: dict[str, Any] = {}
-            for side in (("ours", "peer") if i % 2 == 0 else ("peer", "ours")):
+            order = ["ours", "peer", "peer_ansible"] if ansible_peer else ["ours", "peer"]
+            order = order[i % len(order):] + order[:i % len(order)] if ansible_peer else \
+                (order if i % 2 == 0 else order[::-1])
+            for side in order:
                 if side == "ours":
                     sides["ours"] = (*ours_start(root, config, env), playbook("vm_stop", env)[0])
-                else:
+                elif side == "peer":
                     sides["peer"] = (*peer.start(), peer.shutdown())
+                else:
+                    sides["peer_ansible"] = peer.start_by_playbook(env)
+                    peer.shutdown()
             (aw, ag, al, phases, astop), (bw, bg, bgr, bstop) = sides["ours"], sides["peer"]
             rows.append((aw, ag, bw, bg, astop, bstop, bgr))
             profile.append(phases)
-            print(f"pair {i + 1} ({'ours' if i % 2 == 0 else 'peer'} first; load {before} -> {load()}): "
+            if ansible_peer:
+                cw, cg = sides["peer_ansible"]
+                through_ansible.append((cw, cg))
+                print(f"round {i + 1}, peer through ansible-playbook: wall {cw:.2f} s, guest {cg:.2f} s, overhead "
+                      f"{cw - cg:.2f} s", flush=True)
+            print(f"pair {i + 1} ({order[0]} first; load {before} -> {load()}): "
                   f"ours wall {aw:.2f} s, guest {ag:.2f} s, overhead {aw - ag:.2f} s (launcher spawned->ready "
                   f"{al:.2f} s: overhead {aw - al:.2f} s); peer wall {bw:.2f} s, guest {bg:.2f} s, overhead "
                   f"{bw - bg:.2f} s (guest from virsh start's return {bgr:.2f} s: overhead {bw - bgr:.2f} s); "
@@ -332,7 +371,7 @@ def measure(root: Path, config: dict[str, Any], env: dict[str, str], peer_dir: P
         floors(root, config, env)
     finally:
         peer.remove()
-    return rows, profile
+    return rows, profile, through_ansible
 
 
 def floors(root: Path, config: dict[str, Any], env: dict[str, str], runs: int = 3) -> None:
@@ -360,6 +399,8 @@ def floors(root: Path, config: dict[str, Any], env: dict[str, str], runs: int = 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=2)
+    parser.add_argument("--ansible-peer", action="store_true",
+                        help="a third side per round: the peer started by ansible-playbook (command + wait_for)")
     parser.add_argument("--no-peer-warmup", action="store_true",
                         help="skip the peer's unmeasured first boot (ours' first start creates the VM: always run)")
     args = parser.parse_args()
@@ -371,7 +412,8 @@ def main() -> int:
     config, env = host_setup(root)
     try:
         with Libvirt(root):
-            rows, profile = measure(root, config, env, peer_dir, args.pairs, warmup=not args.no_peer_warmup)
+            rows, profile, through_ansible = measure(root, config, env, peer_dir, args.pairs,
+                                                     warmup=not args.no_peer_warmup, ansible_peer=args.ansible_peer)
     finally:
         shutil.rmtree(peer_dir, ignore_errors=True)
         host_cleanup(root, config, env)
@@ -384,6 +426,10 @@ def main() -> int:
           f"overhead {med['bo']:.2f} s (counting libvirt's paused set-up as overhead: {med['bor']:.2f} s)")
     print(f"vm_start overhead, same-run ratio ours/peer {med['ao'] / med['bo']:.2f} (goal <= 1: "
           f"{verdict(med['ao'] <= med['bo'])}); absolute {med['ao']:.2f} s (goal <= 3 s: {verdict(med['ao'] <= 3)})")
+    if through_ansible:
+        co = statistics.median(w - g for w, g in through_ansible)
+        print(f"peer through ansible-playbook (virsh start + wait_for): overhead median {co:.2f} s; same-run ratio "
+              f"ours/that {med['ao'] / co:.2f}")
     print("where ours' vm_start wall goes (medians, s): " + "; ".join(
         f"{name} {statistics.median(p[i] for p in profile):.2f}" for i, name in enumerate(PHASES)))
     print(f"stop, same-run ratio of walls vm_stop.yml/virsh shutdown {med['astop'] / med['bstop']:.2f} "
