@@ -54,6 +54,7 @@ def __getattr__(name: str) -> Any:
             reason = ""
             body = ""
 
+        error_type.__name__ = error_type.__qualname__ = "ApiException"
     globals()["ApiException"] = error_type
     return error_type
 
@@ -85,6 +86,10 @@ def api_client(params: dict, error: Callable[[str], Exception]) -> Any:
     kubeconfig = auth.get("kubeconfig") or os.environ.get("K8S_AUTH_KUBECONFIG")
     if isinstance(kubeconfig, str) and not os.path.exists(os.path.expanduser(kubeconfig)):
         raise error(f"kubeconfig: {kubeconfig} does not exist")
+    try:  # HAS_KUBERNETES says it is installed; a broken install (a dependency missing) shows here
+        import kubernetes.client  # noqa: F401
+    except ImportError as exc:
+        raise error(f"the Python library 'kubernetes' does not import on the managed node: {exc}") from exc
     from ansible_collections.kubernetes.core.plugins.module_utils.k8s.client import get_api_client
 
     try:
