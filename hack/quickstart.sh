@@ -16,9 +16,11 @@ hack/install-deps.sh --quickstart
 echo "==> 2/5 bring this host up: ansible-playbook site.yml (the guest image takes minutes the first time)"
 # The guest image's debootstrap is one Ansible task, which prints only when it ends (minutes on a cold download
 # cache or a slow mirror). Meanwhile this says every 15 s what it has done, read from the build tree: the
-# packages in its apt archive and the dpkg lines of its debootstrap.log (both exist only while debootstrap runs).
+# packages in its apt archive and the dpkg lines of its debootstrap.log (both exist only while debootstrap runs;
+# a tree a killed build left behind, older than this run, is not reported).
 debootstrap_progress() {
-  local root log fetched unpacked set_up sleeper=""
+  local root log fetched unpacked set_up sleeper="" since
+  since=$(date +%s)
   trap 'kill $sleeper 2>/dev/null; exit 0' TERM
   while :; do
     sleep 15 & sleeper=$!
@@ -26,6 +28,7 @@ debootstrap_progress() {
     for root in "$ZJUSCT_CACHE"/images/.build-*/root; do
       log="$root/debootstrap/debootstrap.log"
       [ -d "$root/debootstrap" ] || continue
+      [ "$(stat -c %Y "$root/debootstrap" 2>/dev/null || echo 0)" -ge "$since" ] || continue
       # (each may vanish under it when debootstrap ends: no count is an error)
       fetched=$(find "$root/var/cache/apt/archives" -maxdepth 1 -name '*.deb' 2>/dev/null | wc -l) || true
       unpacked=$(grep -c '^Unpacking ' "$log" 2>/dev/null) || true
@@ -39,7 +42,7 @@ progress=$!
 trap 'kill $progress 2>/dev/null || true' EXIT
 # Image sets are kept in the cache so the quickstart and the tests share one build.
 ansible-playbook site.yml -e "hypervisor_images_dir=$ZJUSCT_CACHE/images" "$@"
-kill "$progress"
+kill "$progress" 2>/dev/null || true
 wait "$progress" || true
 trap - EXIT
 
