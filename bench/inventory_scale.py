@@ -251,10 +251,10 @@ def measure_kubernetes(kubeconfig: str, runs: int) -> dict[str, Any]:
         inv = str(VENV_BIN / "ansible-inventory")
         hosts = {layout: host_count([inv, "-i", str(sources[layout]), "--list"], env) for layout in LAYOUTS}
         kubectl = [kubectl_binary(), "--kubeconfig", kubeconfig, "get", "cloudvms", "-A", "-o", "json"]
-        listed = len(json.loads(subprocess.run(kubectl, capture_output=True, text=True, check=True,
-                                               timeout=1800).stdout)["items"])
-        if listed != max(hosts.values()):
-            raise SystemExit(f"kubectl listed {listed} CloudVMs, the inventory {hosts}")
+        items = json.loads(subprocess.run(kubectl, capture_output=True, text=True, check=True, timeout=1800).stdout)
+        running = sum(1 for vm in items["items"] if (vm.get("status") or {}).get("phase") == "Running")
+        if running != max(hosts.values()):  # the inventory's hosts are the Running CloudVMs
+            raise SystemExit(f"kubectl listed {running} Running CloudVMs, the inventory {hosts}")
         host_count([inv, "-i", str(cached), "--list"], env)  # warm the cache
         api = client.CustomObjectsApi(config.new_client_from_config(config_file=kubeconfig))
 
@@ -430,6 +430,8 @@ def ratios(s: dict[str, dict[str, float]], figures: Figures, pairs: list[tuple[s
 
 K8S_RATIOS = [("inventory_flat / kubectl", "inventory_flat", "kubectl"),
               ("inventory_nested / kubectl", "inventory_nested", "kubectl"),
+              ("inventory_export / kubectl", "inventory_export", "kubectl"),
+              ("inventory_cached / kubectl", "inventory_cached", "kubectl"),
               ("baseline / kubectl", "baseline", "kubectl"),
               ("inventory_flat / baseline", "inventory_flat", "baseline"),
               ("inventory_nested / baseline", "inventory_nested", "baseline"),
@@ -510,10 +512,10 @@ def main() -> int:
         print(f"Kubernetes: {args.vms} Running CloudVMs (hosts listed: {k['hosts_listed']}); populate "
               f"{k['populate_s']:.1f} s")
         print_part("Kubernetes source", k["figures"], k["ratios"], k["first"])
-        for peer in ("kubectl", "baseline"):
+        for peer, what in (("kubectl", "goal"), ("baseline", "reference, no goal")):
             flat, nested = k["ratios"][f"inventory_flat / {peer}"], k["ratios"][f"inventory_nested / {peer}"]
-            print(f"goal <= 2x {peer}: flat {'met' if flat['median_wall'] <= 2 else 'not met'} "
-                  f"({flat['median_wall']:.2f}x median), nested {'met' if nested['median_wall'] <= 2 else 'not met'} "
+            print(f"<= 2x {peer} ({what}): flat {'yes' if flat['median_wall'] <= 2 else 'no'} "
+                  f"({flat['median_wall']:.2f}x median), nested {'yes' if nested['median_wall'] <= 2 else 'no'} "
                   f"({nested['median_wall']:.2f}x median)")
         print(f"goal <= 2 s: inventory_flat median {k['figures']['inventory_flat']['median_wall']:.2f} s")
     if "host" in report:
