@@ -27,8 +27,8 @@ alternate which side runs first. Prints each pair with the load average before a
 the medians, the same-run ratio ours/peer of the overheads, and the verdicts against issue #20's goals (overhead
 <= 3 s absolute; <= the peer's). ``--ansible-peer`` adds a third side to each round, rotating the order: the same
 domain started by ``ansible-playbook`` (``virsh start`` through ``ansible.builtin.command``, then
-``ansible.builtin.wait_for`` of the banner, 1 s between attempts), i.e. libvirt behind the same Ansible layer as
-ours; its overhead = wall - (the wait task's end - QEMU process start).
+``ansible.builtin.wait_for`` of the banner, 1 s between attempts); its overhead = wall - (the banner as this
+script's own probe sees it - QEMU process start), so what the play does after the banner counts as overhead.
 
 Prerequisite (as root): libvirt from Debian - ``apt-get install --no-install-recommends libvirt-daemon
 libvirt-daemon-driver-qemu libvirt-clients`` (shared/recipes/peer-libvirt.md). When ``virsh`` is missing and the
@@ -246,8 +246,11 @@ class Peer:
         wall = time.monotonic() - t0
         if banner is None:
             raise SystemExit(f"peer: no SSH banner in {BOOT_TIMEOUT} s")
-        pid = int(Path(f"/run/libvirt/qemu/{self.name}.pid").read_text())
-        return wall, seen - proc_start_boottime(pid), seen - returned
+        return wall, seen - self.qemu_started(), seen - returned
+
+    def qemu_started(self) -> float:
+        """CLOCK_BOOTTIME s at which the running domain's QEMU process started (libvirt's pid file)."""
+        return proc_start_boottime(int(Path(f"/run/libvirt/qemu/{self.name}.pid").read_text()))
 
     def start_by_playbook(self, env: dict[str, str]) -> tuple[float, float]:
         """The same start through Ansible: ``ansible-playbook`` of a play that runs ``virsh start`` with
@@ -256,7 +259,7 @@ class Peer:
         this script's own probe sees it, as in :meth:`start`, - QEMU process start): what the play adds after the
         banner (wait_for's next attempt, the module's return, the play's end) counts as overhead, like ours'
         "ready to task end" and "task end to exit"; libvirt's paused set-up counts as guest time, as in
-        :meth:`start`. The Ansible layer around libvirt, to hold against ours' playbook."""
+        :meth:`start`. libvirt driven by a plain playbook, to hold against ours' playbook."""
         play = self.dir / "start.yml"
         play.write_text(json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": [
             {"name": "virsh start", "ansible.builtin.command": {"argv": ["virsh", "-c", URI, "start", self.name]}},
@@ -282,8 +285,7 @@ class Peer:
             raise SystemExit(f"peer through ansible-playbook failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}")
         if not seen:
             raise SystemExit("peer through ansible-playbook: the play ended, this script's probe saw no banner")
-        pid = int(Path(f"/run/libvirt/qemu/{self.name}.pid").read_text())
-        return wall, seen[0] - proc_start_boottime(pid)
+        return wall, seen[0] - self.qemu_started()
 
     def shutdown(self) -> float:
         """``virsh shutdown --mode acpi`` until the domain is shut off: wall s."""
@@ -357,9 +359,9 @@ def measure(root: Path, config: dict[str, Any], env: dict[str, str], peer_dir: P
         for i in range(pairs):
             before = load()
             sides: dict[str, Any] = {}
-            order = ["ours", "peer", "peer_ansible"] if ansible_peer else ["ours", "peer"]
-            order = order[i % len(order):] + order[:i % len(order)] if ansible_peer else \
-                (order if i % 2 == 0 else order[::-1])
+            sides_all = ["ours", "peer", *(["peer_ansible"] if ansible_peer else [])]
+            k = i % len(sides_all)  # rotate: each side runs first in turn (with two: alternate)
+            order = sides_all[k:] + sides_all[:k]
             for side in order:
                 if side == "ours":
                     sides["ours"] = (*ours_start(root, config, env), playbook("vm_stop", env)[0])
