@@ -21,10 +21,22 @@ LAUNCHER_DIR = REPO / "launcher"
 PYTHON = sys.executable
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port of 127.0.0.1 that was free a moment ago and that this process has not handed out before.
+
+    Tests take several ports before any QEMU binds one (the fleet of test_launcher_qemu takes 11); the kernel
+    picks each ephemeral port at random, so two calls return the same port about once in 280 such batches.
+    """
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def base_config(workdir: Path, name: str, *, kernel: str, initrd: str, disk: str, cmdline: str,
