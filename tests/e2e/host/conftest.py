@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,9 @@ from tests.conftest import TEST_BOOT_SLOT_DIR, TEST_BOOT_SLOTS
 
 REPO = Path(__file__).resolve().parents[3]
 VENV_BIN = Path(sys.executable).parent
+# what ssh prints (exit 255) when it could not log in, so the remote command never ran
+SSH_LOGIN_FAILED = re.compile(r"Connection (refused|closed|reset|timed out)|kex_exchange_identification|"
+                              r"banner exchange|Permission denied \(publickey")
 
 
 @dataclass
@@ -75,11 +80,37 @@ class Cloud:
         return items[0] if items else {}
 
     def ssh(self, ip: str, command: str, timeout: int = 60, stdin: str = "") -> subprocess.CompletedProcess:
-        """Run ``command`` in a guest over SSH from inside the cloud's network namespace (``stdin`` fed to it)."""
-        return subprocess.run(
-            ["ip", "netns", "exec", self.config["netns"], "ssh", "-i", str(self.key), "-o", "BatchMode=yes",
-             "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=10",
-             f"root@{ip}", command], input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
+        """Run ``command`` in a guest over SSH from inside the cloud's network namespace (``stdin`` fed to it).
+
+        A login that ssh itself could not make (exit 255 with ssh's own connection or authentication message, so
+        the command never ran) is tried again, up to 3 times 5 s apart: a VM is Running once its sshd sends the
+        banner, and under heavy load that comes slightly before it accepts logins.
+        """
+        argv = ["ip", "netns", "exec", self.config["netns"], "ssh", "-i", str(self.key), "-o", "BatchMode=yes",
+                "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=10",
+                f"root@{ip}", command]
+        for _ in range(3):
+            proc = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
+            if proc.returncode != 255 or not SSH_LOGIN_FAILED.search(proc.stderr):
+                return proc
+            time.sleep(5)
+        return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def listening(netns: str, port: int) -> bool:
+    """True when a TCP socket listens on ``port`` in network namespace ``netns``."""
+    out = subprocess.run(["ip", "netns", "exec", netns, "ss", "-Hltn", f"sport = :{port}"], capture_output=True,
+                         text=True, check=False).stdout
+    return bool(out.strip())
+
+
+def wait_listening(server: subprocess.Popen, netns: str, port: int, timeout: float = 30.0) -> None:
+    """Wait until ``server`` listens on ``port`` in ``netns``; fail if it exits or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while not listening(netns, port):
+        assert server.poll() is None, f"the server for port {port} exited with {server.returncode}"
+        assert time.monotonic() < deadline, f"nothing listens on port {port} in {netns} after {timeout} s"
+        time.sleep(0.1)
 
 
 def launcher_pids(cloud: Cloud, vm: str, namespace: str = "default") -> list[int]:

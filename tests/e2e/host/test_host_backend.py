@@ -25,7 +25,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import Ho
 from tests.e2e.playbook_results import task_result
 from tests.integration.inventory_host.inventory_host_helpers import ping_via_inventory
 
-from .conftest import Cloud, launcher_pids
+from .conftest import Cloud, launcher_pids, wait_listening
 
 pytestmark = [pytest.mark.guest, pytest.mark.netns, pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -153,7 +153,7 @@ def test_owners_are_isolated_from_each_other(cloud: Cloud, alice: dict, bob: dic
         ["ip", "netns", "exec", cloud.world_netns, sys.executable, "-c",
          "import socket; s = socket.create_server(('198.51.100.1', 8022)); c, _ = s.accept(); c.sendall(b'OK-gw')"])
     try:
-        time.sleep(1)
+        wait_listening(server, cloud.world_netns, 8022)
         probe = "timeout 8 bash -c 'exec 3<>/dev/tcp/{}/{} && head -c 5 <&3'"
         to_gw = cloud.ssh(b_ip, probe.format("198.51.100.1", 8022))
         assert to_gw.stdout == "OK-gw", to_gw.stderr
@@ -181,7 +181,7 @@ def test_bandwidth_spec_shapes_the_guest(cloud: Cloud, bob: dict):
             "print(time.monotonic() - t)")
     server = subprocess.Popen(["ip", "netns", "exec", cloud.world_netns, sys.executable, "-c", code],
                               stdout=subprocess.PIPE, text=True)
-    time.sleep(1)
+    wait_listening(server, cloud.world_netns, 8023)
     got = cloud.ssh(bob["status"]["sshEndpoint"]["host"],
                     f"timeout 60 bash -c 'exec 3<>/dev/tcp/{gw}/8023; head -c {size} <&3 | wc -c'", timeout=90)
     out, _ = server.communicate(timeout=90)
@@ -198,7 +198,7 @@ def test_guests_reach_the_outside_through_nat(cloud: Cloud, bob: dict):
          "import socket; s = socket.create_server(('198.51.100.1', 8080)); c, a = s.accept();"
          " c.sendall(a[0].encode())"])
     try:
-        time.sleep(1)
+        wait_listening(server, cloud.world_netns, 8080)
         seen = cloud.ssh(b_ip, "timeout 8 bash -c 'exec 3<>/dev/tcp/198.51.100.1/8080 && head -c 40 <&3'"
                                " && echo && cat /etc/resolv.conf")
     finally:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils.network import gateway as gw
 
-from .conftest import REPO, VENV_BIN, Cloud
+from .conftest import REPO, VENV_BIN, Cloud, listening
 
 pytestmark = [pytest.mark.guest, pytest.mark.netns, pytest.mark.slow, pytest.mark.timeout(2700)]
 
@@ -37,12 +37,6 @@ def _module(cloud: Cloud, module: str, args: dict) -> dict:
                           cwd=REPO, env=cloud.env(), capture_output=True, text=True, timeout=1200, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     return json.loads(proc.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
-
-
-def _listening(netns: str, port: int) -> bool:
-    out = subprocess.run(["ip", "netns", "exec", netns, "ss", "-Hltn", f"sport = :{port}"], capture_output=True,
-                         text=True, check=False).stdout
-    return bool(out.strip())
 
 
 class Site:
@@ -93,7 +87,7 @@ def site(cloud: Cloud, tmp_path_factory):
             sshd = subprocess.Popen(["ip", "netns", "exec", cloud.config["uplink_netns"], "/usr/sbin/sshd", "-D",
                                      "-e", "-f", f"{gateway_dir}/sshd_config"], stdout=log, stderr=log)
         deadline = time.monotonic() + 60
-        while not _listening(cloud.config["uplink_netns"], PORT):
+        while not listening(cloud.config["uplink_netns"], PORT):
             assert sshd.poll() is None, (keydir / "sshd.log").read_text()
             assert time.monotonic() < deadline, "the gateway sshd does not listen"
             time.sleep(0.2)
@@ -170,7 +164,7 @@ def test_bobs_key_cannot_open_alices_vm(site: Site):
                                stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
-        while not _listening(world, 2201):
+        while not listening(world, 2201):
             assert forward.poll() is None and time.monotonic() < deadline, forward.stderr
             time.sleep(0.2)
         read = subprocess.run(["ip", "netns", "exec", world, "python3", "-c",
