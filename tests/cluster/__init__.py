@@ -8,6 +8,7 @@ See docs/testing-kubernetes.md.
 
 from ._binaries import Binaries, cache_root, pinned_versions
 from ._cluster import (
+    CONTROL_PLANE_WAIT,
     TENANT_NAMESPACE,
     TENANT_USER,
     Cluster,
@@ -23,6 +24,7 @@ from ._realnode import RealNode, RealNodeError, archive_writer, node_images
 
 __all__ = [
     "BANDWIDTH_RESOURCE",
+    "CONTROL_PLANE_WAIT",
     "DEFAULT_NODES",
     "TENANT_NAMESPACE",
     "TENANT_USER",

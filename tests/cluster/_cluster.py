@@ -41,6 +41,11 @@ TENANT_NAMESPACE = "tenant-alice"
 KUBELET_CLIENT_USER = "kube-apiserver-kubelet-client"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 LIFECYCLE_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
+# Seconds a test waits for a control-plane controller (scheduler, node lifecycle, garbage collector) to act on a
+# change. Alone each acts within 1-3 s; beside the suite's other lanes (TCG guests keeping both cores busy) the
+# scheduler's event for an unschedulable Pod has taken over 30 s (CI of 2026-12-02). A wait returns as soon as
+# its condition holds, so this bound costs nothing when the cluster is quick.
+CONTROL_PLANE_WAIT = 120.0
 # Stopped stage by stage: kube-apiserver needs etcd while it shuts down (else it hangs ~10 s).
 STOP_STAGES = (("supervisor",), ("kube-scheduler", "kube-controller-manager"), ("kube-apiserver",), ("etcd",))
 
@@ -749,7 +754,8 @@ def stop_state_dir(state_dir: Path, remove: bool = True) -> list[str]:
 def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "condition", interval: float = 0.2) -> Any:
     """Poll ``check`` until it returns a truthy value and return that value.
 
-    Exceptions raised by ``check`` count as "not yet" (the last one is reported on timeout).
+    Exceptions raised by ``check`` count as "not yet"; on timeout the error names the last exception, or else
+    the last value ``check`` returned (so a timeout says what the test saw last).
 
     Args:
         check: the predicate.
@@ -762,14 +768,16 @@ def wait_for(check: Callable[[], Any], timeout: float = 30.0, what: str = "condi
     """
     deadline = time.monotonic() + timeout
     last: Exception | None = None
+    seen: Any = None
     while True:
         try:
-            value = check()
+            seen = value = check()
+            last = None
             if value:
                 return value
         except Exception as exc:
             last = exc
         if time.monotonic() > deadline:
-            detail = f" (last error: {last})" if last else ""
+            detail = f" (last error: {last})" if last else f" (last seen: {seen!r})"
             raise TimeoutError(f"timed out after {timeout}s waiting for {what}{detail}")
         time.sleep(interval)

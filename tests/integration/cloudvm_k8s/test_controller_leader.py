@@ -78,7 +78,7 @@ def test_only_the_lease_holder_reconciles_and_killing_it_hands_over(
     vm1 = wait_for(lambda: blocked("vm1"), 60, "vm1 Blocked", interval=0.5)
     assert vm1["status"]["reason"] == "VolumeClaimNotReady", vm1["status"]
     assert FINALIZER in vm1["metadata"]["finalizers"]
-    wait_for(lambda: a.reconciles() >= 2, 30, "a resyncs")  # resync every 5 s: b had time to reconcile too
+    wait_for(lambda: a.reconciles() >= 2, 60, "a resyncs")  # resync every 5 s: b had time to reconcile too
     assert b.reconciles() == 0 and holder() == "a"
 
     a.stop(signal.SIGKILL)  # no release: b must wait the Lease out

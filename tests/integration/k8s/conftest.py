@@ -24,7 +24,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.cluster import Binaries, Cluster, ClusterError, acquire_shared, release_shared, wait_for
+from tests.cluster import CONTROL_PLANE_WAIT, Binaries, Cluster, ClusterError, acquire_shared, release_shared, wait_for
 from tests.conftest import require
 
 TEST_GROUP = "test.zjusct.io"
@@ -90,7 +90,7 @@ def k8s_namespace(k8s_api: Any, request: pytest.FixtureRequest) -> Iterator[str]
     core = client.CoreV1Api(k8s_api)
     name = _ns_name(request.node.name)
     core.create_namespace({"metadata": {"name": name, "labels": {"cloud.zjusct.io/test": "true"}}})
-    wait_for(lambda: core.read_namespaced_service_account("default", name), 30, "default ServiceAccount")
+    wait_for(lambda: core.read_namespaced_service_account("default", name), CONTROL_PLANE_WAIT, "default SA")
     yield name
     with contextlib.suppress(ApiException):
         core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
@@ -169,7 +169,7 @@ def widget_crd(k8s_api: Any) -> Iterator[dict[str, str]]:
         conds = {c.type: c.status for c in (got.status.conditions or [])}
         return conds.get("Established") == "True"
 
-    wait_for(established, 30, f"CRD {name} Established")
+    wait_for(established, CONTROL_PLANE_WAIT, f"CRD {name} Established")
     # the CR endpoint is served a moment after Established; list until it answers
     wait_for(
         lambda: (
