@@ -93,7 +93,8 @@ options:
     type: str
   owner:
     description: Owner recorded in the manifest; must match the image's owner mark when both exist.
-      With V(restored), the owner mark set on the new image (default the manifest's owner).
+      With V(restored), the owner mark set on the new image (default the manifest's owner); an owner other
+      than the manifest's is refused unless O(operator=true) (a backup is given only to its owner).
     type: str
   backup_id:
     description: Backup to verify or restore (default the newest complete backup in O(dest)).
@@ -118,7 +119,9 @@ options:
         O(owner), else C(operator).
     type: str
   operator:
-    description: The operator switch was set, for the audit record written with O(host_config).
+    description:
+      - The operator switch (docs/security.md) - with V(restored), lets O(owner) differ from the backup's owner
+        (an operator hands a disk to another owner); recorded in the audit record written with O(host_config).
     type: bool
     default: false
 """

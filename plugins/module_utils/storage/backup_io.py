@@ -684,8 +684,13 @@ def _remove_image(rbd: Rbd, ref: ImageRef) -> None:
 
 def restore(rbd: Rbd, dest: str, target: ImageRef, backup_id: Optional[str] = None, *,
             owner: Optional[str] = None, keep_snapshots: bool = False, check_mode: bool = False,
-            verify_first: bool = False) -> Dict[str, Any]:
+            verify_first: bool = False, operator: bool = False) -> Dict[str, Any]:
     """Import the chain of ``backup_id`` into the NEW image ``target`` and verify every block.
+
+    The new image gets the owner mark ``owner``, by default the backup's owner. A backup is given only to its
+    owner: an ``owner`` that differs from the manifest's is refused before anything is created unless
+    ``operator`` is set (docs/security.md, "Owner authorization"), so no caller of the module can take another
+    tenant's disk by naming themselves the owner.
 
     Each file of the chain is read once: the same bytes are checksummed, replayed onto the block checksums and
     streamed into ``rbd import-diff -``; a file whose sha256 or resulting blocks differ from its manifest stops
@@ -718,6 +723,9 @@ def restore(rbd: Rbd, dest: str, target: ImageRef, backup_id: Optional[str] = No
             raise BackupError(str(exc)) from None
     _check_kinds(chain)
     last = chain[-1]
+    if owner and last.owner and owner != last.owner and not operator:
+        raise BackupError(f"owner: {owner!r} is not the owner {last.owner!r} of backup {last.id} (its manifest's "
+                          "owner); a backup is restored only for its owner, or by an operator (operator=true)")
     result: Dict[str, Any] = {"backup_id": last.id, "chain": [m.id for m in chain], "image": target.spec,
                               "size_bytes": last.image_size, "owner": owner or last.owner}
     if check_mode:
@@ -865,7 +873,8 @@ def run_backup_module(p: Dict[str, Any], rbd: Rbd, check_mode: bool = False) -> 
     target = ImageRef(check_name("target_pool", p.get("target_pool") or p["pool"]),
                       check_name("target_name", p["target_name"]))
     res = restore(rbd, dest, target, p.get("backup_id"), owner=p.get("owner"),
-                  keep_snapshots=bool(p.get("keep_snapshots")), check_mode=check_mode)
+                  keep_snapshots=bool(p.get("keep_snapshots")), check_mode=check_mode,
+                  operator=bool(p.get("operator")))
     if "size_bytes" in res:
         res["image_size_bytes"] = res.pop("size_bytes")
     return res

@@ -269,3 +269,24 @@ def test_a_sha256_chain_continues_in_sha256_and_the_next_full_is_crc32c(rbd, cep
         target = ImageRef("rbd", image_name + suffix)
         bio.restore(rbd, dest, target, bid)
         assert read_image(ceph_cluster, target, str(tmp_path / suffix)) == want
+
+
+def test_restore_for_another_owner_is_refused_unless_an_operator_asks(rbd, ceph_cluster, image_name, tmp_path):
+    """A backup is given only to its owner (case: a claim of another owner): naming oneself the owner of another
+    tenant's backup creates nothing; the operator switch hands it over, with the new owner's mark."""
+    dest = str(tmp_path / "bk")
+    ref = make_image(rbd, ceph_cluster, image_name, str(tmp_path))
+    b = bio.backup(rbd, ref, dest, vm="alice", owner="alice")["backup"]
+    stolen = ImageRef("rbd", image_name + "-bob")
+    params = {"state": "restored", "dest": dest, "pool": "rbd", "name": image_name, "target_name": stolen.image,
+              "owner": "bob"}
+    with pytest.raises(bio.BackupError, match=f"owner: 'bob' is not the owner 'alice' of backup {b['id']}"):
+        run_backup_module(params, rbd)
+    assert rbd.info(stolen) is None  # nothing created
+    with pytest.raises(bio.BackupError, match="is not the owner 'alice'"):
+        run_backup_module(params, rbd, check_mode=True)  # check mode predicts the refusal
+    given = run_backup_module({**params, "operator": True}, rbd)
+    assert given["changed"] and given["owner"] == "bob"
+    assert rbd.meta(stolen)["cloud.zjusct.io/owner"] == "bob"
+    own = run_backup_module({**params, "target_name": image_name + "-own", "owner": "alice"}, rbd)
+    assert own["changed"] and rbd.meta(ImageRef("rbd", image_name + "-own"))["cloud.zjusct.io/owner"] == "alice"
