@@ -24,8 +24,10 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.phase import Bo
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.placement import DEFAULT_RATIOS
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
     API_VERSION,
+    CLAIMED_BY_MARK,
     GROUP,
     KIND,
+    OWNER_MARK,
     PLURAL,
     VERSION,
     with_defaults,
@@ -37,7 +39,8 @@ LABEL_BOOT = "cloud.zjusct.io/boot-id"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "zjusct-controller"
 CONFIG_ANNOTATION = "cloud.zjusct.io/launcher-config"
-CLAIMED_BY = "cloud.zjusct.io/claimed-by"  # PVC annotation: uid of the CloudVM using the root volume
+CLAIMED_BY = CLAIMED_BY_MARK  # PVC annotation: uid of the CloudVM using the root volume
+OWNER_LABEL = OWNER_MARK  # PV and PVC label: the owner id of a root volume (root_volume_claim writes it)
 ROOT_CLAIM = "cloud.zjusct.io/root-claim"  # launcher Pod annotation: the root volume claim it writes
 CEPH_CONF_ANNOTATION = "cloud.zjusct.io/ceph-conf"  # launcher Pod annotation: ceph.conf (monitors only, no key)
 RBD_DRIVER = "rbd.csi.ceph.com"  # the CSI driver name an RBD PV carries (Ceph-CSI's, no driver needed on nodes)
@@ -272,10 +275,11 @@ def is_block_claim(claim: Optional[dict]) -> bool:
 
 
 def needs_volume(vm: dict, claim: Optional[dict]) -> bool:
-    """True when the adapter must read the claim's PersistentVolume before deciding: the claim is a Bound Block
-    claim and a launcher Pod of ``spec.bootID`` may be created (``powerState`` Running, the VM not being
-    deleted, no Pod of this boot recorded in the status). Otherwise the PV is not needed (no extra API call)."""
-    if not is_block_claim(claim) or ((claim or {}).get("status") or {}).get("phase") != "Bound":
+    """True when the adapter must read the claim's PersistentVolume before deciding: the claim is Bound and a
+    launcher Pod of ``spec.bootID`` may be created (``powerState`` Running, the VM not being deleted, no Pod of
+    this boot recorded in the status): its owner mark is checked (:func:`owner_problem`) and, for a Block claim,
+    it names the RBD image (:func:`rbd_root_disk`). Otherwise the PV is not needed (no extra API call)."""
+    if ((claim or {}).get("status") or {}).get("phase") != "Bound":
         return False
     spec, prev = with_defaults(vm.get("spec") or {}), vm.get("status") or {}
     if spec["powerState"] != "Running" or (vm.get("metadata") or {}).get("deletionTimestamp"):
@@ -673,18 +677,46 @@ class Plan:
     status: Optional[dict] = None
 
 
+def owner_problem(owner: str, claim: dict, volume: Optional[dict]) -> Optional[str]:
+    """Why the root volume claim (and its PersistentVolume, when read) is not ``owner``'s, or None.
+
+    The owner mark is the label :data:`OWNER_LABEL` (``root_volume_claim`` writes it on the claim and the PV
+    after checking the RBD image's own mark). A claim or PV that carries another owner's mark belongs to that
+    owner: a CloudVM of ``owner`` that names it would boot another tenant's disk (docs/security.md, threat model).
+    An object without the mark is not judged here (an operator's own volume, e.g. pre-bound by hand).
+
+    Returns:
+        A message naming the object, the field, both owners and what to do; None when no mark disagrees.
+    """
+    md = claim.get("metadata") or {}
+    marked = [(f"PersistentVolumeClaim {md.get('namespace')}/{md.get('name')}", claim)]
+    if volume is not None:
+        marked.append((f"PersistentVolume {(volume.get('metadata') or {}).get('name')}", volume))
+    for what, obj in marked:
+        mark = ((obj.get("metadata") or {}).get("labels") or {}).get(OWNER_LABEL)
+        if mark is not None and mark != owner:
+            return (f"the root volume claim {md.get('name')} belongs to owner {mark} ({what} "
+                    f"metadata.labels[{OWNER_LABEL}]), not to {owner} (spec.owner): a CloudVM boots only its "
+                    f"owner's volumes; name a claim of {owner} in spec.rootVolumeClaim")
+    return None
+
+
 def _claim_problem(vm: dict, claim: Optional[dict], writers: list[str], volume: Optional[dict], cfg: Config,
                    ) -> tuple[Optional[str], bool, str, Optional[dict]]:
     """``(problem, mark, reason, rbd)``: why the root volume claim cannot be used (None: it can), whether to mark
     it, and for a Block claim the launcher's ``rootDisk.rbd`` (:func:`rbd_root_disk`).
 
-    ``reason``: ``VolumeClaimNotReady`` (missing or not Bound yet, its PV missing), ``VolumeInUse`` (claimed by
-    another CloudVM uid, or used by a Pod that is not this VM's launcher) or ``VolumeNotSupported``.
+    ``reason``: ``VolumeClaimNotReady`` (missing or not Bound yet, its PV missing), ``VolumeOwnerMismatch`` (the
+    claim or its PV carries another owner's mark, :func:`owner_problem`), ``VolumeInUse`` (claimed by another
+    CloudVM uid, or used by a Pod that is not this VM's launcher) or ``VolumeNotSupported``.
     """
     spec = with_defaults(vm.get("spec") or {})
     name = spec["rootVolumeClaim"]
     if claim is None:
         return f"the root volume claim {name} does not exist", False, "VolumeClaimNotReady", None
+    foreign = owner_problem(spec["owner"], claim, volume)
+    if foreign:
+        return foreign, False, "VolumeOwnerMismatch", None
     phase = (claim.get("status") or {}).get("phase")
     if phase != "Bound":
         return (f"the root volume claim {name} is {phase or 'not bound'} (waiting until it is Bound)", False,
@@ -812,7 +844,7 @@ def decide(vm: dict, pods: list, nodes: dict, claim: Optional[dict], claim_write
     elif want:
         problem, mark, why, rbd = _claim_problem(vm, claim, claim_writers, volume, cfg)
         status = derive_status(spec, None, others, volume_writer=problem)
-        if status.phase == "Blocked" and status.reason == "VolumeInUse" and problem:
+        if status.phase == "Blocked" and status.reason == "VolumeInUse" and problem:  # the claim's own reason
             status.reason, status.message = why, problem
         if status.reason == "PreviousBootRunning":  # an older boot on a lost node: fence it, or say why not
             if rbd is None and claim is not None and is_block_claim(claim) and volume is not None:
@@ -876,7 +908,7 @@ def transition_event(prev: dict, new: dict) -> Optional[tuple[str, str, str]]:
 
 
 __all__ = ["BANDWIDTH_RESOURCE", "CEPH_CONF_ANNOTATION", "CLAIMED_BY", "FINALIZER", "GROUP", "LABEL_BOOT",
-           "LABEL_VM", "OUT_OF_SERVICE_TAINT", "PLURAL", "RBD_DRIVER", "ROOT_CLAIM", "VERSION", "CephConfig", "Config",
-           "Plan", "VolumeProblem", "decide", "fence_targets", "guaranteed_mbps", "is_block_claim", "launcher_pod",
-           "needs_volume", "observe", "out_of_service", "pod_name", "pod_resources", "rbd_root_disk", "status_patch",
-           "transition_event", "unschedulable"]
+           "LABEL_VM", "OUT_OF_SERVICE_TAINT", "OWNER_LABEL", "PLURAL", "RBD_DRIVER", "ROOT_CLAIM", "VERSION",
+           "CephConfig", "Config", "Plan", "VolumeProblem", "decide", "fence_targets", "guaranteed_mbps",
+           "is_block_claim", "launcher_pod", "needs_volume", "observe", "out_of_service", "owner_problem",
+           "pod_name", "pod_resources", "rbd_root_disk", "status_patch", "transition_event", "unschedulable"]

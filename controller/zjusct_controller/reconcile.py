@@ -162,7 +162,8 @@ class Reconciler:
 
     def _root_volume(self, claim: Optional[dict]) -> Optional[dict]:
         """The PersistentVolume a Bound claim names (``spec.volumeName``), or None when it has none or is gone.
-        Read only when :func:`.decide.needs_volume` says so (a Block claim about to get a launcher Pod)."""
+        Read only when :func:`.decide.needs_volume` says so (a Bound claim about to get a launcher Pod: its owner
+        mark, and for a Block claim the RBD image)."""
         pv_name = ((claim or {}).get("spec") or {}).get("volumeName")
         if not pv_name:
             return None

@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
 from ansible_collections.zjusct.cloud.plugins.module_utils.model import names as _names
-from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import is_dns_label
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import CLAIMED_BY_MARK, OWNER_MARK, is_dns_label
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import (
     META_OWNER,
     Connection,
@@ -51,8 +51,8 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd_clone imp
 )
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.volume import VolumeError, resolve_image
 
-OWNER_LABEL = "cloud.zjusct.io/owner"
-CLAIMED_BY = "cloud.zjusct.io/claimed-by"  # the controller's claim mark on the PVC (uid of the CloudVM using it)
+OWNER_LABEL = OWNER_MARK  # on the PV and the claim
+CLAIMED_BY = CLAIMED_BY_MARK  # the controller's claim mark on the PVC (uid of the CloudVM using it)
 RBD_DRIVER = "rbd.csi.ceph.com"  # the controller's decide.RBD_DRIVER
 IMAGE_NAME_MAX = 128  # the controller's rule for volumeAttributes.imageName (1-128 of A-Z a-z 0-9 _ . -)
 FIELD_MANAGER = "zjusct.cloud.root_volume_claim"

@@ -26,6 +26,11 @@ VERSION = "v1alpha1"
 PLURAL = "cloudvms"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "CloudVM"
+# The ownership marks (docs/security.md, "Ownership marks"), written only by the trusted control plane (the
+# modules and the controller): the owner id, a label on Kubernetes objects (PersistentVolumes, claims) and RBD
+# image-meta; and the uid of the CloudVM that uses a root volume, an annotation on the claim and RBD image-meta.
+OWNER_MARK = f"{GROUP}/owner"
+CLAIMED_BY_MARK = f"{GROUP}/claimed-by"
 
 VCPUS_MIN, VCPUS_MAX = 1, 4
 MEMORY_MIB_MIN, MEMORY_MIB_MAX = 128, 4096

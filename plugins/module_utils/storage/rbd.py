@@ -27,11 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import CLAIMED_BY_MARK, OWNER_MARK
 
 DEFAULT_TIMEOUT = 120.0
 MiB = 1024 * 1024
-META_OWNER = "cloud.zjusct.io/owner"
-META_CLAIMED_BY = "cloud.zjusct.io/claimed-by"
+META_OWNER = OWNER_MARK  # image-meta keys of the ownership marks
+META_CLAIMED_BY = CLAIMED_BY_MARK
 _ERRNO_RE = re.compile(r"\((\d+)\) ([A-Za-z][^\n]*)")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.+][A-Za-z0-9_.+=:-]{0,249}$")
 

@@ -14,6 +14,7 @@ from zjusct_controller.decide import (
     CLAIMED_BY,
     FINALIZER,
     LAUNCHER_TOLERATIONS,
+    OWNER_LABEL,
     Config,
     decide,
     launcher_pod,
@@ -190,6 +191,38 @@ def test_root_volume_claim_problems_block_the_start_naming_the_claim(pvc: Any, w
     assert plan.create_pod is None
     assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == ("Blocked", reason)
     assert "web-root" in plan.status["message"] and why in plan.status["message"]
+
+
+def _owned(obj: dict[str, Any], owner: str) -> dict[str, Any]:
+    obj["metadata"]["labels"] = {OWNER_LABEL: owner}
+    return obj
+
+
+@pytest.mark.parametrize("holder", [None, UID])
+def test_a_claim_marked_for_another_owner_is_blocked_naming_both_and_never_marked(holder: str | None) -> None:
+    """Case: alice's CloudVM names bob's root volume claim (kept after his VM was deleted, no claim mark)."""
+    plan = decide(vm(), [], {}, _owned(claim(holder=holder), "bob"), [], CFG, NOW)
+    assert plan.create_pod is None and not plan.mark_claim
+    assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == (
+        "Blocked", "VolumeOwnerMismatch")
+    message = plan.status["message"]
+    assert "owner bob" in message and "not to alice (spec.owner)" in message and "web-root" in message
+    assert f"metadata.labels[{OWNER_LABEL}]" in message
+
+
+def test_a_persistent_volume_marked_for_another_owner_is_blocked_even_under_an_own_claim() -> None:
+    pv = _owned({"metadata": {"name": "pv-web"}}, "bob")
+    plan = decide(vm(), [], {}, _owned(claim(holder=None), "alice"), [], CFG, NOW, pv)
+    assert plan.create_pod is None and not plan.mark_claim
+    assert plan.status is not None and plan.status["reason"] == "VolumeOwnerMismatch"
+    assert "PersistentVolume pv-web" in plan.status["message"] and "owner bob" in plan.status["message"]
+
+
+def test_own_or_unmarked_claims_and_volumes_start() -> None:
+    for pvc, pv in ((_owned(claim(holder=None), "alice"), _owned({"metadata": {"name": "pv"}}, "alice")),
+                    (claim(holder=None), {"metadata": {"name": "pv"}})):
+        plan = decide(vm(), [], {}, pvc, [], CFG, NOW, pv)
+        assert plan.create_pod is not None and plan.mark_claim
 
 
 def test_unclaimed_volume_is_marked_with_the_vm_uid() -> None:

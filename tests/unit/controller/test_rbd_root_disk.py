@@ -98,7 +98,7 @@ def test_claim_not_bound_is_refused_before_the_pv_is_read() -> None:
 
 def test_pv_is_read_only_when_a_pod_may_be_created() -> None:
     assert needs_volume(vm(), claim())
-    assert not needs_volume(vm(), claim(mode="Filesystem"))
+    assert needs_volume(vm(), claim(mode="Filesystem"))  # its PV's owner mark is checked too
     assert not needs_volume(vm(power="Stopped"), claim())
     assert not needs_volume(vm(status={"bootID": 1, "pod": "web-boot-1"}), claim())  # this boot has its Pod
     assert needs_volume(vm(boot=2, status={"bootID": 1, "pod": "web-boot-1"}), claim())
