@@ -19,6 +19,8 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle impor
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import in_user_terms, is_dns_label
 
 BACKENDS = ("host", "kubernetes")
+# what a playbook may look a VM up for with cloudvm_info's authorize (the audit record's action)
+AUTHORIZE_ACTIONS = ("start", "stop", "restart", "update", "delete", "backup", "restore")
 
 
 def backend_argument_spec() -> dict:
@@ -71,6 +73,11 @@ def cloudvm_info_argument_spec() -> dict:
         namespace={"type": "str"},
         owner={"type": "str"},
         label_selectors={"type": "list", "elements": "str", "default": []},
+        authorize={"type": "dict", "options": {
+            "owner": {"type": "str", "required": True},
+            "operator": {"type": "bool", "default": False},
+            "action": {"type": "str", "required": True, "choices": list(AUTHORIZE_ACTIONS)},
+        }},
     )
     return spec
 
@@ -121,5 +128,18 @@ def run_cloudvm(params: dict, check_mode: bool, diff: bool) -> dict:
 
 
 def run_cloudvm_info(params: dict, check_mode: bool) -> dict:
-    """The ``zjusct.cloud.cloudvm_info`` module: the backend's ``info`` (read-only, the same in check mode)."""
-    return {"changed": False, "cloudvms": _impl(resolve_backend(params)).info(params)}
+    """The ``zjusct.cloud.cloudvm_info`` module: the backend's ``info`` (the same in check mode), then, with
+    ``authorize``, the backend's ``authorize_found`` over what was found.
+
+    Raises:
+        CloudVMError: the backend could not list, or (``authorize``) a CloudVM found belongs to another owner
+            (``reason: Forbidden``, recorded by the backend: the host's audit trail, the API server's audit log).
+    """
+    impl = _impl(resolve_backend(params))
+    found = impl.info(params)
+    if params.get("authorize"):
+        try:
+            impl.authorize_found(params, found)
+        except CloudVMError as exc:
+            raise CloudVMError(in_user_terms(str(exc)), **exc.details) from exc
+    return {"changed": False, "cloudvms": found}

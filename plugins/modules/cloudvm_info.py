@@ -12,7 +12,10 @@ version_added: 0.1.0
 author: ZJUSCT cloud team (@zjusct)
 description:
   - Returns CloudVM objects (spec and status) from the host store or the Kubernetes API, filtered by name,
-    namespace, owner and labels. Never changes anything.
+    namespace, owner and labels. Never changes a CloudVM.
+  - With O(authorize), it is also the owner check a playbook makes before it acts on a VM it looked up (the
+    C(vm_stop), C(vm_restart) and C(vm_backup) playbooks do): it fails with C(reason=Forbidden) when a CloudVM
+    found belongs to another owner, and that refusal is recorded like any other (docs/security.md, "Audit").
 extends_documentation_fragment:
   - zjusct.cloud.cloudvm_backend
   - kubernetes.core.k8s_auth_options
@@ -31,6 +34,32 @@ options:
     type: list
     elements: str
     default: []
+  authorize:
+    description:
+      - Refuse (fail with C(reason=Forbidden), naming both owners) unless every CloudVM found may be acted on by
+        O(authorize.owner) - its C(spec.owner) is that owner, or O(authorize.operator) is set - for
+        O(authorize.action).
+      - On the host backend the refusal is written to the host store's audit trail (actor O(authorize.owner),
+        action O(authorize.action), result C(refused)), the only write this module ever makes.
+      - On Kubernetes the check is first asked of the API server, as a server-side dry run of a label change
+        (C(cloud.zjusct.io/authorized-for), nothing is stored) made with the module's credentials, so the owner
+        admission policy decides and the API server's audit log records a refusal; the owner comparison is then
+        also made here, for a cluster without the policy.
+    type: dict
+    suboptions:
+      owner:
+        description: The acting user (the owner a playbook acts for; under AWX the launching user).
+        type: str
+        required: true
+      operator:
+        description: The operator switch (docs/security.md): any owner's VM may be acted on.
+        type: bool
+        default: false
+      action:
+        description: What the caller is about to do, for the refusal's message and its audit record.
+        type: str
+        required: true
+        choices: [start, stop, restart, update, delete, backup, restore]
 attributes:
   check_mode:
     support: full
@@ -58,6 +87,15 @@ EXAMPLES = r"""
     label_selectors:
       - course=hpc101
   register: course_vms
+
+- name: Look up alice's VM web before stopping it; refused (and audited) if it is not hers
+  zjusct.cloud.cloudvm_info:
+    name: web
+    namespace: default
+    authorize:
+      owner: alice
+      action: stop
+  register: found
 
 - name: Show their phases
   ansible.builtin.debug:

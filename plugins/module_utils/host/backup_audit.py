@@ -4,13 +4,14 @@
 """The body of ``zjusct.cloud.rbd_backup`` (:func:`run_rbd_backup`) and its audit records on the host backend
 (docs/security.md, "Audit").
 
-With ``host_config`` given, a backup (``state: present``, retention pruning included) or a restore
-(``state: restored``) that changed something or failed is appended to that host store's ``audit`` table,
-as the cloudvm module does for its runs: ``action`` ``backup`` or ``restore``, ``subject``
-``rbd/<pool>/<image>`` (the image backed up, or the new image restored into), ``actor`` the ``actor``
-option (else ``owner``, else ``operator``), ``owner`` the backup's owner. Verification (``state:
-verified``), a restore that found its image already restored (unchanged) and check mode write nothing.
-Only named fields go into a record, never the connection options (``ceph_key`` is a secret).
+With ``host_config`` given, every backup (``state: present``, retention pruning included) and restore
+(``state: restored``) is recorded in that host store's ``audit`` table, as the cloudvm module does for its runs:
+its intent (``result: requested``) before it touches anything, so a run killed midway leaves its record, then its
+outcome in the same record (:class:`host.store.AuditTrail`): ``action`` ``backup`` or ``restore``, ``subject``
+``rbd/<pool>/<image>`` (the image backed up, or the new image restored into), ``actor`` the ``actor`` option
+(else ``owner``, else ``operator``), ``owner`` the backup's owner. A restore that found its image already
+restored ends ``succeeded`` with ``unchanged`` in its message. Verification (``state: verified``) and check mode
+write nothing. Only named fields go into a record, never the connection options (``ceph_key`` is a secret).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Callable, Dict, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import load
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import HostStore, StoreError, audited
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import AuditTrail, HostStore, StoreError, audited
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.backup_io import run_backup_module
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import Connection, Rbd
 
@@ -60,7 +61,12 @@ def run_audited(p: Dict[str, Any], body: Callable[[], Dict[str, Any]], check_mod
     except (OSError, ValueError, StoreError, sqlite3.Error) as exc:
         raise ValueError(f"host_config: {exc}") from exc
     try:
-        return audited(body, lambda **outcome: _record(store, p, action, **outcome))
+        subject = _subject(p, action)
+        trail = AuditTrail(store, p.get("actor") or p.get("owner") or "operator", action, subject,
+                           owner=str(p.get("owner") or ""), operator=bool(p.get("operator")), data=_data(p, action))
+        trail.intend(f"{action} of {subject[4:]} requested ({'into' if action == 'backup' else 'from'} "
+                     f"{p.get('dest')})")
+        return audited(body, lambda **outcome: _record(trail, p, action, **outcome), trail=trail)
     finally:
         store.close()
 
@@ -71,30 +77,36 @@ def _subject(p: Dict[str, Any], action: str) -> str:
     return f"rbd/{p.get('target_pool') or p.get('pool') or 'rbd'}/{p.get('target_name') or ''}"
 
 
-def _record(store: HostStore, p: Dict[str, Any], action: str, result: Optional[Dict[str, Any]] = None,
-            error: Optional[BaseException] = None) -> None:
-    """Append the audit record of one backup or restore (schema in docs/security.md, "Audit")."""
-    subject = _subject(p, action)
-    owner = str((result or {}).get("owner") or p.get("owner") or "")
+def _data(p: Dict[str, Any], action: str) -> Dict[str, Any]:
+    """The options of one backup or restore that go into its audit record (never a connection option)."""
     data: Dict[str, Any] = {"dest": p.get("dest")}
     keys = ("vm", "keep", "full_every", "force_full") if action == "backup" else ("backup_id", "keep_snapshots")
     data.update({k: p[k] for k in keys if p.get(k) is not None})
-    if error is None:
-        res = result or {}
-        outcome, reason = "succeeded", ""
-        data.update({k: res[k] for k in ("backup_id", "type", "chain", "image_size_bytes") if k in res})
-        if action == "backup":
-            pruned = list((res.get("retention") or {}).get("deleted") or [])
-            data.update(pruned=pruned, removed_snapshots=list(res.get("removed_snapshots") or []))
-            message = (f"backup {res.get('backup_id')} ({res.get('type')}) of {subject[4:]} into {p.get('dest')}"
-                       + (f"; pruned {', '.join(pruned)}" if pruned else ""))
-        else:
-            data["verified_blocks"] = res.get("verified_blocks")
-            message = f"backup {res.get('backup_id')} restored into {subject[4:]} for {owner or 'no owner'}"
+    return data
+
+
+def _record(trail: AuditTrail, p: Dict[str, Any], action: str, result: Optional[Dict[str, Any]] = None,
+            error: Optional[BaseException] = None) -> None:
+    """Record the outcome of one backup or restore in its audit record (schema in docs/security.md, "Audit")."""
+    subject = trail.subject
+    if error is not None:
+        reason = str((getattr(error, "details", {}) or {}).get("reason") or type(error).__name__)
+        trail.finish("failed", str(error), reason)
+        return
+    res = result or {}
+    trail.owner = str(res.get("owner") or p.get("owner") or "")
+    data: Dict[str, Any] = {k: res[k] for k in ("backup_id", "type", "chain", "image_size_bytes") if k in res}
+    if action == "backup":
+        pruned = list((res.get("retention") or {}).get("deleted") or [])
+        data.update(pruned=pruned, removed_snapshots=list(res.get("removed_snapshots") or []))
+        message = (f"backup {res.get('backup_id')} ({res.get('type')}) of {subject[4:]} into {p.get('dest')}"
+                   + (f"; pruned {', '.join(pruned)}" if pruned else ""))
+    elif not res.get("changed"):
+        message = f"unchanged: {res.get('msg') or subject[4:] + ' already restored'}"
     else:
-        outcome, reason, message = "failed", type(error).__name__, str(error)
-    store.record_audit(p.get("actor") or p.get("owner") or "operator", action, subject, outcome, message,
-                       owner=owner, operator=bool(p.get("operator")), reason=reason, data=data)
+        data["verified_blocks"] = res.get("verified_blocks")
+        message = f"backup {res.get('backup_id')} restored into {subject[4:]} for {trail.owner or 'no owner'}"
+    trail.finish("succeeded", message, data=data)
 
 
 def run_rbd_backup(params: Dict[str, Any], check_mode: bool) -> Dict[str, Any]:

@@ -30,7 +30,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.host.backend import (
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import HostConfig, load
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.host_network_module import sync_gateway, sync_isolation
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.ports import HostSupervisor, volume_driver
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import HostStore, StoreError, audited
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import AuditTrail, HostStore, StoreError, audited
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.volume_claim import settle as settle_claim
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.watch import ChangeWatch
 from ansible_collections.zjusct.cloud.plugins.module_utils.model import quota
@@ -147,21 +147,22 @@ def ensure(params: dict, check_mode: bool = False, diff: bool = False) -> dict:
     store = HostStore(cfg.store_path)
     try:
         existing = store.get_vm(ns, name)
+        trail = _trail(store, params, existing)
 
         def body() -> dict:
             authorize(existing, params)  # spec.owner is immutable: no lock needed
             if params["state"] == "absent":
-                return _absent(cfg, store, params, check_mode, diff)
-            return _present(cfg, store, params, check_mode, diff)
+                return _absent(cfg, store, params, check_mode, diff, trail)
+            return _present(cfg, store, params, check_mode, diff, trail)
 
-        return audited(body, lambda **outcome: _audit(store, params, existing, **outcome), check_mode)
+        return audited(body, lambda **outcome: _finish(trail, **outcome), check_mode, trail)
     finally:
         store.close()
 
 
-def _audit(store: HostStore, params: dict, existing: Optional[dict], result: Optional[dict] = None,
-           error: Optional[BaseException] = None) -> None:
-    """Record one cloudvm run that changed something, was refused or failed (docs/security.md, "Audit")."""
+def _trail(store: HostStore, params: dict, existing: Optional[dict]) -> AuditTrail:
+    """The audit record of one cloudvm run (docs/security.md, "Audit"): its intent is recorded in the store
+    transaction that writes the spec change (``_present``, ``_absent``), its outcome by :func:`_finish`."""
     ns, name = params["namespace"], params["name"]
     if params["state"] == "absent":
         action = "delete"
@@ -178,20 +179,29 @@ def _audit(store: HostStore, params: dict, existing: Optional[dict], result: Opt
         data["ssh_authorized_keys"] = len(params["ssh_authorized_keys"])
     if params["state"] == "absent":
         data["delete_volume"] = bool(params.get("delete_volume"))
+    return AuditTrail(store, params.get("owner") or "operator", action, f"{ns}/{name}", owner=owner,
+                      operator=bool(params.get("operator")), data=data)
+
+
+def _intent(trail: AuditTrail, spec: Optional[dict], what: str) -> None:
+    """Record the run's intent in the caller's write transaction: what it is about to change, and the spec."""
+    boot = f", bootID {spec.get('bootID')}" if spec else ""
+    trail.intend(f"{trail.action} {trail.subject} requested: {what}{boot}",
+                 {"boot_id": spec.get("bootID")} if spec else None)
+
+
+def _finish(trail: AuditTrail, result: Optional[dict] = None, error: Optional[BaseException] = None) -> None:
+    """Record one cloudvm run's outcome: it changed something, was refused or failed (docs/security.md, "Audit")."""
     if error is None:
-        outcome, reason = "succeeded", ""
         vm = (result or {}).get("cloudvm")
-        message = f"{action} {ns}/{name}" + (f": phase {vm['status'].get('phase')}, bootID {vm['spec'].get('bootID')}"
-                                             if vm else "")
-        data["boot_id"] = (result or {}).get("boot_id")
-    else:
-        details = getattr(error, "details", {}) or {}
-        reason = str(details.get("reason") or ("Unschedulable" if "dimension" in details else "")
-                     or (details.get("status") or {}).get("reason") or type(error).__name__)
-        outcome = "refused" if reason in ("Forbidden", "QuotaExceeded") else "failed"
-        message = str(error)
-    store.record_audit(params.get("owner") or "operator", action, f"{ns}/{name}", outcome, message, owner=owner,
-                       operator=bool(params.get("operator")), reason=reason, data=data)
+        message = f"{trail.action} {trail.subject}" + (
+            f": phase {vm['status'].get('phase')}, bootID {vm['spec'].get('bootID')}" if vm else "")
+        trail.finish("succeeded", message, data={"boot_id": (result or {}).get("boot_id")})
+        return
+    details = getattr(error, "details", {}) or {}
+    reason = str(details.get("reason") or ("Unschedulable" if "dimension" in details else "")
+                 or (details.get("status") or {}).get("reason") or type(error).__name__)
+    trail.finish("refused" if reason in ("Forbidden", "QuotaExceeded") else "failed", str(error), reason)
 
 
 def _new_volume_mib(image: Optional[dict], size_mib: Optional[int]) -> int:
@@ -227,7 +237,8 @@ def _within_quota(store: HostStore, existing: Optional[dict], planned: dict, new
         raise CloudVMError(refusal.message, **refusal.details())
 
 
-def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, diff: bool) -> dict:
+def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, diff: bool,
+             trail: AuditTrail) -> dict:
     ns, name = params["namespace"], params["name"]
     restart = bool(params.get("restart"))
     power = "running" if restart else params.get("power_state")
@@ -293,8 +304,10 @@ def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, 
                     store.create_vm(ns, name, planned, labels)
                     store.record_event("Normal", f"{ns}/{name}", "Created",
                                        f"CloudVM created for owner {planned['owner']}")
+                    _intent(trail, planned, f"CloudVM created, powerState {planned['powerState']}")
                 elif changed:
                     store.update_vm(ns, name, spec=planned if planned != existing["spec"] else None, labels=labels)
+                    _intent(trail, planned, f"spec written, powerState {planned['powerState']}")
         except (CloudVMError, StoreError):
             if new_volume is not None:  # refused after the copy (a concurrent run took the quota): leave nothing
                 _remove_volume(cfg, new_volume)
@@ -315,6 +328,7 @@ def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, 
                 again = plan_power(vm["spec"], vm["status"], "running")
                 _within_quota(store, vm, again)
                 store.update_vm(ns, name, spec=again)
+                _intent(trail, again, "started again after the stop")
     vm = store.get_vm(ns, name)
     if vm is None:
         raise AssertionError("vm unexpectedly missing")
@@ -338,15 +352,18 @@ def _remove_volume(cfg: HostConfig, volume: dict) -> None:
         raise CloudVMError(str(exc)) from exc
 
 
-def _absent(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, diff: bool) -> dict:
+def _absent(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, diff: bool,
+            trail: AuditTrail) -> dict:
     ns, name = params["namespace"], params["name"]
     existing = store.get_vm(ns, name)
     if existing is None:
         return _result(None, False, None, diff)
     if check_mode:
         return _result(None, True, existing["spec"], diff)
-    with _vm_lock(cfg, ns, name):
-        store.update_vm(ns, name, spec=dict(existing["spec"], powerState="Stopped"))
+    with _vm_lock(cfg, ns, name), store.transaction():
+        stopping = dict(existing["spec"], powerState="Stopped")
+        store.update_vm(ns, name, spec=stopping)
+        _intent(trail, stopping, "stopping the VM, then deleting its record")
     off = off_but_failed(ns, name, _wait(cfg, store, ns, name, "Stopped",
                                          int(params.get("wait_timeout") or 600)).get("status"))
     paths = _paths(cfg, ns, name)
@@ -400,6 +417,31 @@ def observed_vms(cfg: HostConfig, namespace: Optional[str] = None, owner: Option
     items = [vm for vm in items if where is None or where(vm)]
     locks = sup.lock_table() if items else None
     return [dict(vm, status=observed_status(cfg, vm, locks)) for vm in items]
+
+
+def authorize_found(params: dict, vms: list[dict]) -> None:
+    """``cloudvm_info``'s ``authorize`` on the host backend: refuse a CloudVM of another owner and record the
+    refusal in the host store's audit trail (docs/security.md, "Audit"), as a refusal by the ``cloudvm`` module
+    itself is recorded.
+
+    Args:
+        params: the module's parameters; ``authorize`` is ``{owner, operator, action}``.
+        vms: the CloudVMs the module found.
+
+    Raises:
+        CloudVMError: ``reason: Forbidden`` (:func:`model.lifecycle.authorize`), after the record is written.
+    """
+    auth = params["authorize"]
+    for vm in vms:
+        try:
+            authorize(vm, auth)
+        except CloudVMError as exc:
+            meta = vm["metadata"]
+            with HostStore(_config(params).store_path) as store:
+                AuditTrail(store, auth["owner"], auth["action"], f"{meta['namespace']}/{meta['name']}",
+                           owner=vm["spec"]["owner"], operator=bool(auth.get("operator")),
+                           data={"checked_by": "cloudvm_info authorize"}).finish("refused", str(exc), "Forbidden")
+            raise
 
 
 def info(params: dict) -> list[dict]:

@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import DEFAULT_PATH, HostConfig, load
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import HostStore, audited
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import AuditTrail, HostStore, audited
 from ansible_collections.zjusct.cloud.plugins.module_utils.model import quota
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import is_dns_label
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage import rbd_clone as rbdvol
@@ -94,13 +94,16 @@ def adopt_volume(params: dict, check_mode: bool = False) -> dict:
     settings = rbdvol.settings(cfg.rbd)
     wanted = params["rbd_image"] if "/" in params["rbd_image"] else f"{settings.pool}/{params['rbd_image']}"
     with HostStore(cfg.store_path) as store:
-        return audited(lambda: _adopt(cfg, store, params, wanted, check_mode),
-                       lambda result=None, error=None: _audit(store, params, wanted,
-                                                              (result or {}).get("volume"), error),
-                       check_mode)
+        data: dict = {"rbd_image": wanted, **({"image": params["image"]} if params.get("image") else {})}
+        trail = AuditTrail(store, params.get("actor") or params["owner"], "volume-register",
+                           f"volume/{params['name']}", owner=params["owner"], data=data)
+        return audited(lambda: _adopt(cfg, store, params, wanted, check_mode, trail),
+                       lambda result=None, error=None: _audit(trail, params, (result or {}).get("volume"), error),
+                       check_mode, trail)
 
 
-def _adopt(cfg: HostConfig, store: HostStore, params: dict, wanted: str, check_mode: bool) -> dict:
+def _adopt(cfg: HostConfig, store: HostStore, params: dict, wanted: str, check_mode: bool,
+           trail: AuditTrail) -> dict:
     name, owner = params["name"], params["owner"]
     existing = store.get_volume(name)
     image = resolve_image(cfg.images_dir, params.get("image") or cfg.default_image)
@@ -124,6 +127,8 @@ def _adopt(cfg: HostConfig, store: HostStore, params: dict, wanted: str, check_m
                 store.record_event("Normal", name, "VolumeAdopted",
                                    f"RBD image {adopted['location']} registered as volume {name} of"
                                    f" {owner} (kernel from {os.path.basename(image['dir'])})")
+                trail.intend(f"volume {name} registration requested: RBD image {adopted['location']} of {owner}",
+                             {"rbd_image": adopted["location"]})
     except VolumeError:
         if adopted["changed"]:  # this run wrote the owner mark: leave the image as it was
             with contextlib.suppress(VolumeError):
@@ -140,24 +145,18 @@ def _same_or_refuse(existing: dict, name: str, owner: str, location: str) -> Non
                           f" {existing['location']}, owner {existing['owner']})")
 
 
-def _audit(store: HostStore, params: dict, location: str, volume: Optional[dict] = None,
+def _audit(trail: AuditTrail, params: dict, volume: Optional[dict] = None,
            error: Optional[BaseException] = None) -> None:
-    """Record one host_volume registration that changed something, was refused or failed (docs/security.md)."""
+    """Record one host_volume registration's outcome: it changed something, was refused or failed
+    (docs/security.md, "Audit"); the intent was recorded in the transaction that wrote the volume's record."""
     name, owner = params["name"], params["owner"]
-    data: dict = {"rbd_image": location}
-    if params.get("image"):
-        data["image"] = params["image"]
     if error is None:
-        outcome, reason = "succeeded", ""
-        data["size_mib"] = (volume or {}).get("size_mib")
-        message = f"volume {name} registered: RBD image {location} of {owner}"
-    else:
-        details = getattr(error, "details", {}) or {}
-        reason = str(details.get("reason") or type(error).__name__)
-        outcome = "refused" if reason in ("Forbidden", "QuotaExceeded") else "failed"
-        message = str(error)
-    store.record_audit(params.get("actor") or owner, "volume-register", f"volume/{name}", outcome, message,
-                       owner=owner, reason=reason, data=data)
+        trail.finish("succeeded", f"volume {name} registered: RBD image {trail.data['rbd_image']} of {owner}",
+                     data={"size_mib": (volume or {}).get("size_mib")})
+        return
+    details = getattr(error, "details", {}) or {}
+    reason = str(details.get("reason") or type(error).__name__)
+    trail.finish("refused" if reason in ("Forbidden", "QuotaExceeded") else "failed", str(error), reason)
 
 
 def list_volumes(params: dict) -> dict:

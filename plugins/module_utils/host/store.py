@@ -19,10 +19,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sqlite3
 import urllib.parse
 import uuid
-from typing import Any, Callable, ContextManager, Optional
+from typing import Any, Callable, ContextManager, Iterator, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.sqlite import (
@@ -37,11 +38,21 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.quota import us
 
 DEFAULT_PATH = "/var/lib/zjusct-cloud/cloud.db"
 
-# Each entry upgrades the schema from version i to i + 1. Never edit a released entry: append.
+class AddColumn(tuple):
+    """A migration step ``ALTER TABLE <table> ADD COLUMN <column> <decl>``, skipped when the column exists (so a
+    step that was applied before its ``user_version`` was written, or a store whose version was set back, migrates
+    again without error; SQLite has no ``ADD COLUMN IF NOT EXISTS``)."""
+
+    def __new__(cls, table: str, column: str, decl: str) -> "AddColumn":
+        return super().__new__(cls, (table, column, decl))
+
+
+# Each entry upgrades the schema from version i to i + 1. Never edit a released entry: append. A step is an SQL
+# statement or an :class:`AddColumn`.
 # Every table of the database is created here, the QoS state's (host.qos_store) included; no other module runs DDL.
 # The event log (``events``): ``kind`` Normal|Warning (as Kubernetes Events), ``subject`` what the event is about
 # (:data:`SUBJECTS`), ``reason`` one CamelCase word, ``data`` a JSON object.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (
+MIGRATIONS: tuple[tuple[Any, ...], ...] = (
     (
         """CREATE TABLE cloudvms (
             namespace TEXT NOT NULL,
@@ -139,6 +150,12 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX IF NOT EXISTS audit_owner ON audit (owner, id)",
         "CREATE INDEX IF NOT EXISTS audit_subject ON audit (subject, id)",
     ),
+    # 4: an audit record is written as the intent in the transaction of the change, its outcome later
+    # (AuditTrail); ``ended`` is when the outcome was recorded, NULL while the result is ``requested``.
+    (
+        AddColumn("audit", "ended", "TEXT"),
+        "UPDATE audit SET ended = ts WHERE ended IS NULL AND result != 'requested'",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -153,6 +170,16 @@ SUBJECTS = {
 
 class StoreError(CloudError):
     """The host store cannot be used (unreadable, newer schema, constraint violated)."""
+
+
+def _apply(conn: sqlite3.Connection, step: Any) -> None:
+    """Run one migration step (an SQL statement, or an :class:`AddColumn` unless its column exists)."""
+    if isinstance(step, AddColumn):
+        table, column, decl = step
+        if column not in {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+        return
+    conn.execute(step)
 
 
 def _connect_read_only(path: str, busy_timeout: float) -> sqlite3.Connection:
@@ -198,28 +225,99 @@ def schema_version(path: str) -> Optional[int]:
         raise StoreError(f"cannot read host store {path}: {exc}") from exc
 
 
-def audited(body: Callable[[], dict], record: Callable[..., None], check_mode: bool = False) -> dict:
+class Interrupted(CloudError):
+    """The module run got SIGTERM (an AWX job cancelled, ``ansible-playbook`` stopped) before it ended."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """Turn SIGTERM into :class:`Interrupted` while the block runs, so that a stopped run still records its outcome
+    (a write transaction it was in rolls back). Only in the main thread (elsewhere: unchanged)."""
+    def interrupted(signum: int, frame: Any) -> None:
+        raise Interrupted("the run was stopped by SIGTERM before it ended; what it had changed stays in the store"
+                          " (docs/security.md, \"Audit\")", reason="Interrupted")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupted)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class AuditTrail:
+    """The audit record of one mutating module run (docs/security.md, "Audit").
+
+    A run that changes the store records its *intent* (:meth:`intend`, ``result: requested``) inside the write
+    transaction of that change, so the record and the change are committed together: a run killed afterwards, even
+    by SIGKILL, leaves the record of what it changed. Its outcome (:meth:`finish`: ``succeeded``, ``refused`` or
+    ``failed``) then completes the same record (``ended`` set). A run refused or failed before it changed anything
+    gets one record with its outcome only.
+
+    Args:
+        store: the host store the record goes to.
+        actor, action, subject, owner, operator, data: the record's columns (:meth:`HostStore.record_audit`).
+    """
+
+    def __init__(self, store: "HostStore", actor: str, action: str, subject: str, *, owner: str = "",
+                 operator: bool = False, data: Optional[dict] = None) -> None:
+        self.store, self.actor, self.action, self.subject = store, actor, action, subject
+        self.owner, self.operator, self.data = owner, operator, dict(data or {})
+        self.id: Optional[int] = None
+
+    def intend(self, message: str, data: Optional[dict] = None) -> None:
+        """Record the intent (once per run; later calls do nothing). Call it inside the write transaction of the
+        change it describes (it joins that transaction)."""
+        if self.id is None:
+            self.data.update(data or {})
+            self.id = self.store.record_audit(self.actor, self.action, self.subject, "requested", message,
+                                              owner=self.owner, operator=self.operator, data=self.data, ended=False)
+
+    def finish(self, result: str, message: str, reason: str = "", data: Optional[dict] = None) -> None:
+        """Record the outcome: complete the intent's record, or append one when no intent was recorded.
+
+        Args:
+            result: ``succeeded``, ``refused`` or ``failed``.
+            message, reason: what was done, or why not.
+            data: more fields for the record's data.
+        """
+        self.data.update(data or {})
+        if self.id is None:
+            self.id = self.store.record_audit(self.actor, self.action, self.subject, result, message,
+                                              owner=self.owner, operator=self.operator, reason=reason, data=self.data)
+        else:
+            self.store.finish_audit(self.id, result, message, owner=self.owner, reason=reason, data=self.data)
+
+
+def audited(body: Callable[[], dict], record: Callable[..., None], check_mode: bool = False,
+            trail: Optional[AuditTrail] = None) -> dict:
     """Run a mutating module body and audit its outcome (docs/security.md, "Audit").
 
-    ``record(result=...)`` is called when the body's result has ``changed``, ``record(error=...)`` when the body
-    raises (a refusal or a failure), never in check mode and never for a run that changed nothing. A record that
-    cannot be written after a failure never hides the failure itself.
+    ``record(result=...)`` is called when the body's result has ``changed`` (or ``trail`` recorded an intent),
+    ``record(error=...)`` when the body raises (a refusal or a failure, SIGTERM included: it raises
+    :class:`Interrupted` while the body runs), never in check mode and never for a run that changed nothing. A
+    record that cannot be written after a failure never hides the failure itself.
 
     Returns:
         ``body()``'s result.
 
     Raises:
-        Whatever ``body`` raises (after recording it); StoreError / sqlite3.Error when recording a success fails.
+        Whatever ``body`` raises (after recording it), :class:`Interrupted` on SIGTERM; StoreError / sqlite3.Error
+        when recording a success fails.
     """
     if check_mode:
         return body()
     try:
-        result = body()
+        with _sigterm_raises():
+            result = body()
     except Exception as exc:
         with contextlib.suppress(StoreError, sqlite3.Error):
             record(error=exc)
         raise
-    if result.get("changed"):
+    if result.get("changed") or (trail is not None and trail.id is not None):
         record(result=result)
     return result
 
@@ -278,7 +376,7 @@ class HostStore:
                     f"{SCHEMA_VERSION}: upgrade the collection")
             for target in range(version, SCHEMA_VERSION):
                 for statement in MIGRATIONS[target]:
-                    conn.execute(statement)
+                    _apply(conn, statement)
                 conn.execute(f"PRAGMA user_version={target + 1}")
 
     def transaction(self) -> ContextManager[sqlite3.Connection]:
@@ -334,26 +432,38 @@ class HostStore:
 
     def record_audit(self, actor: str, action: str, subject: str, result: str, message: str = "", *,
                      owner: str = "", operator: bool = False, reason: str = "",
-                     data: Optional[dict] = None) -> None:
-        """Append an audit record (schema in docs/security.md, "Audit").
+                     data: Optional[dict] = None, ended: bool = True) -> int:
+        """Append an audit record (schema in docs/security.md, "Audit") and return its id.
 
         Args:
             actor: who acted (the module's ``owner`` option, or ``operator`` for a task without one).
             action: create, start, stop, restart, update, delete, volume-register, quota-set, quota-remove,
                 backup, restore.
             subject: ``namespace/name`` of a CloudVM, ``volume/<name>``, ``quota/<owner>``, ``rbd/<pool>/<image>``.
-            result: succeeded, refused (Forbidden, QuotaExceeded) or failed.
+            result: succeeded, refused (Forbidden, QuotaExceeded), failed, or requested (an intent whose outcome
+                is recorded later, :class:`AuditTrail`).
             message: what was done or why not.
             owner: the owner of the subject (what an owner's audit listing filters on).
             operator: the operator switch was set.
             reason: the refusal's or failure's reason (``QuotaExceeded``, ``Forbidden``...).
             data: extra JSON fields (the options that mattered).
+            ended: the outcome is known (``ended`` = ``ts``); False for an intent.
         """
+        ts = now_precise()
         with self.transaction() as conn:
-            conn.execute("INSERT INTO audit (ts, actor, operator, action, subject, owner, result, reason, message,"
-                         " data) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                         (now_precise(), actor, int(bool(operator)), action, subject, owner, result, reason,
-                          message, json.dumps(data or {}, sort_keys=True)))
+            cur = conn.execute("INSERT INTO audit (ts, actor, operator, action, subject, owner, result, reason,"
+                               " message, data, ended) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                               (ts, actor, int(bool(operator)), action, subject, owner, result, reason, message,
+                                json.dumps(data or {}, sort_keys=True), ts if ended else None))
+            return int(cur.lastrowid or 0)
+
+    def finish_audit(self, record_id: int, result: str, message: str, *, owner: str, reason: str = "",
+                     data: Optional[dict] = None) -> None:
+        """Complete the intent record ``record_id`` with its outcome (``ended`` = now); see :class:`AuditTrail`."""
+        with self.transaction() as conn:
+            conn.execute("UPDATE audit SET result = ?, reason = ?, message = ?, owner = ?, data = ?, ended = ?"
+                         " WHERE id = ?", (result, reason, message, owner, json.dumps(data or {}, sort_keys=True),
+                                           now_precise(), record_id))
 
     def audit(self, owner: Optional[str] = None, actor: Optional[str] = None, subject: Optional[str] = None,
               since: Optional[str] = None, limit: int = 100) -> list[dict]:

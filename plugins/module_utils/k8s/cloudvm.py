@@ -434,6 +434,47 @@ def ensure(params: dict, check_mode: bool, diff: bool) -> dict:
     return Backend(_client(params)).ensure(params, check_mode, diff)
 
 
+AUTHORIZE_LABEL = f"{GROUP}/authorized-for"  # the label of cloudvm_info's dry-run authorization probe
+
+
+def authorize_found(params: dict, vms: list[dict]) -> None:
+    """``cloudvm_info``'s ``authorize`` on Kubernetes: ask the API server whether the module's identity may act on
+    each CloudVM found, then compare the owners here too.
+
+    The question is a server-side dry run (``dryRun=All``: admitted or refused, never stored) of the CloudVM with
+    the label :data:`AUTHORIZE_LABEL` = the action added: a label change is an owner-relevant write, so RBAC and the
+    owner admission policy (config/policy/owner-admission.yaml) decide exactly as for a real write, and the API
+    server's audit log records a refusal with the user, the object and the verdict (docs/security.md, "Audit").
+    The owner comparison (:func:`model.lifecycle.authorize`) follows for a cluster without the policy.
+
+    Raises:
+        CloudVMError: ``reason: Forbidden``: the VM belongs to another owner, or the API server refused the dry run
+            (its message in ``api_message``).
+    """
+    auth = params["authorize"]
+    api = _client(params)
+    for vm in vms:
+        probe = copy.deepcopy(vm)
+        probe.pop("status", None)
+        probe["metadata"].setdefault("labels", {})[AUTHORIZE_LABEL] = auth["action"]
+        meta = vm["metadata"]
+        try:
+            api.replace(probe, dry_run=True)
+        except Conflict:
+            pass  # the VM changed since it was listed; the owner comparison below still decides
+        except CloudVMError as exc:
+            if exc.details.get("api_status") != 403:
+                raise
+            try:
+                authorize(vm, auth)  # another owner's VM: the one refusal message, with the API server's beside it
+            except CloudVMError as refusal:
+                raise CloudVMError(str(refusal), **refusal.details, api_message=str(exc)) from exc
+            raise CloudVMError(f"owner: {auth['owner']!r} may not {auth['action']} CloudVM {meta.get('namespace')}/"
+                               f"{meta['name']}: the API server refused it: {exc}", reason="Forbidden",
+                               vm_owner=(vm.get("spec") or {}).get("owner"), api_message=str(exc)) from exc
+        authorize(vm, auth)
+
+
 def info(params: dict) -> list[dict]:
     """Entry point of ``zjusct.cloud.cloudvm_info`` with ``backend: kubernetes``.
 

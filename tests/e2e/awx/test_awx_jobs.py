@@ -83,7 +83,7 @@ def test_tenant_lifecycle_through_the_job_templates(rbd_cloud: Cloud, ceph_clust
 
     # bob's job names alice's VM: refused before anything is done; alice's VM keeps running
     msg = refused(awx.launch("playbooks/vm_stop.yml", "bob", {"name": "alice"}))
-    assert "owner: bob may not act on VM default/alice, which belongs to owner alice" in msg
+    assert "'bob' may not act on CloudVM default/alice, which belongs to owner 'alice'" in msg
     msg = refused(awx.launch("playbooks/vm_delete.yml", "bob", {"name": "alice", "delete_volume": "true"}))
     assert "'bob' may not act on CloudVM default/alice, which belongs to owner 'alice'" in msg
     assert rbd_cloud.vm("alice")["status"]["phase"] == "Running"

@@ -93,7 +93,7 @@ def test_backup_restore_journey_on_rbd(rbd_cloud: Cloud, ceph_cluster: Cluster, 
     # ownership: bob can neither back up alice's VM nor receive her backup (unless explicitly allowed)
     refused = cloud.playbook("vm_backup", "owner=bob", "name=alice", f"backup_dir={backups}", check=False)
     assert refused["rc"] != 0, refused.get("raw", "")[-2000:]
-    assert "owner: bob may not act on VM default/alice, which belongs to owner alice" in failure(refused)
+    assert "owner: 'bob' may not act on CloudVM default/alice, which belongs to owner 'alice'" in failure(refused)
     refused = cloud.playbook("vm_restore", f"backup={full['backup_id']}", f"backup_dir={backups}", "owner=bob",
                              check=False)
     assert refused["rc"] != 0 and "is not the owner alice of backup" in failure(refused), failure(refused)

@@ -7,10 +7,16 @@ Every test uses its own owner, so the tests do not depend on each other.
 
 from __future__ import annotations
 
+import dataclasses
+import fcntl
 import json
+import os
+import signal
 import sqlite3
 import subprocess
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -178,3 +184,96 @@ def test_two_concurrent_starts_under_a_quota_of_one_admit_exactly_one(cloud: Clo
         assert outcomes == {f"default/{winner}": "succeeded", f"default/{loser}": "refused"}, outcomes
     finally:
         delete_all(cloud, owner, "qr1", "qr2")
+
+
+def test_a_refusal_by_a_playbooks_lookup_is_audited(cloud: Cloud) -> None:
+    """vm_stop, vm_restart and vm_backup refuse another owner's VM when they look it up, before any module acts
+    on it (cloudvm_info's authorize): a tenant probing a neighbour's VM leaves a record naming her."""
+    owner = "audit-probe"
+    try:
+        create_stopped(cloud, "ap1", owner)
+        for playbook in ("vm_stop", "vm_restart", "vm_backup"):
+            doc = cloud.playbook(playbook, "owner=mallory", "name=ap1", check=False)
+            assert f"owner: 'mallory' may not act on CloudVM default/ap1, which belongs to owner '{owner}'" \
+                in failure(doc), (playbook, failure(doc))
+        records = module(cloud, "audit_info", {"subject": "default/ap1"})["records"]
+        seen = [(r["actor"], r["action"], r["result"], r["reason"], r["owner"]) for r in records[1:]]
+        assert seen == [("mallory", action, "refused", "Forbidden", owner) for action in ("stop", "restart", "backup")]
+        assert all(r["ended"] for r in records), records
+        assert cloud.vm("ap1")["spec"]["powerState"] == "Stopped"
+    finally:
+        delete_all(cloud, owner, "ap1")
+
+
+@pytest.fixture
+def held_slot(cloud: Cloud, tmp_path: Path) -> Iterator[Cloud]:
+    """The same cloud (store, network, image) through a host config whose only boot slot the test holds: a start
+    writes its spec and starts its launcher, which then waits without booting, so a vm_start waits for Running
+    as long as the test likes (and is killed while it waits). The slot is released at teardown."""
+    slots = tmp_path / "slots"
+    slots.mkdir()
+    config = dict(cloud.config, max_concurrent_boots=1, boot_slot_dir=str(slots), accel="tcg")
+    path = tmp_path / "host-held.json"
+    path.write_text(json.dumps(config))
+    fd = os.open(slots / "slot-0.lock", os.O_RDONLY | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield dataclasses.replace(cloud, config_path=path, config=config)
+    finally:
+        os.close(fd)
+
+
+def _start_and_kill(cloud: Cloud, owner: str, name: str, sig: int) -> tuple[dict, int]:
+    """Run vm_start for a Stopped VM, wait until its spec asks for the next boot (written by the module while
+    it then waits for Running), send ``sig`` to the playbook's whole process group; return the VM and the
+    playbook's exit status."""
+    before = create_stopped(cloud, name, owner)
+    argv = [str(VENV_BIN / "ansible-playbook"), "playbooks/vm_start.yml", "-e", f"owner={owner}", "-e",
+            f"name={name}", "-e", f"ssh_public_key_file={cloud.key}.pub"]
+    proc = subprocess.Popen(argv, cwd=REPO, env=cloud.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        def requested() -> dict | None:
+            with HostStore(cloud.config["store_path"], read_only=True) as store:
+                vm = store.get_vm("default", name)
+            spec = (vm or {}).get("spec") or {}
+            return vm if spec.get("bootID", 0) > before["spec"]["bootID"] else None
+
+        deadline = time.monotonic() + 600
+        while (vm := requested()) is None:
+            assert proc.poll() is None, f"vm_start ended (rc {proc.returncode}) before it wrote the spec"
+            assert time.monotonic() < deadline, "vm_start did not write the spec within 600 s"
+            time.sleep(0.2)
+        time.sleep(2)  # well inside the wait for Running (no guest can boot: the test holds the only slot)
+        assert proc.poll() is None, "vm_start ended although no guest could boot"
+        os.killpg(proc.pid, sig)
+        return vm, proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.parametrize(("sig", "result", "reason"), [(signal.SIGKILL, "requested", ""),
+                                                         (signal.SIGTERM, "failed", "Interrupted")])
+def test_a_start_killed_while_it_waits_leaves_its_audit_record(held_slot: Cloud, sig: int, result: str,
+                                                                reason: str) -> None:
+    """The record of a start is written in the transaction that writes its spec: a run killed afterwards (an AWX
+    cancel, SIGKILL) leaves the changed spec *and* the record of who asked for it; SIGTERM still records that
+    the run was stopped."""
+    owner, name = "audit-kill", f"ak-{signal.Signals(sig).name.lower()}"
+    try:
+        vm, _rc = _start_and_kill(held_slot, owner, name, sig)
+        assert vm["spec"]["powerState"] == "Running"
+        records = module(held_slot, "audit_info", {"subject": f"default/{name}"})["records"]
+        assert [(r["action"], r["result"]) for r in records] == [("create", "succeeded"), ("start", result)], records
+        start = records[-1]
+        assert (start["actor"], start["owner"], start["reason"]) == (owner, owner, reason), start
+        assert start["data"]["boot_id"] == vm["spec"]["bootID"] and start["data"]["power_state"] == "running"
+        assert bool(start["ended"]) is (sig == signal.SIGTERM), start
+        if sig == signal.SIGTERM:
+            assert "stopped by SIGTERM" in start["message"], start
+        else:
+            assert "requested" in start["message"], start
+    finally:
+        delete_all(held_slot, owner, name)

@@ -30,5 +30,5 @@ def test_blank_vm_name_means_the_owners_vm(tmp_path: Path, blank):
     job = run_job(tmp_path / "job", "playbooks/vm_stop.yml", extra, injected, str(inventory),
                   env={"PATH": f"{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin"})
     assert job.status == "failed" and job.failed_messages() == ["name: no VM default/alice"]
-    (lookup,) = job.task_results("Look up the VM")
+    (lookup,) = job.task_results("Look up the VM and check that it belongs to the acting owner")
     assert lookup["invocation"]["module_args"]["name"] == "alice"

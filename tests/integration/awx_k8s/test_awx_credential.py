@@ -74,10 +74,10 @@ def test_job_authenticates_with_the_injected_token_and_ca(k8s_cluster, k8s_api, 
                                else None)(job()), 90, "bob's job refused after reading alice's VM")
     assert result.status == "failed" and result.stats["failures"] == {"localhost": 1}
     (msg,) = result.failed_messages()
-    assert msg == (f"owner: bob may not act on VM {k8s_namespace}/alice, which belongs to owner alice "
-                   "(spec.owner); operators: -e operator=true")
-    (found,) = result.task_results("Look up the VM")
-    assert [vm["spec"]["owner"] for vm in found["cloudvms"]] == ["alice"]
+    assert msg.startswith(f"owner: 'bob' may not act on CloudVM {k8s_namespace}/alice, which belongs to owner "
+                          "'alice'"), msg
+    (found,) = result.task_results("Look up the VM and check that it belongs to the acting owner")
+    assert (found["reason"], found["vm_owner"]) == ("Forbidden", "alice"), found
     everything = result.stdout + "".join(json.dumps(e) for e in result.events)
     assert token not in everything, "the token must never reach a job event or stdout, -vvv included"
 

@@ -125,13 +125,15 @@ def test_a_version_2_store_is_migrated_with_its_data(tmp_path: Path) -> None:
     conn = sqlite3.connect(path, isolation_level=None)
     for version in range(2):
         for statement in MIGRATIONS[version]:
-            conn.execute(statement)
+            conn.execute(statement)  # versions 1-2 are plain SQL
     conn.execute("INSERT INTO events (ts, kind, subject, reason, message) VALUES ('t', 'Normal', 's', 'r', 'm')")
     conn.execute("PRAGMA user_version=2")
     conn.close()
     with HostStore(str(path)) as store:
-        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
         assert len(store.events()) == 1 and store.audit() == [] and store.list_quotas() == {}
+        columns = {row[1] for row in store.conn.execute("PRAGMA table_info(audit)")}
+        assert "ended" in columns
 
 
 def _create_under_quota(path: str, name: str, barrier: Any,

@@ -174,12 +174,36 @@ def test_a_failed_restore_is_audited_and_the_error_still_raised(host) -> None:
         ("alice", "restore", "rbd/rbd/alice-r3-root", "failed", "BackupError")
 
 
-def test_verify_check_mode_unchanged_and_no_host_config_record_nothing(host) -> None:
+def test_verify_check_mode_and_no_host_config_record_nothing(host) -> None:
     run_audited(backup_params(host, state="verified"), lambda: {"changed": False})
     run_audited(backup_params(host), lambda: {"changed": True}, check_mode=True)
-    run_audited(backup_params(host, state="restored", target_name="t"), lambda: {"changed": False})
     run_audited(backup_params(host, host_config=None), lambda: {"changed": True})
     assert audit(host) == []
+
+
+def test_an_unchanged_restore_is_recorded_as_such(host) -> None:
+    """Its intent was recorded before the image was looked at; the outcome says nothing was restored."""
+    run_audited(backup_params(host, state="restored", target_name="t"),
+                lambda: {"changed": False, "msg": "rbd/t already restored from backup b1"})
+    [record] = audit(host)
+    assert (record["action"], record["result"]) == ("restore", "succeeded") and record["ended"]
+    assert record["message"] == "unchanged: rbd/t already restored from backup b1"
+
+
+def test_a_backup_killed_midway_leaves_its_intent(host) -> None:
+    """The intent is committed before the body runs: a body that never returns (SIGKILL) leaves it requested."""
+    seen = []
+
+    def body() -> dict:
+        seen.extend(audit(host))  # what a killed run leaves: the store as the body found it
+        return {"changed": True, "backup_id": "b9", "type": "full"}
+
+    run_audited(backup_params(host), body)
+    [intent] = seen
+    assert (intent["action"], intent["result"], intent["ended"]) == ("backup", "requested", None)
+    assert "requested" in intent["message"] and intent["data"]["dest"]
+    [done] = audit(host)
+    assert (done["id"], done["result"], done["data"]["backup_id"]) == (intent["id"], "succeeded", "b9")
 
 
 def test_an_unreadable_host_config_fails_before_any_backup(tmp_path: Path) -> None:
