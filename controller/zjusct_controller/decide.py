@@ -40,7 +40,10 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "zjusct-controller"
 CONFIG_ANNOTATION = "cloud.zjusct.io/launcher-config"
 CLAIMED_BY = CLAIMED_BY_MARK  # PVC annotation: uid of the CloudVM using the root volume
-OWNER_LABEL = OWNER_MARK  # PV and PVC label: the owner id of a root volume (root_volume_claim writes it)
+# PV and PVC label: the owner id of a root volume (root_volume_claim writes it); on a launcher Pod the CloudVM's
+# spec.owner (a DNS label, so a valid label value), whom the launcher Pod policy of config/policy/owner-admission.yaml
+# lets delete the Pod
+OWNER_LABEL = OWNER_MARK
 ROOT_CLAIM = "cloud.zjusct.io/root-claim"  # launcher Pod annotation: the root volume claim it writes
 CEPH_CONF_ANNOTATION = "cloud.zjusct.io/ceph-conf"  # launcher Pod annotation: ceph.conf (monitors only, no key)
 RBD_DRIVER = "rbd.csi.ceph.com"  # the CSI driver name an RBD PV carries (Ceph-CSI's, no driver needed on nodes)
@@ -339,11 +342,19 @@ def rbd_root_disk(claim: dict, volume: Optional[dict], cfg: Config) -> dict:
 
 
 def pod_name(vm_name: str, boot_id: int) -> str:
-    """The launcher Pod of one boot: ``<vm>-boot-<bootID>``, fitted to 63 characters by :func:`model.names.fit`.
+    """The launcher Pod of one boot: ``<vm>-boot-<bootID>`` within 63 characters (a DNS label).
+
+    The suffix ``-boot-<bootID>`` is always kept whole; a VM name too long for it is fitted by
+    :func:`model.names.fit` (cut prefix + hash) to the room left. The launcher Pod policy
+    (config/policy/owner-admission.yaml) recognises a launcher Pod by that suffix where it sees only the Pod's name
+    (exec, attach, port-forward, proxy, eviction). A name shorter than 63 characters is ``<vm>-boot-<bootID>``
+    itself, as ``fit(f"{vm}-boot-{id}", 63)`` gave it before; a longer one was hashed whole, and keeps the suffix
+    now (exactly 63 characters either way).
 
     Deterministic, so a retried or restarted reconcile gets AlreadyExists instead of a second Pod.
     """
-    return fit(f"{vm_name}-boot-{int(boot_id)}", DNS1123_LABEL_MAX)
+    suffix = f"-boot-{int(boot_id)}"
+    return fit(vm_name, DNS1123_LABEL_MAX - len(suffix)) + suffix
 
 
 def guaranteed_mbps(spec: dict) -> int:
@@ -505,7 +516,7 @@ def launcher_pod(vm: dict, cfg: Config, rbd: Optional[dict] = None) -> dict:
         "metadata": {
             "name": name, "namespace": md["namespace"],
             "labels": {"app.kubernetes.io/name": "zjusct-launcher", LABEL_MANAGED_BY: MANAGED_BY,
-                       LABEL_VM: md["name"], LABEL_BOOT: str(boot)},
+                       LABEL_VM: md["name"], LABEL_BOOT: str(boot), OWNER_LABEL: spec["owner"]},
             "annotations": annotations,
             "ownerReferences": [owner_reference(vm)],
         },

@@ -6,6 +6,7 @@ the API's shape; the real API server path is tests/integration/k8s_node/test_con
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -251,6 +252,8 @@ def test_pod_manifest_owner_labels_config_and_resources() -> None:
     assert md["ownerReferences"] == [{"apiVersion": "cloud.zjusct.io/v1alpha1", "kind": "CloudVM", "name": "web",
                                       "uid": UID, "controller": True, "blockOwnerDeletion": True}]
     assert md["labels"]["cloud.zjusct.io/boot-id"] == "1" and md["labels"]["cloud.zjusct.io/vm"] == "web"
+    # the owner mark the launcher Pod policy lets delete it (config/policy/owner-admission.yaml)
+    assert md["labels"]["cloud.zjusct.io/owner"] == vm()["spec"]["owner"]
     assert spec["restartPolicy"] == "Never" and spec["nodeSelector"] == {"zone": "a"}
     # the config's tolerations, then those that keep Kubernetes from evicting it off a lost node (Fencing)
     assert spec["tolerations"] == [*CFG.tolerations, *(dict(t) for t in LAUNCHER_TOLERATIONS)]
@@ -275,6 +278,21 @@ def test_pod_name_is_deterministic_and_fits_a_dns_label() -> None:
     assert pod_name(long, 7) == pod_name(long, 7) and len(pod_name(long, 7)) == DNS1123_LABEL_MAX
     assert pod_name(long, 7) != pod_name(long, 8)
     assert pod_name("web", 2) == "web-boot-2"
+
+
+@pytest.mark.parametrize("length", [1, 50, 55, 56, 57, 62, 63])
+@pytest.mark.parametrize("boot", [0, 7, 12345, 2**63 - 1])
+def test_pod_name_always_ends_in_the_boot_suffix(length: int, boot: int) -> None:
+    """The launcher Pod policy knows a launcher Pod by ``-boot-<bootID>`` at the end of its name (exec, attach,
+    port-forward, proxy and eviction requests carry nothing else of the Pod), so no VM name may push it out."""
+    name = ("a" + "b" * 61 + "c")[:length - 1] + "z" if length > 1 else "z"
+    got = pod_name(name, boot)
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", got) and len(got) <= DNS1123_LABEL_MAX
+    assert re.search(r"-boot-[0-9]+$", got) and got.endswith(f"-boot-{boot}")
+    full = f"{name}-boot-{boot}"
+    # shorter than 63: the name itself (what fit() of the whole name gave before); else exactly 63, hashed
+    assert got == full if len(full) < DNS1123_LABEL_MAX else (len(got) == DNS1123_LABEL_MAX and got != full)
+    assert pod_name(name + "x" if length < 63 else name[:-1] + "x", boot) != got
 
 
 def test_status_patch_and_events() -> None:
