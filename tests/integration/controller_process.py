@@ -88,14 +88,16 @@ class Controller:
 
 
 def controller_kubeconfig(k8s_api: Any, admin_kubeconfig: Path, path: Path, namespace: str | None = None) -> Path:
-    """A kubeconfig for a controller ServiceAccount bound to the ClusterRole of config/rbac/controller-role.yaml, so
-    the tests run the controller with exactly the rights the role grants (a TokenRequest token, one hour).
+    """A kubeconfig for the controller's ServiceAccount ``zjusct-cloud-system/cloudvm-controller`` bound to the
+    ClusterRole of config/rbac/controller-role.yaml, so the tests run the controller with exactly the rights the
+    role grants and as the identity the owner admission policies exempt (config/policy/owner-admission.yaml): a
+    TokenRequest token, one hour.
 
     Args:
         namespace: None: the file's own Namespace, ServiceAccount and ClusterRoleBinding are created (what
-            site.yml installs). Otherwise the ServiceAccount ``cloudvm-controller`` in ``namespace`` and the
+            site.yml installs). Otherwise its Namespace and ServiceAccount are created when missing and bound by the
             ClusterRoleBinding ``<namespace>-cloudvm-controller`` (remove it with :func:`delete_binding`), so a
-            shared control plane keeps no more of site.yml's objects than the ClusterRole.
+            shared control plane keeps no ClusterRoleBinding of site.yml's (its test expects to create it).
     """
     core: Any = client.CoreV1Api(k8s_api)
     rbac: Any = client.RbacAuthorizationV1Api(k8s_api)
@@ -103,10 +105,8 @@ def controller_kubeconfig(k8s_api: Any, admin_kubeconfig: Path, path: Path, name
     sa = next(d for d in docs if d["kind"] == "ServiceAccount")
     if namespace is not None:
         binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding")
-        sa = {**sa, "metadata": {"name": sa["metadata"]["name"], "namespace": namespace}}
-        binding = {**binding, "metadata": {"name": f"{namespace}-{sa['metadata']['name']}"},
-                   "subjects": [{"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": namespace}]}
-        docs = [d for d in docs if d["kind"] == "ClusterRole"] + [sa, binding]
+        binding = {**binding, "metadata": {"name": f"{namespace}-{sa['metadata']['name']}"}}
+        docs = [d for d in docs if d["kind"] != "ClusterRoleBinding"] + [binding]
     create = {"Namespace": lambda d: core.create_namespace(d),
               "ServiceAccount": lambda d: core.create_namespaced_service_account(d["metadata"]["namespace"], d),
               "ClusterRole": lambda d: rbac.create_cluster_role(d),

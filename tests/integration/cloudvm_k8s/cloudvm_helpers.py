@@ -161,16 +161,42 @@ def cloudvm_task(**args: Any) -> dict[str, Any]:
 
 
 def owner_policy_enforced(tenant_api: Any) -> bool:
-    """True once the API server refuses the tenant a CloudVM for another owner (server-side dry run).
+    """True once the API server enforces each policy of config/policy/owner-admission.yaml on the tenant (server-side
+    dry runs in her namespace, nothing stored): a CloudVM for another owner, a claim with another owner's mark, a
+    Pod with a launcher's mark and a ConfigMap made a CloudVM's dependent are refused, each by its policy (those
+    of the policies the file holds).
 
     A new ValidatingAdmissionPolicy takes effect after the API server's policy informer has seen it
     and its binding (seconds), so fixtures wait on this rather than on the objects' existence.
     """
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CloudVM", "metadata": {"name": "policy-probe"},
-            "spec": {"owner": "policy-probe-owner", "rootVolumeClaim": "policy-probe-root"}}
-    try:
-        client.CustomObjectsApi(tenant_api).create_namespaced_custom_object(
-            GROUP, VERSION, TENANT_NAMESPACE, PLURAL, body, dry_run="All")
-    except ApiException as exc:
-        return exc.status == 403 and "cloudvm-owner.cloud.zjusct.io" in (exc.body or "")
-    return False
+    probe = "policy-probe"
+    core: Any = client.CoreV1Api(tenant_api)
+    attempts: list[tuple[str, Callable[[], Any]]] = [
+        ("cloudvm-owner.cloud.zjusct.io", lambda: client.CustomObjectsApi(tenant_api).create_namespaced_custom_object(
+            GROUP, VERSION, TENANT_NAMESPACE, PLURAL,
+            {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CloudVM", "metadata": {"name": probe},
+             "spec": {"owner": "policy-probe-owner", "rootVolumeClaim": "policy-probe-root"}}, dry_run="All")),
+        ("root-volume-claim.cloud.zjusct.io", lambda: core.create_namespaced_persistent_volume_claim(
+            TENANT_NAMESPACE, {"metadata": {"name": probe, "labels": {"cloud.zjusct.io/owner": "policy-probe-owner"}},
+                               "spec": {"accessModes": ["ReadWriteOnce"],
+                                        "resources": {"requests": {"storage": "1Gi"}}}}, dry_run="All")),
+        ("launcher-pod.cloud.zjusct.io", lambda: core.create_namespaced_pod(
+            TENANT_NAMESPACE, {"metadata": {"name": probe, "labels": {"cloud.zjusct.io/vm": probe}},
+                               "spec": {"containers": [{"name": "c", "image": "registry.invalid/none:0"}]}},
+            dry_run="All")),
+        ("cloudvm-dependent.cloud.zjusct.io", lambda: core.create_namespaced_config_map(
+            TENANT_NAMESPACE, {"metadata": {"name": probe, "ownerReferences": [
+                {"apiVersion": f"{GROUP}/{VERSION}", "kind": "CloudVM", "name": probe,
+                 "uid": "00000000-0000-0000-0000-000000000000"}]}}, dry_run="All")),
+    ]
+    in_file = {d["metadata"]["name"] for d in load_docs(OWNER_POLICY) if d["kind"] == "ValidatingAdmissionPolicy"}
+    for policy, attempt in attempts:
+        if policy not in in_file:
+            continue
+        try:
+            attempt()
+        except ApiException as exc:
+            if exc.status == 403 and policy in (exc.body or ""):
+                continue
+        return False
+    return True

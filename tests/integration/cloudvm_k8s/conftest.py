@@ -3,14 +3,16 @@
 * The control plane and the per-test namespace come from tests/integration/k8s/conftest.py
   (``k8s_cluster``, ``k8s_api``, ``tenant_api``, ``k8s_namespace``; imported, not copied).
 * ``cloudvm_crd`` (session) creates config/crd/, config/rbac/aggregate-roles.yaml and the owner
-  admission policy (config/policy/) as ``kubectl apply`` would, and waits until the CRD is served,
-  the tenant's ``edit`` role has picked up the CloudVM rules through aggregation and the policy is
+  admission policies (config/policy/) as ``kubectl apply`` would, and waits until the CRD is served,
+  the tenant's ``edit`` role has picked up the CloudVM rules through aggregation and every policy is
   enforced.
 * ``play`` runs tasks through ``ansible-playbook`` with the collection from this checkout.
 * ``controller`` runs the real controller (tests/integration/controller_process.py) for the test's namespace with
-  the rights of config/rbac/controller-role.yaml. This control plane's Nodes run no kubelet, so launcher Pods are
-  created but never run: the controller's config places them with a nodeSelector no Node has, and the real
-  scheduler leaves them unscheduled (Unschedulable). Guest boots are tested on the real node
+  the rights of config/rbac/controller-role.yaml, as its ServiceAccount zjusct-cloud-system/cloudvm-controller.
+  This control plane's Nodes run no kubelet, so launcher Pods are created but never run: the controller's config
+  places them with a nodeSelector no Node has, and the real scheduler leaves them unscheduled (Unschedulable).
+  ``start_controller(**config)`` starts it with another config (``nodeSelector={}``: the Pods are bound to the
+  test Nodes and the kubelet stand-in reports them Running). Guest boots are tested on the real node
   (tests/integration/k8s_node).
 """
 # ruff: noqa: F811  (pytest fixtures take the imported fixtures as parameters of the same name)
@@ -87,17 +89,19 @@ def cloudvm_crd(k8s_api: Any, tenant_api: Any) -> Iterator[dict[str, Any]]:
         return bool(review.status.allowed)
 
     wait_for(tenant_may_create, 60, "edit role aggregated with CloudVM rules")
-    policy, binding = load_docs(OWNER_POLICY)
+    policies = load_docs(OWNER_POLICY)  # each ValidatingAdmissionPolicy and its binding
     admission = client.AdmissionregistrationV1Api(k8s_api)
-    for obj in (policy, binding):  # as the cluster role applies them, so site.yml's test re-applies cleanly
+    for obj in policies:  # as the cluster role applies them, so site.yml's test re-applies cleanly
         DynamicClient(k8s_api).resources.get(api_version=obj["apiVersion"], kind=obj["kind"]).server_side_apply(
             body=obj, name=obj["metadata"]["name"], field_manager="zjusct.cloud")
-    wait_for(lambda: owner_policy_enforced(tenant_api), 60, "owner admission policy enforced")
+    wait_for(lambda: owner_policy_enforced(tenant_api), 60, "owner admission policies enforced")
     yield crd
-    with contextlib.suppress(ApiException):
-        admission.delete_validating_admission_policy_binding(binding["metadata"]["name"])
-    with contextlib.suppress(ApiException):
-        admission.delete_validating_admission_policy(policy["metadata"]["name"])
+    for obj in reversed(policies):
+        with contextlib.suppress(ApiException):
+            if obj["kind"] == "ValidatingAdmissionPolicyBinding":
+                admission.delete_validating_admission_policy_binding(obj["metadata"]["name"])
+            else:
+                admission.delete_validating_admission_policy(obj["metadata"]["name"])
     with contextlib.suppress(ApiException):
         ext.delete_custom_resource_definition(crd["metadata"]["name"])
     for role in roles:
@@ -115,33 +119,51 @@ NO_NODE = {"cloud.zjusct.io/test-no-such-node": "true"}  # the launcher Pods' no
 
 
 @pytest.fixture
-def controller(k8s_cluster: Any, k8s_api: Any, cloudvm_crd: dict[str, Any], k8s_namespace: str,
-               tmp_path: Path) -> Iterator[Controller]:
-    """The controller process watching ``k8s_namespace`` (serving /metrics when yielded). Its launcher Pods name
-    an image no node has and the nodeSelector :data:`NO_NODE`: they stay unscheduled. At teardown every CloudVM of
-    the namespace is deleted while the controller still runs (it deletes the launcher Pods and removes its
-    finalizer), then the controller is stopped and its log printed. Its ServiceAccount lives in the test's
-    namespace (the ClusterRole of config/rbac/controller-role.yaml, bound for this test only): the shared control
-    plane keeps no zjusct-cloud-system objects that site.yml's test expects to create."""
-    cfg = tmp_path / "controller.json"
-    cfg.write_text(json.dumps({"launcherImage": "localhost/zjusct/launcher:0.1.0", "imageDir": "/nonexistent",
-                               "cmdline": "console=ttyS0", "nodeSelector": NO_NODE}))
-    kubeconfig = controller_kubeconfig(k8s_api, k8s_cluster.kubeconfig, tmp_path / "controller.kubeconfig",
-                                       namespace=k8s_namespace)
-    ctl = Controller(kubeconfig, cfg, k8s_namespace, tmp_path / "controller.log", resync=5).start()
+def start_controller(k8s_cluster: Any, k8s_api: Any, cloudvm_crd: dict[str, Any], k8s_namespace: str,
+                     tmp_path: Path) -> Iterator[Callable[..., Controller]]:
+    """``start_controller(**config)``: the controller process watching ``k8s_namespace`` (serving /metrics when
+    returned), with controller.json = an image no node has, the nodeSelector :data:`NO_NODE` (its launcher Pods
+    stay unscheduled) and ``config`` on top (e.g. ``nodeSelector={}`` lets the scheduler bind them to the test
+    Nodes, where the kubelet stand-in ``k8s_cluster.kubelet(node)`` reports them Running). Once per test.
+
+    It runs as the ServiceAccount ``zjusct-cloud-system/cloudvm-controller``, the identity the owner admission
+    policies exempt, with the ClusterRole of config/rbac/controller-role.yaml bound for this test only
+    (:func:`controller_kubeconfig`). At teardown every CloudVM of the namespace is deleted while the controller
+    still runs (it deletes the launcher Pods and removes its finalizer), then the controller is stopped and its log
+    printed."""
+    started: list[Controller] = []
+
+    def _start(**config: Any) -> Controller:
+        assert not started, "one controller per test"
+        cfg = tmp_path / "controller.json"
+        cfg.write_text(json.dumps({"launcherImage": "localhost/zjusct/launcher:0.1.0", "imageDir": "/nonexistent",
+                                   "cmdline": "console=ttyS0", "nodeSelector": NO_NODE, **config}))
+        kubeconfig = controller_kubeconfig(k8s_api, k8s_cluster.kubeconfig, tmp_path / "controller.kubeconfig",
+                                           namespace=k8s_namespace)
+        ctl = Controller(kubeconfig, cfg, k8s_namespace, tmp_path / "controller.log", resync=5).start()
+        started.append(ctl)
+        wait_for(ctl.metrics, 60, "controller serves /metrics")
+        return ctl
+
     custom: Any = client.CustomObjectsApi(k8s_api)
     try:
-        wait_for(ctl.metrics, 60, "controller serves /metrics")
-        yield ctl
+        yield _start
     finally:
-        with contextlib.suppress(ApiException):
-            custom.delete_collection_namespaced_custom_object(GROUP, VERSION, k8s_namespace, PLURAL)
-        with contextlib.suppress(TimeoutError):
-            wait_for(lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, k8s_namespace, PLURAL)["items"],
-                     60, "CloudVMs deleted")
-        ctl.stop()
+        if started:
+            with contextlib.suppress(ApiException):
+                custom.delete_collection_namespaced_custom_object(GROUP, VERSION, k8s_namespace, PLURAL)
+            with contextlib.suppress(TimeoutError):
+                wait_for(lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, k8s_namespace,
+                                                                          PLURAL)["items"], 60, "CloudVMs deleted")
+            started[0].stop()
+            print(started[0].tail()[-3000:])
         delete_binding(k8s_api, k8s_namespace)
-        print(ctl.tail()[-3000:])
+
+
+@pytest.fixture
+def controller(start_controller: Callable[..., Controller]) -> Controller:
+    """The controller of :func:`start_controller` with its defaults: launcher Pods are created, never scheduled."""
+    return start_controller()
 
 
 @pytest.fixture
@@ -157,3 +179,37 @@ def play(k8s_cluster: Any, cloudvm_crd: dict[str, Any], tmp_path: Path) -> Calla
     return _play
 
 
+
+
+@pytest.fixture
+def bound_claim(k8s_api: Any, k8s_namespace: str) -> Iterator[Callable[[str, str], str]]:
+    """``bound_claim(name, owner)``: a Bound filesystem root volume claim ``name`` in the test namespace, shaped
+    as zjusct.cloud.root_volume_claim makes one (owner mark ``cloud.zjusct.io/owner`` on the PV and the claim, PV
+    ``<namespace>.<name>`` with reclaim policy Retain pre-bound by ``spec.claimRef``, the claim naming it in
+    ``spec.volumeName``) but on a hostPath PV, which nothing mounts here; returns the PV's name. The PVs are
+    deleted at teardown."""
+    core: Any = client.CoreV1Api(k8s_api)
+    made: list[str] = []
+
+    def _make(name: str, owner: str) -> str:
+        pv = f"{k8s_namespace}.{name}"
+        core.create_persistent_volume({
+            "metadata": {"name": pv, "labels": {"cloud.zjusct.io/owner": owner}},
+            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                     "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                     "hostPath": {"path": "/nonexistent", "type": "DirectoryOrCreate"},
+                     "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": k8s_namespace,
+                                  "name": name}}})
+        made.append(pv)
+        core.create_namespaced_persistent_volume_claim(k8s_namespace, {
+            "metadata": {"name": name, "labels": {"cloud.zjusct.io/owner": owner}},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv,
+                     "resources": {"requests": {"storage": "1Gi"}}}})
+        wait_for(lambda: core.read_namespaced_persistent_volume_claim(name, k8s_namespace).status.phase == "Bound",
+                 90, f"claim {name} Bound")
+        return pv
+
+    yield _make
+    for pv in made:
+        with contextlib.suppress(ApiException):
+            core.delete_persistent_volume(pv)
