@@ -49,10 +49,11 @@ def test_site_installs_the_cloudvm_api_and_second_run_changes_nothing(k8s_cluste
         label_selector="app.kubernetes.io/name=zjusct-cloud").items}
     assert {"zjusct-cloud-cloudvm-edit", "zjusct-cloud-cloudvm-controller"} <= roles
     admission = client.AdmissionregistrationV1Api(k8s_api)
-    policy = admission.read_validating_admission_policy("cloudvm-owner.cloud.zjusct.io")
-    assert [v.expression for v in policy.spec.validations]
-    binding = admission.read_validating_admission_policy_binding("cloudvm-owner.cloud.zjusct.io")
-    assert binding.spec.validation_actions == ["Deny"]
+    for name in ("cloudvm-owner", "root-volume-claim", "launcher-pod", "cloudvm-dependent"):
+        policy = admission.read_validating_admission_policy(f"{name}.cloud.zjusct.io")
+        assert [v.expression for v in policy.spec.validations]
+        binding = admission.read_validating_admission_policy_binding(f"{name}.cloud.zjusct.io")
+        assert binding.spec.validation_actions == ["Deny"]
     second = run_site(k8s_cluster.kubeconfig)
     assert second["stats"]["localhost"]["changed"] == 0
 

@@ -62,12 +62,15 @@ def test_controller_identity(host) -> None:
                for rule in role["rules"]), role["rules"]
 
 
-def test_owner_policy_bound(host) -> None:
+@pytest.mark.parametrize("name", [POLICY, "root-volume-claim.cloud.zjusct.io", "launcher-pod.cloud.zjusct.io",
+                                  "cloudvm-dependent.cloud.zjusct.io"])
+def test_owner_policy_bound(host, name: str) -> None:
+    """config/policy/owner-admission.yaml: each policy applied, enforcing (Fail, Deny)."""
     api = "admissionregistration.k8s.io/v1"
-    policy = get(host, "ValidatingAdmissionPolicy", POLICY, api)
-    binding = get(host, "ValidatingAdmissionPolicyBinding", POLICY, api)
+    policy = get(host, "ValidatingAdmissionPolicy", name, api)
+    binding = get(host, "ValidatingAdmissionPolicyBinding", name, api)
     assert policy["spec"]["failurePolicy"] == "Fail"
-    assert binding["spec"]["policyName"] == POLICY
+    assert binding["spec"]["policyName"] == name and binding["spec"]["validationActions"] == ["Deny"]
 
 
 def _dry_run_create_as_alice(owner: str) -> dict:
