@@ -30,7 +30,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
-from tests.cluster import TENANT_NAMESPACE, wait_for
+from tests.cluster import CONTROL_PLANE_WAIT, TENANT_NAMESPACE, wait_for
 from tests.integration.cloudvm_k8s.cloudvm_helpers import (
     AGGREGATE_ROLES,
     CRD_FILE,
@@ -94,7 +94,7 @@ def cloudvm_crd(k8s_api: Any, tenant_api: Any) -> Iterator[dict[str, Any]]:
     for obj in policies:  # as the cluster role applies them, so site.yml's test re-applies cleanly
         DynamicClient(k8s_api).resources.get(api_version=obj["apiVersion"], kind=obj["kind"]).server_side_apply(
             body=obj, name=obj["metadata"]["name"], field_manager="zjusct.cloud")
-    wait_for(lambda: owner_policy_enforced(tenant_api), 60, "owner admission policies enforced")
+    wait_for(lambda: owner_policy_enforced(tenant_api), CONTROL_PLANE_WAIT, "owner admission policies enforced")
     yield crd
     for obj in reversed(policies):
         with contextlib.suppress(ApiException):
@@ -153,8 +153,8 @@ def start_controller(k8s_cluster: Any, k8s_api: Any, cloudvm_crd: dict[str, Any]
             with contextlib.suppress(ApiException):
                 custom.delete_collection_namespaced_custom_object(GROUP, VERSION, k8s_namespace, PLURAL)
             with contextlib.suppress(TimeoutError):
-                wait_for(lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, k8s_namespace,
-                                                                          PLURAL)["items"], 60, "CloudVMs deleted")
+                wait_for(lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, k8s_namespace, PLURAL)[
+                    "items"], CONTROL_PLANE_WAIT, "CloudVMs deleted")
             started[0].stop()
             print(started[0].tail()[-3000:])
         delete_binding(k8s_api, k8s_namespace)
@@ -206,7 +206,7 @@ def bound_claim(k8s_api: Any, k8s_namespace: str) -> Iterator[Callable[[str, str
             "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv,
                      "resources": {"requests": {"storage": "1Gi"}}}})
         wait_for(lambda: core.read_namespaced_persistent_volume_claim(name, k8s_namespace).status.phase == "Bound",
-                 90, f"claim {name} Bound")
+                 CONTROL_PLANE_WAIT, f"claim {name} Bound")
         return pv
 
     yield _make

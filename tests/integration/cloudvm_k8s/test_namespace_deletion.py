@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.cluster import wait_for
+from tests.cluster import CONTROL_PLANE_WAIT, wait_for
 from tests.integration.cloudvm_k8s.cloudvm_helpers import GROUP, PLURAL, VERSION, CloudVMs
 from tests.integration.controller_process import Controller
 
@@ -45,12 +45,12 @@ def test_a_namespace_deleted_with_a_running_and_a_stopped_vm_goes_and_keeps_the_
         pods = core.list_namespaced_pod(ns, label_selector="cloud.zjusct.io/vm=run").items
         return pods[0] if pods and pods[0].spec.node_name else None
 
-    pod = wait_for(bound, 120, "run's launcher Pod bound to a Node")
+    pod = wait_for(bound, CONTROL_PLANE_WAIT, "run's launcher Pod bound to a Node")
     kubelet = k8s_cluster.kubelet(pod.spec.node_name)
     kubelet.mark_running(ns, pod.metadata.name)
-    wait_for(lambda: _status(cvm_api, ns, "run").get("phase") == "Running", 120, "run Running")
+    wait_for(lambda: _status(cvm_api, ns, "run").get("phase") == "Running", CONTROL_PLANE_WAIT, "run Running")
     wait_for(lambda: _status(cvm_api, ns, "off").get("phase") == "Stopped"
-             and FINALIZER in (cvm_api.get(ns, "off") or {})["metadata"].get("finalizers", []), 120,
+             and FINALIZER in (cvm_api.get(ns, "off") or {})["metadata"].get("finalizers", []), CONTROL_PLANE_WAIT,
              "off Stopped, with the controller's finalizer")
     assert FINALIZER in (cvm_api.get(ns, "run") or {})["metadata"]["finalizers"]
 
@@ -105,7 +105,7 @@ def test_a_namespace_deleted_with_a_running_and_a_stopped_vm_goes_and_keeps_the_
     # the kept volumes: the claims went with the namespace, each PV stays (Retain), Released, naming its old claim
     for vm, pv_name in pvs.items():
         pv = wait_for(lambda pv_name=pv_name: (lambda v: v if v.status.phase == "Released" else None)(  # type: ignore[misc]
-            core.read_persistent_volume(pv_name)), 60, f"PV {pv_name} Released")
+            core.read_persistent_volume(pv_name)), CONTROL_PLANE_WAIT, f"PV {pv_name} Released")
         assert pv.spec.persistent_volume_reclaim_policy == "Retain"
         assert (pv.spec.claim_ref.namespace, pv.spec.claim_ref.name) == (ns, f"{vm}-root")
         assert pv.metadata.labels["cloud.zjusct.io/owner"] == "alice"
@@ -113,12 +113,12 @@ def test_a_namespace_deleted_with_a_running_and_a_stopped_vm_goes_and_keeps_the_
     # the way back that docs/security.md gives the operator: the namespace made anew, the claim again, the PV's
     # claimRef.uid removed - the volume binds to the new claim
     wait_for(lambda: core.create_namespace({"metadata": {"name": ns, "labels": {"cloud.zjusct.io/test": "true"}}}),
-             60, f"namespace {ns} created again")
+             CONTROL_PLANE_WAIT, f"namespace {ns} created again")
     core.create_namespaced_persistent_volume_claim(ns, {
         "metadata": {"name": "run-root", "labels": {"cloud.zjusct.io/owner": "alice"}},
         "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pvs["run"],
                  "resources": {"requests": {"storage": "1Gi"}}}})
     core.patch_persistent_volume(pvs["run"], [{"op": "remove", "path": "/spec/claimRef/uid"}],
                                  _content_type="application/json-patch+json")
-    wait_for(lambda: core.read_namespaced_persistent_volume_claim("run-root", ns).status.phase == "Bound", 90,
-             "the kept volume bound to the new claim")
+    wait_for(lambda: core.read_namespaced_persistent_volume_claim("run-root", ns).status.phase == "Bound",
+             CONTROL_PLANE_WAIT, "the kept volume bound to the new claim")

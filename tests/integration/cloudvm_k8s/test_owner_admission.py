@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.cluster import TENANT_NAMESPACE, TENANT_USER, wait_for
+from tests.cluster import CONTROL_PLANE_WAIT, TENANT_NAMESPACE, TENANT_USER, wait_for
 from tests.integration.cloudvm_k8s.cloudvm_helpers import GROUP, PLURAL, VERSION, CloudVMs, api_error
 
 pytestmark = pytest.mark.k8s
@@ -225,7 +225,8 @@ def test_the_garbage_collector_and_namespace_controller_only_do_their_own_operat
     assert f"user {NAMESPACE_CONTROLLER} may not delete CloudVM {ns}/alice owned by alice" in message
     _patch_meta(gc, ns, "alice", {"finalizers": None})
     gc.api.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "alice")
-    wait_for(lambda: cvm_api.get(ns, "alice") is None, 60, "alice's CloudVM deleted as the garbage collector")
+    wait_for(lambda: cvm_api.get(ns, "alice") is None, CONTROL_PLANE_WAIT,
+             "alice's CloudVM deleted as the garbage collector")
 
 
 def test_the_garbage_collector_deletes_a_cloudvm_whose_owner_made_it_depend_on_her_object(
@@ -325,7 +326,7 @@ def test_another_user_cannot_change_the_marks_of_or_delete_a_claim_of_another_ow
             return exc.status == 404
         return False
 
-    wait_for(gone, 60, f"claim {claim} deleted")
+    wait_for(gone, CONTROL_PLANE_WAIT, f"claim {claim} deleted")
 
 
 def test_only_the_controller_and_operators_make_an_object_a_dependent_of_a_cloudvm(
@@ -375,7 +376,7 @@ def test_another_user_cannot_delete_exec_into_or_change_a_launcher_pod(
     bound_claim("web-root", "alice")
     alice.create(ns, "web", owner="alice", powerState="Running", bootID=1)
     pod = wait_for(lambda: next(iter(admin.list_namespaced_pod(ns, label_selector="cloud.zjusct.io/vm=web").items),
-                                None), 90, "the controller's launcher Pod")
+                                None), CONTROL_PLANE_WAIT, "the controller's launcher Pod")
     name = pod.metadata.name
     assert name == "web-boot-1" and pod.metadata.labels["cloud.zjusct.io/owner"] == "alice"
 
@@ -430,8 +431,8 @@ def test_another_user_cannot_delete_exec_into_or_change_a_launcher_pod(
     bcore.delete_namespaced_pod("bobs", ns, grace_period_seconds=0)
     # the owner may delete her launcher Pod: the VM then reports its launcher lost
     acore.delete_namespaced_pod(name, ns)
-    wait_for(lambda: not admin.list_namespaced_pod(ns, label_selector="cloud.zjusct.io/vm=web").items, 60,
-             "alice's launcher Pod deleted")
+    wait_for(lambda: not admin.list_namespaced_pod(ns, label_selector="cloud.zjusct.io/vm=web").items,
+             CONTROL_PLANE_WAIT, "alice's launcher Pod deleted")
     vm = wait_for(lambda: (cvm_api.get(ns, "web") or {}).get("status", {}).get("reason") == "LauncherLost"
-                  and cvm_api.get(ns, "web"), 60, "web reports LauncherLost")
+                  and cvm_api.get(ns, "web"), CONTROL_PLANE_WAIT, "web reports LauncherLost")
     assert vm["status"]["phase"] == "Failed"
