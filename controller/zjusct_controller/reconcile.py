@@ -377,11 +377,11 @@ class Reconciler:
         for target in plan.fence:
             self._fence(vm, target)
         if plan.create_pod is not None:
-            plan = self._start(vm, plan, claim)
+            plan = self._start(vm, plan, plan.create_pod, claim)
         if refused_delete is not None:
             plan = refuse(vm, plan, *refused_delete, now_rfc3339(), starting=False)
         if plan.status is not None:
-            self._write_status(vm, pods, plan)
+            self._write_status(vm, pods, plan, plan.status)
         if plan.remove_finalizer:
             finalizers = [f for f in vm["metadata"].get("finalizers") or [] if f != FINALIZER]
             try:
@@ -393,16 +393,16 @@ class Reconciler:
                 if refusal is None:
                     raise
                 plan = refuse(vm, plan, *refusal, now_rfc3339(), starting=False)
-                self._write_status(vm, pods, plan)
+                if plan.status is not None:
+                    self._write_status(vm, pods, plan, plan.status)
         return plan
 
-    def _start(self, vm: dict, plan: Plan, claim: Optional[dict]) -> Plan:
-        """Admit and start the boot ``plan`` creates a launcher Pod for: under the owner's lock, the owner's quota
-        (:meth:`_quota_refusal`), the claim mark, the Pod create. Returns ``plan``, or the refused plan
+    def _start(self, vm: dict, plan: Plan, pod: dict, claim: Optional[dict]) -> Plan:
+        """Admit and start the boot of the launcher Pod ``pod`` (``plan.create_pod``): under the owner's lock, the
+        owner's quota (:meth:`_quota_refusal`), the claim mark, the Pod create. Returns ``plan``, or the refused plan
         (:func:`.decide.refuse`) when the quota or the API server refused."""
         md = vm["metadata"]
         ns, name = md["namespace"], md["name"]
-        assert plan.create_pod is not None
         owner = str((vm.get("spec") or {}).get("owner") or "")
         with self._owner_lock(owner):
             over = self._quota_refusal(vm, claim)
@@ -425,12 +425,12 @@ class Reconciler:
                     return refuse(vm, plan, *refusal, now_rfc3339())
                 self.store.apply("claim", None, marked)
                 self._remember("claim", ns, claim_name, marked)
-            pod_name = plan.create_pod["metadata"]["name"]
+            pod_name = pod["metadata"]["name"]
             before = self._admitted.get((ns, name))
             # counted from now on, also when the create's answer is lost (the Pod may exist)
-            self._admitted[(ns, name)] = (md["uid"], int(plan.create_pod["metadata"]["labels"][LABEL_BOOT]))
+            self._admitted[(ns, name)] = (md["uid"], int(pod["metadata"]["labels"][LABEL_BOOT]))
             try:
-                created = self._raw(self.core.create_namespaced_pod, ns, plan.create_pod)
+                created = self._raw(self.core.create_namespaced_pod, ns, pod)
             except ApiException as exc:
                 if exc.status == 409:
                     log.info("launcher Pod %s/%s exists already", ns, pod_name)
@@ -479,15 +479,14 @@ class Reconciler:
                   if (o["metadata"]["namespace"], o["metadata"]["name"]) != key]
         return check_boot(owner, limits_from_spec(quota.get("spec")), others, self._counted(vm), *key)
 
-    def _write_status(self, vm: dict, pods: list, plan: Plan) -> None:
-        """Write ``plan.status`` (a merge patch of what changed), its transition Event, the metrics. A status the
-        API server refuses is a Warning Event and a retry (``plan.refused``); its reason and message alone are
-        written instead when that is accepted."""
-        assert plan.status is not None
+    def _write_status(self, vm: dict, pods: list, plan: Plan, status: dict) -> None:
+        """Write ``status`` (``plan.status``; a merge patch of what changed), its transition Event, the metrics. A
+        status the API server refuses is a Warning Event and a retry (``plan.refused``); its reason and message
+        alone are written instead when that is accepted."""
         md = vm["metadata"]
         ns, name = md["namespace"], md["name"]
         prev = dict(vm.get("status") or {})
-        patch = status_patch(prev, plan.status)
+        patch = status_patch(prev, status)
         if patch is not None:
             try:
                 self._patch_status(ns, name, patch)
@@ -505,17 +504,17 @@ class Reconciler:
                     if api_refusal(again.status, again.body, "") is None:
                         raise
                 return
-            event = transition_event(prev, plan.status)
+            event = transition_event(prev, status)
             if event is not None:
                 self._event(vm, *event)
-            if plan.status.get("phase") == "Running" and (prev.get("phase"), prev.get("bootID")) != (
-                    "Running", plan.status.get("bootID")):
+            if status.get("phase") == "Running" and (prev.get("phase"), prev.get("bootID")) != (
+                    "Running", status.get("bootID")):
                 created_at = next((p["metadata"].get("creationTimestamp") for p in pods
-                                   if p["metadata"]["name"] == plan.status.get("pod")), None)
-                self.metrics.became_running(vm, int(plan.status.get("bootID") or 0), created_at)
-        if plan.status.get("reason") in REFUSAL_REASONS:
-            plan.refused = plan.status["reason"]
-        self.metrics.set_phase((ns, name), plan.status.get("phase"))
+                                   if p["metadata"]["name"] == status.get("pod")), None)
+                self.metrics.became_running(vm, int(status.get("bootID") or 0), created_at)
+        if status.get("reason") in REFUSAL_REASONS:
+            plan.refused = status["reason"]
+        self.metrics.set_phase((ns, name), status.get("phase"))
 
     def _patch_status(self, ns: str, name: str, patch: dict) -> dict:
         try:
