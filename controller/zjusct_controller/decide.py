@@ -924,7 +924,8 @@ def api_refusal(code: Optional[int], body: Optional[str], what: str) -> Optional
 def refuse(vm: dict, plan: Plan, reason: str, message: str, now: str, starting: bool = True) -> Plan:
     """``plan`` after a refusal: no claim mark and no launcher Pod, and a status that says why.
 
-    ``starting`` (the refusal is of the boot's own start: the quota, the finalizer, the claim mark, the Pod):
+    ``starting`` (the refusal is of the boot's own start: the quota, the claim mark, the Pod, the finalizer of a VM
+    about to start):
     phase ``Blocked`` with ``reason``/``message``, no ``pod`` (no Pod of this boot exists, so the next reconcile
     tries again rather than call it lost) and ``admittedBootID`` as before the boot. Otherwise (a delete, the
     finalizer's removal) the phase stays and only the reason and message say what was refused. The Ready condition

@@ -361,7 +361,8 @@ class Reconciler:
                 refusal = api_refusal(exc.status, exc.body, f"the finalizer {FINALIZER} of CloudVM {ns}/{name}")
                 if refusal is None:
                     raise
-                plan = refuse(vm, plan, *refusal, now_rfc3339())  # no launcher Pod without the finalizer
+                # no launcher Pod without the finalizer; a VM not starting keeps its phase
+                plan = refuse(vm, plan, *refusal, now_rfc3339(), starting=plan.create_pod is not None)
         refused_delete: Optional[tuple[str, str]] = None
         for pod, grace in plan.delete_pods:
             log.info("deleting launcher Pod %s/%s (grace %d s)", ns, pod, grace)

@@ -280,3 +280,24 @@ def test_without_the_cloudquota_crd_no_owner_has_a_quota() -> None:
     api.list_cluster_custom_object = no_crd  # type: ignore[method-assign]
     r = _reconciler(api)
     assert r.reconcile("a", "web") is not None and list(api.pods) == [("a", "web-boot-1")]
+
+
+def test_a_refused_finalizer_blocks_a_start_and_leaves_a_stopped_vm_stopped() -> None:
+    api = _QuotaApi()
+    api.add_vm("a", "web")
+    api.add_vm("a", "off", power="Stopped")
+    policy = _refusal(403, json.dumps({"message": "denied by policy no-finalizers"}))
+
+    def refuse_patch(*_: Any, **__: Any) -> Any:
+        raise policy
+
+    api.patch_namespaced_custom_object = refuse_patch  # type: ignore[method-assign]
+    r = _reconciler(api)
+    plan = r.reconcile("a", "web")
+    assert plan is not None and plan.refused == REFUSED and not api.pods  # no launcher Pod without the finalizer
+    assert (api.vms[("a", "web")]["status"]["phase"], api.vms[("a", "web")]["status"]["reason"]) == ("Blocked",
+                                                                                                      REFUSED)
+    assert "denied by policy no-finalizers" in api.vms[("a", "web")]["status"]["message"]
+    r.reconcile("a", "off")
+    assert (api.vms[("a", "off")]["status"]["phase"], api.vms[("a", "off")]["status"]["reason"]) == ("Stopped",
+                                                                                                      REFUSED)
