@@ -104,6 +104,7 @@ class Reconciler:
         # the boot this process admitted last per VM: (uid, bootID), counted until the caches show it
         self._admitted: dict[tuple[str, str], tuple[str, int]] = {}
         self._owner_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._counted_memo: dict[tuple[str, str], tuple[tuple, Counted]] = {}  # (ns, name) -> (key, counted)
         # VMs whose last reconcile was refused or failed: (ns, name) -> (owner, attempts, due on the monotonic clock)
         self._retry: dict[tuple[str, str], tuple[str, int, float]] = {}
         self._retry_lock = threading.Lock()
@@ -344,6 +345,7 @@ class Reconciler:
             self.metrics.set_phase((ns, name), None)
             self._own_rv.pop(("cloudvm", ns, name), None)
             self._admitted.pop((ns, name), None)
+            self._counted_memo.pop((ns, name), None)
             return None
         pods, nodes, claim = self._read(vm)
         volume = self._root_volume(claim) if needs_volume(vm, claim) else None
@@ -453,18 +455,32 @@ class Reconciler:
 
     def _counted(self, vm: dict) -> Counted:
         """One CloudVM as its owner's quota counts it: the boot admitted last is the greatest of its status'
-        (:func:`model.quota.admitted_boot`), its cached launcher Pods' and this process' own admission."""
+        (:func:`model.quota.admitted_boot`), its cached launcher Pods' and this process' own admission. Memoised
+        per VM on its and its claim's resourceVersions and this process' admission (a boot's check counts every VM
+        of the owner); the launcher Pods are looked at only when the status does not already show ``spec.bootID``
+        admitted (no Pod of a later boot can exist)."""
         md, spec = vm["metadata"], vm.get("spec") or {}
         ns, name = md["namespace"], md["name"]
-        boots = [admitted_boot(vm.get("status"))]
-        boots += [boot_of(p) for p in self.store.launcher_pods(ns, name)]
-        own = self._admitted.get((ns, name))
-        if own is not None and own[0] == md.get("uid"):
-            boots.append(own[1])
-        known = [b for b in boots if b is not None]
         claim_name = str(spec.get("rootVolumeClaim") or "")
         claim = self.store.get("claim", ns, claim_name) if claim_name else None
-        return Counted(spec, max(known) if known else None, (ns, claim_name), claim_mib(claim))
+        own = self._admitted.get((ns, name))
+        own_boot = own[1] if own is not None and own[0] == md.get("uid") else None
+        status_boot = admitted_boot(vm.get("status"))
+        boot = int(spec.get("bootID") or 0)
+        conclusive = status_boot is not None and status_boot >= boot
+        key = (md.get("resourceVersion"), (claim or {}).get("metadata", {}).get("resourceVersion"), own_boot)
+        memo = self._counted_memo.get((ns, name))
+        if conclusive and memo is not None and memo[0] == key:
+            return memo[1]
+        boots = [status_boot, own_boot]
+        if not conclusive:
+            boots += [boot_of(p) for p in self.store.launcher_pods(ns, name)]
+        known = [b for b in boots if b is not None]
+        admitted = max(known) if known else None
+        counted = Counted(spec, admitted, (ns, claim_name), claim_mib(claim) if admitted is not None else 0)
+        if conclusive:
+            self._counted_memo[(ns, name)] = (key, counted)
+        return counted
 
     def _quota_refusal(self, vm: dict, claim: Optional[dict]) -> Optional[Refusal]:
         """Whether the owner's CloudQuota (cached; none: unlimited) refuses the VM's boot ``spec.bootID``, counted

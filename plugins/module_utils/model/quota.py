@@ -262,6 +262,11 @@ def counted_footprint(item: Counted) -> dict:
 
 def counted_usage(items: list) -> dict:
     """The sum of :func:`counted_footprint` over ``items``; each claim's size counted once."""
+    return _counted_sum(items)[0]
+
+
+def _counted_sum(items: list) -> tuple:
+    """``(usage, claims)``: :func:`counted_usage` and the size counted per claim."""
     total = zero()
     claims: dict = {}
     for item in items:
@@ -272,7 +277,20 @@ def counted_usage(items: list) -> dict:
         if fp["vms"]:
             claims[item.claim] = max(claims.get(item.claim, 0), fp["disk_mib"])
     total["disk_mib"] = sum(claims.values())
-    return total
+    return total, claims
+
+
+def _with(base: tuple, item: Counted) -> dict:
+    """``base`` (:func:`_counted_sum` of other items) plus ``item``, its claim counted once."""
+    total, claims = base
+    out = dict(total)
+    fp = counted_footprint(item)
+    for dim in LIMITS:
+        if dim != "disk_mib":
+            out[dim] += fp[dim]
+    if fp["vms"]:
+        out["disk_mib"] += max(0, fp["disk_mib"] - claims.get(item.claim, 0))
+    return out
 
 
 def asked_by(dimension: str, namespace: str, name: str, claim: str = "") -> str:
@@ -302,9 +320,9 @@ def check_boot(owner: str, quota: Optional[dict], others: list, this: Counted, n
     """
     if not quota:
         return None
-    before = counted_usage([*others, this])
-    after = counted_usage([*others, Counted(this.spec, int((this.spec or {}).get("bootID") or 0), this.claim,
-                                            this.disk_mib)])
+    base = _counted_sum(others)  # one pass over the owner's VMs: the boot's before and after differ only in this
+    before = _with(base, this)
+    after = _with(base, Counted(this.spec, int((this.spec or {}).get("bootID") or 0), this.claim, this.disk_mib))
     refusal = check(owner, quota, before, before, after)
     if refusal is None:
         return None
