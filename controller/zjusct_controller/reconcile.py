@@ -408,7 +408,7 @@ class Reconciler:
         ns, name = md["namespace"], md["name"]
         owner = str((vm.get("spec") or {}).get("owner") or "")
         with self._owner_lock(owner):
-            over = self._quota_refusal(vm, claim)
+            over = self._quota_refusal(vm)
             if over is not None:
                 log.info("CloudVM %s/%s: boot refused: %s", ns, name, over.message)
                 return refuse(vm, plan, QUOTA_EXCEEDED, over.message, now_rfc3339())
@@ -453,12 +453,13 @@ class Reconciler:
             self.metrics.pods_created.inc()
         return plan
 
-    def _counted(self, vm: dict) -> Counted:
+    def _counted(self, vm: dict, booting: bool = False) -> Counted:
         """One CloudVM as its owner's quota counts it: the boot admitted last is the greatest of its status'
         (:func:`model.quota.admitted_boot`), its cached launcher Pods' and this process' own admission. Memoised
         per VM on its and its claim's resourceVersions and this process' admission (a boot's check counts every VM
         of the owner); the launcher Pods are looked at only when the status does not already show ``spec.bootID``
-        admitted (no Pod of a later boot can exist)."""
+        admitted (no Pod of a later boot can exist). The claim's size is read for an admitted VM, and for the VM
+        ``booting`` (what its boot would add)."""
         md, spec = vm["metadata"], vm.get("spec") or {}
         ns, name = md["namespace"], md["name"]
         claim_name = str(spec.get("rootVolumeClaim") or "")
@@ -477,12 +478,13 @@ class Reconciler:
             boots += [boot_of(p) for p in self.store.launcher_pods(ns, name)]
         known = [b for b in boots if b is not None]
         admitted = max(known) if known else None
-        counted = Counted(spec, admitted, (ns, claim_name), claim_mib(claim) if admitted is not None else 0)
-        if conclusive:
+        size = claim_mib(claim) if admitted is not None or booting else 0
+        counted = Counted(spec, admitted, (ns, claim_name), size)
+        if conclusive and not booting:
             self._counted_memo[(ns, name)] = (key, counted)
         return counted
 
-    def _quota_refusal(self, vm: dict, claim: Optional[dict]) -> Optional[Refusal]:
+    def _quota_refusal(self, vm: dict) -> Optional[Refusal]:
         """Whether the owner's CloudQuota (cached; none: unlimited) refuses the VM's boot ``spec.bootID``, counted
         over the owner's CloudVMs in the watched namespaces (:func:`model.quota.check_boot`). Call under the
         owner's lock."""
@@ -494,7 +496,7 @@ class Reconciler:
         key = (md["namespace"], md["name"])
         others = [self._counted(o) for o in self.store.owned_by(owner)
                   if (o["metadata"]["namespace"], o["metadata"]["name"]) != key]
-        return check_boot(owner, limits_from_spec(quota.get("spec")), others, self._counted(vm), *key)
+        return check_boot(owner, limits_from_spec(quota.get("spec")), others, self._counted(vm, booting=True), *key)
 
     def _write_status(self, vm: dict, pods: list, plan: Plan, status: dict) -> None:
         """Write ``status`` (``plan.status``; a merge patch of what changed), its transition Event, the metrics. A

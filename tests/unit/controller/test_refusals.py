@@ -301,3 +301,23 @@ def test_a_refused_finalizer_blocks_a_start_and_leaves_a_stopped_vm_stopped() ->
     r.reconcile("a", "off")
     assert (api.vms[("a", "off")]["status"]["phase"], api.vms[("a", "off")]["status"]["reason"]) == ("Stopped",
                                                                                                       REFUSED)
+
+
+def test_a_stopped_vm_keeps_its_vm_and_its_claims_size_against_the_next_vms_first_boot() -> None:
+    api = _QuotaApi()
+    api.quotas["alice"] = {"metadata": {"name": "alice", "resourceVersion": "9"}, "spec": {"vms": 2, "diskMiB": 1536}}
+    api.add_vm("a", "one")
+    api.add_vm("b", "two")
+    r = _reconciler(api)
+    r.reconcile("a", "one")
+    one = api.vms[("a", "one")]
+    one["spec"]["powerState"] = "Stopped"
+    r.observe("cloudvm", "MODIFIED", api._next(one))
+    r.reconcile("a", "one")
+    r.observe("pod", "DELETED", api.pods.pop(("a", "one-boot-1")))
+    r.reconcile("a", "one")
+    assert (one["status"]["phase"], one["status"]["admittedBootID"]) == ("Stopped", 1)
+    plan = r.reconcile("b", "two")
+    assert plan is not None and plan.refused == QUOTA_EXCEEDED, api.vms[("b", "two")]["status"]
+    assert api.vms[("b", "two")]["status"]["message"].startswith(
+        "disk_mib: owner 'alice' would use 2048 of quota 1536 MiB of disk (in use 1024, this request 1024,")
