@@ -1,4 +1,5 @@
-"""Watch-fed caches of the objects a reconcile reads: CloudVMs, Pods, root volume claims (PVCs) and Nodes.
+"""Watch-fed caches of the objects a reconcile reads: CloudVMs, Pods, root volume claims (PVCs), Nodes and the
+owners' CloudQuotas.
 
 The kopf watch events already carry the objects; :class:`Store` keeps the newest version seen of each, so a
 reconcile reads memory instead of the API server. Rules:
@@ -16,6 +17,8 @@ reconcile reads memory instead of the API server. Rules:
 * **claim index**: ``(namespace, claim) -> names of the Pods whose volumes mount it``, kept from the Pod events, so
   the check "is the root volume claim used by another Pod" is a dictionary lookup instead of a namespace-wide
   LIST of Pods before every create (N² for N VMs in one namespace).
+* **owner index**: ``spec.owner -> (namespace, name) of its CloudVMs``, so a boot's quota check counts the owner's
+  VMs without walking every cached CloudVM.
 
 Thread-safe (one lock); objects are plain API dicts (camelCase) and are returned as the stored object - callers
 must not modify them.
@@ -31,7 +34,7 @@ from typing import Any, Optional
 from .decide import LABEL_VM, ROOT_CLAIM
 
 Key = tuple[str, str]  # (namespace or "" for cluster-scoped, name)
-KINDS = ("cloudvm", "pod", "claim", "node")
+KINDS = ("cloudvm", "pod", "claim", "node", "quota")  # quota: CloudQuota (cluster-scoped, named after the owner)
 
 
 def _rv(obj: dict) -> Optional[int]:
@@ -84,13 +87,14 @@ class _Kind:
 
 
 class Store:
-    """The four caches and the claim index (module docstring for the rules)."""
+    """The caches of :data:`KINDS`, the claim index and the owner index (module docstring for the rules)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._kinds = {k: _Kind() for k in KINDS}
         self._claim_users: dict[Key, set[str]] = defaultdict(set)  # (ns, claim) -> Pod names
         self._launchers: dict[Key, set[str]] = defaultdict(set)  # (ns, vm) -> launcher Pod names
+        self._owners: dict[str, set[Key]] = defaultdict(set)  # spec.owner -> (ns, name) of its CloudVMs
 
     # ------------------------------------------------------------------ writes
 
@@ -118,7 +122,18 @@ class Store:
         k.tombstones.pop(key, None)
         if kind == "pod":
             self._index(key, old, obj)
+        elif kind == "cloudvm":
+            self._owner_index(key, old, obj)
         return True
+
+    def _owner_index(self, key: Key, old: Optional[dict], new: Optional[dict]) -> None:
+        for vm, add in ((old, False), (new, True)):
+            owner = ((vm or {}).get("spec") or {}).get("owner")
+            if owner:
+                group = self._owners[owner]
+                (group.add if add else group.discard)(key)
+                if not group:
+                    del self._owners[owner]
 
     def _drop(self, kind: str, key: Key, rv: Optional[int]) -> None:
         k = self._kinds[kind]
@@ -127,6 +142,8 @@ class Store:
             k.tombstones[key] = rv
         if kind == "pod" and old is not None:
             self._index(key, old, None)
+        elif kind == "cloudvm" and old is not None:
+            self._owner_index(key, old, None)
 
     def apply(self, kind: str, event_type: Optional[str], obj: dict) -> bool:
         """Apply one watch event (``ADDED``/``MODIFIED``/None for a listing, ``DELETED``) or one write's response
@@ -206,6 +223,12 @@ class Store:
         """``(namespace, name)`` of every cached object of ``kind``."""
         with self._lock:
             return sorted(self._kinds[kind].objects)
+
+    def owned_by(self, owner: str) -> list[dict]:
+        """Every cached CloudVM whose ``spec.owner`` is ``owner``, by (namespace, name)."""
+        with self._lock:
+            vms = self._kinds["cloudvm"].objects
+            return [vms[k] for k in sorted(self._owners.get(owner, ())) if k in vms]
 
     def launchers_on_node(self, node: str) -> list[Key]:
         """``(namespace, VM name)`` of the cached launcher Pods bound to ``node``."""

@@ -22,6 +22,7 @@ from typing import Any, Optional
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.names import DNS1123_LABEL_MAX, fit
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.phase import BootObservation, Status, derive_status
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.placement import DEFAULT_RATIOS
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.quota import ADMITTED_FIELD, admitted_boot
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
     API_VERSION,
     CLAIMED_BY_MARK,
@@ -677,6 +678,8 @@ class Plan:
             the Pod, so the new boot stays blocked. Never together with ``create_pod``.
         create_pod: the Pod manifest to create, or None.
         status: the full status to write (None: the CloudVM is being deleted and is left as it is).
+        refused: the reason (:data:`REFUSAL_REASONS`) when a write of this reconcile was refused (set by
+            :func:`refuse` and by the adapter): the VM is retried with backoff (:func:`retry_delay`).
     """
 
     add_finalizer: bool = False
@@ -686,6 +689,7 @@ class Plan:
     fence: list = field(default_factory=list)
     create_pod: Optional[dict] = None
     status: Optional[dict] = None
+    refused: str = ""
 
 
 def owner_problem(owner: str, claim: dict, volume: Optional[dict]) -> Optional[str]:
@@ -886,6 +890,9 @@ def decide(vm: dict, pods: list, nodes: dict, claim: Optional[dict], claim_write
             status = derive_status(spec, None, others)
     status.extra.update(extra)
     out = status.as_dict()
+    admitted = boot if plan.create_pod is not None else admitted_boot(prev)
+    if admitted is not None:  # kept in every status: the quota counts the VM from its first admitted boot on
+        out[ADMITTED_FIELD] = admitted
     generation = int(md.get("generation") or 0)
     out["observedGeneration"] = generation
     out["message"] = out.get("message", "")[:4096]
@@ -907,19 +914,98 @@ def status_patch(prev: dict, new: dict) -> Optional[dict]:
 def transition_event(prev: dict, new: dict) -> Optional[tuple[str, str, str]]:
     """``(type, reason, message)`` of the Kubernetes Event for a phase or reason change, or None.
 
-    Warning for Failed, Unknown and Blocked; Normal otherwise. The reason is the new status reason.
+    Warning for Failed, Unknown and Blocked and for a refused write (:data:`REFUSAL_REASONS`, any phase); Normal
+    otherwise. The reason is the new status reason.
     """
     if (prev.get("phase"), prev.get("reason"), prev.get("bootID")) == (
             new.get("phase"), new.get("reason"), new.get("bootID")):
         return None
-    kind = "Warning" if new.get("phase") in ("Failed", "Unknown", "Blocked") else "Normal"
+    kind = "Warning" if new.get("phase") in ("Failed", "Unknown", "Blocked") or new.get(
+        "reason") in REFUSAL_REASONS else "Normal"
     message = (f"boot {new.get('bootID')}: {prev.get('phase') or '(none)'} -> {new.get('phase')}: "
                f"{new.get('message', '')}")
     return kind, new.get("reason") or new.get("phase") or "Unknown", message[:1024]
 
 
+# --------------------------------------------------------------------------- refused writes
+
+QUOTA_EXCEEDED = "QuotaExceeded"
+REFUSED = "Refused"
+REFUSAL_REASONS = (QUOTA_EXCEEDED, REFUSED)  # status reasons of a write the API server (or the quota) refused
+REFUSAL_CODES = (400, 403, 422)  # BadRequest, Forbidden (quota, LimitRange, admission, RBAC), Invalid
+# kube-apiserver's own wording (k8s.io/apiserver .../admission/plugin/resourcequota/controller.go and
+# plugin/pkg/admission/limitranger/admission.go): the namespace's ResourceQuota or LimitRange refused the object
+_QUOTA_WORDS = re.compile(r"exceeded quota: |failed quota: |(minimum|maximum) \S+ usage per \S+ is |"
+                          r"max limit to request ratio per ")
+RETRY_FIRST_S = 2.0
+RETRY_MAX_S = 60.0
+
+
+def api_refusal(code: Optional[int], body: Optional[str], what: str) -> Optional[tuple[str, str]]:
+    """``(reason, message)`` for a write the API server refused for good (HTTP 400, 403 or 422), None otherwise
+    (conflicts, 404, throttling, server errors and lost connections are retried as they are).
+
+    ``reason`` is :data:`QUOTA_EXCEEDED` when the namespace's ResourceQuota or LimitRange refused (the API
+    server's wording, ``exceeded quota: ...``, ``minimum memory usage per Container is ...``), else :data:`REFUSED`
+    (an admission policy or webhook, Pod Security, RBAC, an invalid object). ``message`` names ``what`` was
+    written, the HTTP code and the API server's own message (its Status ``message``, else the body).
+    """
+    if code not in REFUSAL_CODES:
+        return None
+    text = ""
+    try:
+        doc = json.loads(body or "")
+        if isinstance(doc, dict):
+            text = str(doc.get("message") or "")
+    except ValueError:
+        pass
+    text = text or (body or "").strip() or "no message"
+    reason = QUOTA_EXCEEDED if code == 403 and _QUOTA_WORDS.search(text) else REFUSED
+    return reason, f"the API server refused {what} (HTTP {code}): {text}"
+
+
+def refuse(vm: dict, plan: Plan, reason: str, message: str, now: str, starting: bool = True) -> Plan:
+    """``plan`` after a refusal: no claim mark and no launcher Pod, and a status that says why.
+
+    ``starting`` (the refusal is of the boot's own start: the quota, the claim mark, the Pod, the finalizer of a VM
+    about to start):
+    phase ``Blocked`` with ``reason``/``message``, no ``pod`` (no Pod of this boot exists, so the next reconcile
+    tries again rather than call it lost) and ``admittedBootID`` as before the boot. Otherwise (a delete, the
+    finalizer's removal) the phase stays and only the reason and message say what was refused. The Ready condition
+    follows.
+    """
+    md = vm["metadata"]
+    prev = dict(vm.get("status") or {})
+    out = dict(plan.status if plan.status is not None else prev)
+    if starting:
+        out["phase"] = "Blocked"
+        out.pop("pod", None)
+        out.pop("node", None)
+        out.pop("sshEndpoint", None)
+        admitted = admitted_boot(prev)
+        out.pop(ADMITTED_FIELD, None)
+        if admitted is not None:
+            out[ADMITTED_FIELD] = admitted
+    out["reason"], out["message"] = reason, message[:4096]
+    out.setdefault("bootID", int(with_defaults(vm.get("spec") or {})["bootID"]))
+    out.setdefault("phase", "Pending")
+    generation = int(md.get("generation") or 0)
+    out["observedGeneration"] = generation
+    out["conditions"] = _conditions(prev.get("conditions") or [], out["phase"], reason, out["message"],
+                                    generation, now)
+    return Plan(add_finalizer=plan.add_finalizer, remove_finalizer=plan.remove_finalizer if not starting else False,
+                delete_pods=list(plan.delete_pods), fence=list(plan.fence), status=out, refused=reason)
+
+
+def retry_delay(attempt: int) -> float:
+    """Seconds before retrying a VM whose last reconcile was refused or failed, after ``attempt`` such
+    reconciles in a row (1, 2, ...): 2, 4, 8, ... up to 60 s, as client-go's per-item exponential backoff."""
+    return min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** max(0, int(attempt) - 1))
+
+
 __all__ = ["BANDWIDTH_RESOURCE", "CEPH_CONF_ANNOTATION", "CLAIMED_BY", "FINALIZER", "GROUP", "LABEL_BOOT",
-           "LABEL_VM", "OUT_OF_SERVICE_TAINT", "OWNER_LABEL", "PLURAL", "RBD_DRIVER", "ROOT_CLAIM", "VERSION",
-           "CephConfig", "Config", "Plan", "VolumeProblem", "decide", "fence_targets", "guaranteed_mbps",
-           "is_block_claim", "launcher_pod", "needs_volume", "observe", "out_of_service", "owner_problem",
-           "pod_name", "pod_resources", "rbd_root_disk", "status_patch", "transition_event", "unschedulable"]
+           "LABEL_VM", "OUT_OF_SERVICE_TAINT", "OWNER_LABEL", "PLURAL", "QUOTA_EXCEEDED", "RBD_DRIVER",
+           "REFUSAL_REASONS", "REFUSED", "ROOT_CLAIM", "VERSION", "CephConfig", "Config", "Plan", "VolumeProblem",
+           "api_refusal", "decide", "fence_targets", "guaranteed_mbps", "is_block_claim", "launcher_pod",
+           "needs_volume", "observe", "out_of_service", "owner_problem", "pod_name", "pod_resources",
+           "rbd_root_disk", "refuse", "retry_delay", "status_patch", "transition_event", "unschedulable"]

@@ -1,8 +1,13 @@
-"""The kopf handlers: every watch event of a CloudVM, Pod, PersistentVolumeClaim or Node is first put into the
-reconciler's caches (:mod:`.cache`); then every event of a CloudVM or of a launcher Pod, every change of a Node's
-readiness, a claim's change and a non-launcher Pod letting go of a claim lead to :meth:`Reconciler.reconcile` of the
-CloudVMs concerned; a resync thread relists the caches and reconciles every CloudVM each ``resync`` seconds as a
-safety net.
+"""The kopf handlers: every watch event of a CloudVM, Pod, PersistentVolumeClaim, Node or CloudQuota is first put
+into the reconciler's caches (:mod:`.cache`); then every event of a CloudVM or of a launcher Pod, every change of a
+Node's readiness, a claim's change and a non-launcher Pod letting go of a claim lead to
+:meth:`Reconciler.reconcile` of the CloudVMs concerned; a resync thread relists the caches and reconciles every
+CloudVM each ``resync`` seconds as a safety net.
+
+VMs whose last reconcile was refused (a quota, an admission, :attr:`.decide.Plan.refused`) or failed are retried
+by a retry thread with backoff (:meth:`Reconciler.due`), and at once when what refused them may have changed
+(:meth:`Reconciler.waiting`): a CloudQuota of their owner changed, another CloudVM of their owner changed or went, a
+Pod of their namespace ended or went, a ResourceQuota or LimitRange of their namespace changed.
 
 The handlers are stateless ``on.event`` handlers: kopf writes no annotations or finalizers of its own; the
 controller's finalizer (:data:`.decide.FINALIZER`) is managed by the reconcile itself.
@@ -16,6 +21,7 @@ import threading
 from typing import Any, Optional
 
 import kopf
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.quota import CRD_PLURAL as QUOTA_PLURAL
 
 from .cache import plain, pod_claims
 from .decide import GROUP, LABEL_VM, PLURAL, VERSION, node_ready, out_of_service
@@ -24,6 +30,7 @@ from .reconcile import Reconciler
 log = logging.getLogger("zjusct_controller")
 _state: dict[str, Any] = {}
 MAX_WORKERS = 32  # kopf's handler threads: reconciles wait on the API server (5 round trips each), not on CPU
+RETRY_TICK_S = 1.0  # how often the retry thread looks for due retries
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -59,6 +66,7 @@ def install(reconciler: Reconciler, resync_s: float) -> None:
         _state["executor"] = settings.execution.executor
         reconciler.relist()  # the caches are complete before the first event's reconcile
         threading.Thread(target=_resync_loop, name="resync", daemon=True).start()
+        threading.Thread(target=_retry_loop, name="retry", daemon=True).start()
 
     @kopf.on.cleanup()
     def _cleanup(**_: Any) -> None:
@@ -74,6 +82,11 @@ def install(reconciler: Reconciler, resync_s: float) -> None:
         if namespace and name and not reconciler.own_write("cloudvm", namespace, name,
                                                            obj["metadata"].get("resourceVersion")):
             await _in_thread(reconciler.reconcile, namespace, name)
+            # a stop, a shrink or a delete of one of the owner's VMs may free what another's boot waits for
+            owner = (obj.get("spec") or {}).get("owner")
+            waiting = [k for k in reconciler.waiting(owner=owner) if k != (namespace, name)] if owner else []
+            if waiting:
+                await _in_thread(_reconcile_all, reconciler, waiting)
 
     # every Pod (not only launcher Pods): the cache's claim index needs the Pods that mount a claim
     @kopf.on.event("", "v1", "pods")
@@ -85,10 +98,13 @@ def install(reconciler: Reconciler, resync_s: float) -> None:
         if vm:
             if not reconciler.own_write("pod", namespace, name or "", obj["metadata"].get("resourceVersion")):
                 await _in_thread(reconciler.reconcile, namespace, vm)
+            if event.get("type") == "DELETED":  # its requests no longer count against the namespace's quota
+                await _in_thread(_reconcile_all, reconciler, reconciler.waiting(namespace=namespace))
             return
         ended = event.get("type") == "DELETED" or (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed")
         if ended:  # a Pod that held a root volume claim let go of it: the VMs blocked on it may start
             await _in_thread(_reconcile_claim_users, reconciler, namespace, pod_claims(obj))
+            await _in_thread(_reconcile_all, reconciler, reconciler.waiting(namespace=namespace))
 
     @kopf.on.event("", "v1", "persistentvolumeclaims")
     async def _claim(namespace: Optional[str], name: Optional[str], event: Any, **_: Any) -> None:
@@ -96,6 +112,23 @@ def install(reconciler: Reconciler, resync_s: float) -> None:
         if (reconciler.observe("claim", event.get("type"), obj) and namespace and name
                 and not reconciler.own_write("claim", namespace, name, obj["metadata"].get("resourceVersion"))):
             await _in_thread(_reconcile_claim_users, reconciler, namespace, (name,))
+
+    @kopf.on.event(GROUP, VERSION, QUOTA_PLURAL)
+    async def _quota(name: Optional[str], event: Any, **_: Any) -> None:
+        # an owner's limits changed (raised, lowered, removed): the boots waiting on them are admitted or not now
+        if reconciler.observe("quota", event.get("type"), plain(event["object"])) and name:
+            await _in_thread(_reconcile_all, reconciler, reconciler.waiting(owner=name))
+
+    # a namespace's ResourceQuota or LimitRange changed: the launcher Pods it refused may be created now
+    @kopf.on.event("", "v1", "resourcequotas")
+    async def _resource_quota(namespace: Optional[str], **_: Any) -> None:
+        if namespace:
+            await _in_thread(_reconcile_all, reconciler, reconciler.waiting(namespace=namespace))
+
+    @kopf.on.event("", "v1", "limitranges")
+    async def _limit_range(namespace: Optional[str], **_: Any) -> None:
+        if namespace:
+            await _in_thread(_reconcile_all, reconciler, reconciler.waiting(namespace=namespace))
 
     ready_seen: dict[str, tuple[Optional[bool], bool]] = {}
 
@@ -132,6 +165,17 @@ def _reconcile_claim_users(reconciler: Reconciler, namespace: str, claims: Any) 
     """Reconcile the CloudVMs of ``namespace`` whose root volume claim is one of ``claims``."""
     for claim in claims:
         _reconcile_all(reconciler, reconciler.vms_using_claim(namespace, claim))
+
+
+def _retry_loop() -> None:
+    """Reconcile each VM whose retry is due (:meth:`Reconciler.due`) every :data:`RETRY_TICK_S`."""
+    reconciler: Reconciler = _state["reconciler"]
+    while not _state["stop"].wait(RETRY_TICK_S):
+        for ns, name in reconciler.due():
+            try:
+                reconciler.reconcile(ns, name)
+            except Exception as exc:  # booked by reconcile for its next retry
+                log.warning("retry of %s/%s failed: %s", ns, name, exc)
 
 
 def _resync_loop() -> None:

@@ -9,6 +9,17 @@ process's own last write of it. Why no fresh read is needed before a create is e
 controller process or a retry gets ``409 AlreadyExists`` and never makes a second Pod; the claim mark is written
 with the claim's resourceVersion (a stale cache gets ``409 Conflict``). Concurrent reconciles of one VM in this
 process are serialised by a per-VM lock.
+
+Admission (docs/security.md, "Quotas on Kubernetes"): a boot's launcher Pod is created only within the owner's
+CloudQuota (:func:`model.quota.check_boot`), counted over the owner's cached CloudVMs in every watched namespace
+plus the boots this process admitted itself (a create whose answer was lost is still counted), under a per-owner
+lock held from the count to the create's answer, so two boots of one owner are never admitted on the same count.
+
+Refusals: a write the API server refuses for good (HTTP 400, 403, 422: a ResourceQuota or LimitRange, an admission
+policy, Pod Security, RBAC, an invalid object; :func:`.decide.api_refusal`) ends the reconcile in a status that
+says so (:func:`.decide.refuse`: ``Blocked/QuotaExceeded`` or ``Blocked/Refused`` for the boot's own writes, the
+reason alone for a stop's or a delete's) and a Warning Event, not in an exception; the VM is retried with backoff
+(:meth:`Reconciler.due`) and at once when what refused it may have changed (:meth:`Reconciler.waiting`).
 """
 
 from __future__ import annotations
@@ -17,9 +28,19 @@ import datetime
 import json
 import logging
 import threading
+import time
 from collections import defaultdict
 from typing import Any, Optional
 
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.quota import CRD_PLURAL as QUOTA_PLURAL
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.quota import (
+    Counted,
+    Refusal,
+    admitted_boot,
+    check_boot,
+    claim_mib,
+    limits_from_spec,
+)
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -28,12 +49,20 @@ from .decide import (
     CLAIMED_BY,
     FINALIZER,
     GROUP,
+    LABEL_BOOT,
     PLURAL,
+    QUOTA_EXCEEDED,
+    REFUSAL_REASONS,
+    REFUSED,
     VERSION,
     Config,
     Plan,
+    api_refusal,
+    boot_of,
     decide,
     needs_volume,
+    refuse,
+    retry_delay,
     status_patch,
     transition_event,
 )
@@ -72,6 +101,14 @@ class Reconciler:
         self.store = Store()
         self.fencer = Fencer(cfg.ceph) if cfg.ceph is not None and cfg.ceph.fence_user else None
         self._prime_lock = threading.Lock()
+        # the boot this process admitted last per VM: (uid, bootID), counted until the caches show it
+        self._admitted: dict[tuple[str, str], tuple[str, int]] = {}
+        self._owner_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._counted_memo: dict[tuple[str, str], tuple[tuple, Counted]] = {}  # (ns, name) -> (key, counted)
+        # VMs whose last reconcile was refused or failed: (ns, name) -> (owner, attempts, due on the monotonic clock)
+        self._retry: dict[tuple[str, str], tuple[str, int, float]] = {}
+        self._retry_lock = threading.Lock()
+        self.monotonic = time.monotonic
         self._count_requests(api_client)
 
     def _count_requests(self, api_client: Any) -> None:
@@ -89,6 +126,10 @@ class Reconciler:
         with self._locks_guard:
             return self._locks[(ns, name)]
 
+    def _owner_lock(self, owner: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._owner_locks[owner]
+
     # ------------------------------------------------------------------ reads (the caches)
 
     def _raw(self, call: Any, *args: Any, **kwargs: Any) -> dict:
@@ -104,14 +145,17 @@ class Reconciler:
         resp.data  # noqa: B018 - reading to the end releases the connection (urllib3)
 
     def relist(self) -> None:
-        """LIST every kind the reconciles read (in the watched namespaces; Nodes cluster-wide) into the caches:
-        at start-up, before the first reconcile, and at each resync (drops objects whose DELETED event was
-        missed). Four to ``3 * namespaces + 1`` requests, not per VM.
+        """LIST every kind the reconciles read (in the watched namespaces; Nodes and CloudQuotas cluster-wide)
+        into the caches: at start-up, before the first reconcile, and at each resync (drops objects whose DELETED
+        event was missed). Five to ``3 * namespaces + 2`` requests, not per VM. Without the CloudQuota CRD (404) no
+        owner has a quota.
 
         Raises:
             ApiException: a LIST failed.
         """
-        lists: list[tuple[str, Any, tuple]] = [("node", self.core.list_node, ())]
+        lists: list[tuple[str, Any, tuple]] = [("node", self.core.list_node, ()),
+                                               ("quota", self.custom.list_cluster_custom_object,
+                                                (GROUP, VERSION, QUOTA_PLURAL))]
         scopes: list[Optional[str]] = [*sorted(self.namespaces)] or [None]
         for ns in scopes:
             if ns is None:
@@ -125,25 +169,30 @@ class Reconciler:
         got: dict[str, list] = defaultdict(list)
         versions: dict[str, Optional[str]] = {}
         for kind, call, args in lists:
-            doc = self._raw(call, *args)
+            try:
+                doc = self._raw(call, *args)
+            except ApiException as exc:
+                if kind != "quota" or exc.status != 404:
+                    raise
+                doc = {"items": [], "metadata": {}}  # the CloudQuota CRD is not installed: no quota exists
             got[kind] += doc.get("items") or []
             versions[kind] = min((v for v in (versions.get(kind), (doc.get("metadata") or {}).get(
                 "resourceVersion")) if v), key=lambda v: int(v) if v.isdigit() else 0, default=None)
         for kind, items in got.items():
             self.store.replace(kind, items, versions.get(kind),
-                               None if kind == "node" or not self.namespaces else self.namespaces)
+                               None if kind in ("node", "quota") or not self.namespaces else self.namespaces)
         log.debug("caches listed: %s", self.store.sizes())
 
     def _ensure_primed(self) -> None:
         with self._prime_lock:
-            if not all(self.store.primed(k) for k in ("cloudvm", "pod", "claim", "node")):
+            if not all(self.store.primed(k) for k in ("cloudvm", "pod", "claim", "node", "quota")):
                 self.relist()
 
     def observe(self, kind: str, event_type: Optional[str], obj: dict) -> bool:
         """Feed one watch event (``kind`` one of :data:`.cache.KINDS`) into the caches; True when it changed
         them. Objects of namespaces this controller does not watch are ignored."""
         ns = (obj.get("metadata") or {}).get("namespace")
-        if kind != "node" and ns and not self._watched(ns):
+        if kind not in ("node", "quota") and ns and not self._watched(ns):
             return False
         return self.store.apply(kind, event_type, obj)
 
@@ -202,11 +251,13 @@ class Reconciler:
         """Reconcile one CloudVM; returns the plan carried out (None when the CloudVM does not exist).
 
         A ``409 Conflict`` on a write made with a cached object's resourceVersion (the cache was behind) reads
-        that object fresh into the cache and reconciles again, up to :data:`CONFLICT_RETRIES` times.
+        that object fresh into the cache and reconciles again, up to :data:`CONFLICT_RETRIES` times. A reconcile
+        that met a refusal (``Plan.refused``) or raised is retried with backoff (:meth:`due`).
 
         Raises:
-            ApiException: an API call failed (kopf logs it; the next event or resync retries). A CloudVM
-                deleted since the cache saw it (404 on its patch) is not an error: None is returned.
+            ApiException: an API call failed (kopf logs it; the retry, the next event or the resync retries). A
+                CloudVM deleted since the cache saw it (404 on its patch) is not an error: None is returned. A
+                refused write is not an error either: the status says why.
         """
         self._ensure_primed()
         with self._lock(ns, name):
@@ -214,18 +265,52 @@ class Reconciler:
             try:
                 for attempt in range(CONFLICT_RETRIES):
                     try:
-                        return self._reconcile(ns, name)
+                        plan = self._reconcile(ns, name)
                     except _Gone:
                         self.metrics.set_phase((ns, name), None)
+                        self._settled(ns, name, None)
                         return None
                     except _Stale as stale:
                         if attempt == CONFLICT_RETRIES - 1:
                             raise stale.exc from None
                         self._refresh(stale.kind, ns, stale.name)
+                        continue
+                    self._settled(ns, name, plan)
+                    return plan
                 return None  # not reached
             except Exception:
                 self.metrics.errors.inc()
+                self._settled(ns, name, "failed")
                 raise
+
+    # ------------------------------------------------------------------ retries
+
+    def _settled(self, ns: str, name: str, outcome: Any) -> None:
+        """Book the outcome of one reconcile: a refusal (``Plan.refused``) or a failure (``"failed"``) schedules
+        the VM's next retry after :func:`.decide.retry_delay` of its attempts in a row; anything else clears it."""
+        key = (ns, name)
+        with self._retry_lock:
+            if not (outcome == "failed" or (isinstance(outcome, Plan) and outcome.refused)):
+                self._retry.pop(key, None)
+                return
+            vm = self.store.get("cloudvm", ns, name) or {}
+            owner = str((vm.get("spec") or {}).get("owner") or "")
+            attempts = self._retry.get(key, ("", 0, 0.0))[1] + 1
+            self._retry[key] = (owner, attempts, self.monotonic() + retry_delay(attempts))
+
+    def due(self) -> list[tuple[str, str]]:
+        """``(namespace, name)`` of the VMs whose retry is due now (the operator's retry loop reconciles them)."""
+        now = self.monotonic()
+        with self._retry_lock:
+            return sorted(k for k, (_owner, _n, at) in self._retry.items() if at <= now)
+
+    def waiting(self, owner: Optional[str] = None, namespace: Optional[str] = None) -> list[tuple[str, str]]:
+        """``(namespace, name)`` of the VMs waiting for a retry whose owner is ``owner`` or whose namespace is
+        ``namespace`` (either matches): what a freed quota (a VM of that owner stopped, a Pod of that namespace
+        gone, a CloudQuota, ResourceQuota or LimitRange changed) may let start now."""
+        with self._retry_lock:
+            return sorted(k for k, (o, _n, _at) in self._retry.items()
+                          if (owner is not None and o == owner) or (namespace is not None and k[0] == namespace))
 
     def _refresh(self, kind: str, ns: str, name: str) -> None:
         """Read one CloudVM or claim fresh into the cache (after a Conflict)."""
@@ -260,6 +345,8 @@ class Reconciler:
         if vm is None:
             self.metrics.set_phase((ns, name), None)
             self._own_rv.pop(("cloudvm", ns, name), None)
+            self._admitted.pop((ns, name), None)
+            self._counted_memo.pop((ns, name), None)
             return None
         pods, nodes, claim = self._read(vm)
         volume = self._root_volume(claim) if needs_volume(vm, claim) else None
@@ -270,69 +357,197 @@ class Reconciler:
                 plan = decide(vm, pods, nodes, claim, writers, self.cfg, now_rfc3339(), volume)
         if plan.add_finalizer:
             finalizers = [*(vm["metadata"].get("finalizers") or []), FINALIZER]
-            vm = self._patch_vm(ns, name, {"metadata": {"finalizers": finalizers,
-                                                        "resourceVersion": vm["metadata"]["resourceVersion"]}})
+            try:
+                vm = self._patch_vm(ns, name, {"metadata": {"finalizers": finalizers,
+                                                            "resourceVersion": vm["metadata"]["resourceVersion"]}})
+            except ApiException as exc:
+                refusal = api_refusal(exc.status, exc.body, f"the finalizer {FINALIZER} of CloudVM {ns}/{name}")
+                if refusal is None:
+                    raise
+                # no launcher Pod without the finalizer; a VM not starting keeps its phase
+                plan = refuse(vm, plan, *refusal, now_rfc3339(), starting=plan.create_pod is not None)
+        refused_delete: Optional[tuple[str, str]] = None
         for pod, grace in plan.delete_pods:
             log.info("deleting launcher Pod %s/%s (grace %d s)", ns, pod, grace)
             try:
                 self._send(self.core.delete_namespaced_pod, pod, ns, grace_period_seconds=grace)
             except ApiException as exc:
-                if exc.status != 404:
+                if exc.status == 404:
+                    continue
+                refused_delete = refused_delete or api_refusal(exc.status, exc.body,
+                                                               f"the deletion of launcher Pod {ns}/{pod}")
+                if refused_delete is None:
                     raise
         for target in plan.fence:
             self._fence(vm, target)
-        if plan.mark_claim and claim is not None:
-            claim_name = claim["metadata"]["name"]
-            try:  # the claim's resourceVersion makes this a compare-and-swap: the lock among CloudVMs
-                marked = self._raw(self.core.patch_namespaced_persistent_volume_claim, claim_name, ns,
-                                   {"metadata": {"annotations": {CLAIMED_BY: vm["metadata"]["uid"]},
-                                                 "resourceVersion": claim["metadata"]["resourceVersion"]}})
-            except ApiException as exc:
-                if exc.status == 409:
-                    raise _Stale("claim", claim_name, exc) from exc
-                raise
-            self.store.apply("claim", None, marked)
-            self._remember("claim", ns, claim_name, marked)
         if plan.create_pod is not None:
-            pod_name = plan.create_pod["metadata"]["name"]
-            try:
-                created = self._raw(self.core.create_namespaced_pod, ns, plan.create_pod)
-                self.store.apply("pod", None, created)
-                self._remember("pod", ns, pod_name, created)
-                log.info("created launcher Pod %s/%s", ns, pod_name)
-                self.metrics.pods_created.inc()
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
-                log.info("launcher Pod %s/%s exists already", ns, pod_name)
+            plan = self._start(vm, plan, plan.create_pod, claim)
+        if refused_delete is not None:
+            plan = refuse(vm, plan, *refused_delete, now_rfc3339(), starting=False)
         if plan.status is not None:
-            prev = dict(vm.get("status") or {})
-            patch = status_patch(prev, plan.status)
-            if patch is not None:
-                try:
-                    written = self._raw(self.custom.patch_namespaced_custom_object_status, GROUP, VERSION, ns,
-                                        PLURAL, name, {"status": patch})
-                except ApiException as exc:
-                    if exc.status == 404:
-                        self.store.forget("cloudvm", ns, name)
-                        raise _Gone(name) from exc
-                    raise
-                self.store.apply("cloudvm", None, written)
-                self._remember("cloudvm", ns, name, written)
-                event = transition_event(prev, plan.status)
-                if event is not None:
-                    self._event(vm, *event)
-                if plan.status.get("phase") == "Running" and (prev.get("phase"), prev.get("bootID")) != (
-                        "Running", plan.status.get("bootID")):
-                    created_at = next((p["metadata"].get("creationTimestamp") for p in pods
-                                       if p["metadata"]["name"] == plan.status.get("pod")), None)
-                    self.metrics.became_running(vm, int(plan.status.get("bootID") or 0), created_at)
-            self.metrics.set_phase((ns, name), plan.status.get("phase"))
+            self._write_status(vm, pods, plan, plan.status)
         if plan.remove_finalizer:
             finalizers = [f for f in vm["metadata"].get("finalizers") or [] if f != FINALIZER]
-            self._patch_vm(ns, name, {"metadata": {"finalizers": finalizers,
-                                                   "resourceVersion": vm["metadata"]["resourceVersion"]}})
+            try:
+                self._patch_vm(ns, name, {"metadata": {"finalizers": finalizers,
+                                                       "resourceVersion": vm["metadata"]["resourceVersion"]}})
+            except ApiException as exc:
+                refusal = api_refusal(exc.status, exc.body,
+                                      f"the removal of the finalizer {FINALIZER} of CloudVM {ns}/{name}")
+                if refusal is None:
+                    raise
+                plan = refuse(vm, plan, *refusal, now_rfc3339(), starting=False)
+                if plan.status is not None:
+                    self._write_status(vm, pods, plan, plan.status)
         return plan
+
+    def _start(self, vm: dict, plan: Plan, pod: dict, claim: Optional[dict]) -> Plan:
+        """Admit and start the boot of the launcher Pod ``pod`` (``plan.create_pod``): under the owner's lock, the
+        owner's quota (:meth:`_quota_refusal`), the claim mark, the Pod create. Returns ``plan``, or the refused plan
+        (:func:`.decide.refuse`) when the quota or the API server refused."""
+        md = vm["metadata"]
+        ns, name = md["namespace"], md["name"]
+        owner = str((vm.get("spec") or {}).get("owner") or "")
+        with self._owner_lock(owner):
+            over = self._quota_refusal(vm)
+            if over is not None:
+                log.info("CloudVM %s/%s: boot refused: %s", ns, name, over.message)
+                return refuse(vm, plan, QUOTA_EXCEEDED, over.message, now_rfc3339())
+            if plan.mark_claim and claim is not None:
+                claim_name = claim["metadata"]["name"]
+                try:  # the claim's resourceVersion makes this a compare-and-swap: the lock among CloudVMs
+                    marked = self._raw(self.core.patch_namespaced_persistent_volume_claim, claim_name, ns,
+                                       {"metadata": {"annotations": {CLAIMED_BY: md["uid"]},
+                                                     "resourceVersion": claim["metadata"]["resourceVersion"]}})
+                except ApiException as exc:
+                    if exc.status == 409:
+                        raise _Stale("claim", claim_name, exc) from exc
+                    refusal = api_refusal(exc.status, exc.body,
+                                          f"the claim mark {CLAIMED_BY} on the root volume claim {ns}/{claim_name}")
+                    if refusal is None:
+                        raise
+                    return refuse(vm, plan, *refusal, now_rfc3339())
+                self.store.apply("claim", None, marked)
+                self._remember("claim", ns, claim_name, marked)
+            pod_name = pod["metadata"]["name"]
+            before = self._admitted.get((ns, name))
+            # counted from now on, also when the create's answer is lost (the Pod may exist)
+            self._admitted[(ns, name)] = (md["uid"], int(pod["metadata"]["labels"][LABEL_BOOT]))
+            try:
+                created = self._raw(self.core.create_namespaced_pod, ns, pod)
+            except ApiException as exc:
+                if exc.status == 409:
+                    log.info("launcher Pod %s/%s exists already", ns, pod_name)
+                    return plan
+                refusal = api_refusal(exc.status, exc.body, f"the launcher Pod {ns}/{pod_name}")
+                if refusal is None:
+                    raise
+                if before is None:
+                    self._admitted.pop((ns, name), None)
+                else:
+                    self._admitted[(ns, name)] = before
+                log.info("CloudVM %s/%s: %s", ns, name, refusal[1])
+                return refuse(vm, plan, *refusal, now_rfc3339())
+            self.store.apply("pod", None, created)
+            self._remember("pod", ns, pod_name, created)
+            log.info("created launcher Pod %s/%s", ns, pod_name)
+            self.metrics.pods_created.inc()
+        return plan
+
+    def _counted(self, vm: dict, booting: bool = False) -> Counted:
+        """One CloudVM as its owner's quota counts it: the boot admitted last is the greatest of its status'
+        (:func:`model.quota.admitted_boot`), its cached launcher Pods' and this process' own admission. Memoised
+        per VM on its and its claim's resourceVersions and this process' admission (a boot's check counts every VM
+        of the owner); the launcher Pods are looked at only when the status does not already show ``spec.bootID``
+        admitted (no Pod of a later boot can exist). The claim's size is read for an admitted VM, and for the VM
+        ``booting`` (what its boot would add)."""
+        md, spec = vm["metadata"], vm.get("spec") or {}
+        ns, name = md["namespace"], md["name"]
+        claim_name = str(spec.get("rootVolumeClaim") or "")
+        claim = self.store.get("claim", ns, claim_name) if claim_name else None
+        own = self._admitted.get((ns, name))
+        own_boot = own[1] if own is not None and own[0] == md.get("uid") else None
+        status_boot = admitted_boot(vm.get("status"))
+        boot = int(spec.get("bootID") or 0)
+        conclusive = status_boot is not None and status_boot >= boot
+        key = (md.get("resourceVersion"), (claim or {}).get("metadata", {}).get("resourceVersion"), own_boot)
+        memo = self._counted_memo.get((ns, name))
+        if conclusive and memo is not None and memo[0] == key:
+            return memo[1]
+        boots = [status_boot, own_boot]
+        if not conclusive:
+            boots += [boot_of(p) for p in self.store.launcher_pods(ns, name)]
+        known = [b for b in boots if b is not None]
+        admitted = max(known) if known else None
+        size = claim_mib(claim) if admitted is not None or booting else 0
+        counted = Counted(spec, admitted, (ns, claim_name), size)
+        if conclusive and not booting:
+            self._counted_memo[(ns, name)] = (key, counted)
+        return counted
+
+    def _quota_refusal(self, vm: dict) -> Optional[Refusal]:
+        """Whether the owner's CloudQuota (cached; none: unlimited) refuses the VM's boot ``spec.bootID``, counted
+        over the owner's CloudVMs in the watched namespaces (:func:`model.quota.check_boot`). Call under the
+        owner's lock."""
+        md, spec = vm["metadata"], vm.get("spec") or {}
+        owner = str(spec.get("owner") or "")
+        quota = self.store.get("quota", "", owner)
+        if quota is None:
+            return None
+        key = (md["namespace"], md["name"])
+        others = [self._counted(o) for o in self.store.owned_by(owner)
+                  if (o["metadata"]["namespace"], o["metadata"]["name"]) != key]
+        return check_boot(owner, limits_from_spec(quota.get("spec")), others, self._counted(vm, booting=True), *key)
+
+    def _write_status(self, vm: dict, pods: list, plan: Plan, status: dict) -> None:
+        """Write ``status`` (``plan.status``; a merge patch of what changed), its transition Event, the metrics. A
+        status the API server refuses is a Warning Event and a retry (``plan.refused``); its reason and message
+        alone are written instead when that is accepted."""
+        md = vm["metadata"]
+        ns, name = md["namespace"], md["name"]
+        prev = dict(vm.get("status") or {})
+        patch = status_patch(prev, status)
+        if patch is not None:
+            try:
+                self._patch_status(ns, name, patch)
+            except ApiException as exc:
+                refusal = api_refusal(exc.status, exc.body, f"the status of CloudVM {ns}/{name}")
+                if refusal is None:
+                    raise
+                log.warning("CloudVM %s/%s: %s", ns, name, refusal[1])
+                self._event(vm, "Warning", REFUSED, refusal[1][:1024])
+                plan.refused = REFUSED
+                try:  # what was refused, in the fields the status always accepts
+                    self._patch_status(ns, name, {"reason": REFUSED, "message": refusal[1][:4096],
+                                                  "observedGeneration": int(md.get("generation") or 0)})
+                except ApiException as again:
+                    if api_refusal(again.status, again.body, "") is None:
+                        raise
+                return
+            event = transition_event(prev, status)
+            if event is not None:
+                self._event(vm, *event)
+            if status.get("phase") == "Running" and (prev.get("phase"), prev.get("bootID")) != (
+                    "Running", status.get("bootID")):
+                created_at = next((p["metadata"].get("creationTimestamp") for p in pods
+                                   if p["metadata"]["name"] == status.get("pod")), None)
+                self.metrics.became_running(vm, int(status.get("bootID") or 0), created_at)
+        if status.get("reason") in REFUSAL_REASONS:
+            plan.refused = status["reason"]
+        self.metrics.set_phase((ns, name), status.get("phase"))
+
+    def _patch_status(self, ns: str, name: str, patch: dict) -> dict:
+        try:
+            written = self._raw(self.custom.patch_namespaced_custom_object_status, GROUP, VERSION, ns, PLURAL,
+                                name, {"status": patch})
+        except ApiException as exc:
+            if exc.status == 404:
+                self.store.forget("cloudvm", ns, name)
+                raise _Gone(name) from exc
+            raise
+        self.store.apply("cloudvm", None, written)
+        self._remember("cloudvm", ns, name, written)
+        return written
 
     def _fence(self, vm: dict, target: dict) -> None:
         """Blocklist the RBD client of an old launcher Pod on an out-of-service node (:mod:`.fence`), then, only
@@ -356,6 +571,11 @@ class Reconciler:
             self.core.delete_namespaced_pod(target["pod"], ns, grace_period_seconds=0, body=body,
                                             _request_timeout=REQUEST_TIMEOUT, _preload_content=False)
         except ApiException as exc:
+            refusal = api_refusal(exc.status, exc.body, f"the force-deletion of launcher Pod {ns}/{target['pod']}")
+            if refusal is not None:  # the old client is blocklisted; the new boot waits for the Pod to go
+                log.warning("%s", refusal[1])
+                self._event(vm, "Warning", "FenceFailed", refusal[1][:1024])
+                return
             if exc.status not in (404, 409):  # gone already, or another Pod of that name (uid precondition)
                 raise
         log.info("force-deleted launcher Pod %s/%s after the fence", ns, target["pod"])

@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Argument specs of the cloudvm modules and the dispatch to a backend.
+"""Argument specs of the cloudvm modules (and of owner_quota, which has both backends too) and the dispatch to a
+backend.
 
 Each backend module exposes ``ensure(params, check_mode, diff) -> dict`` (the module result:
 ``changed``, ``cloudvm``, ``phase``, ``boot_id``, optional ``diff``) and
@@ -16,6 +17,7 @@ from typing import Any
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import auth_argument_spec
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import CloudVMError
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.quota import LIMITS
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import in_user_terms, is_dns_label
 
 BACKENDS = ("host", "kubernetes")
@@ -143,3 +145,31 @@ def run_cloudvm_info(params: dict, check_mode: bool) -> dict:
         except CloudVMError as exc:
             raise CloudVMError(in_user_terms(str(exc)), **exc.details) from exc
     return {"changed": False, "cloudvms": found}
+
+
+def owner_quota_argument_spec() -> dict:
+    """The ``zjusct.cloud.owner_quota`` module's argument spec: the backend options and the limits."""
+    spec = backend_argument_spec()
+    spec.update(
+        owner={"type": "str", "required": True},
+        state={"type": "str", "choices": ["present", "absent"], "default": "present"},
+        actor={"type": "str", "default": "operator"},
+        **{dim: {"type": "int"} for dim in LIMITS},  # the quota dimensions (docs/security.md, "Quotas")
+    )
+    return spec
+
+
+def run_owner_quota(params: dict, check_mode: bool, diff: bool) -> dict:
+    """The ``zjusct.cloud.owner_quota`` module: the host store's quota row (``host.tenancy_module.set_quota``) or the
+    owner's CloudQuota (``k8s.quota.run_owner_quota``), by :func:`resolve_backend`.
+
+    Raises:
+        CloudError: bad input (option named) or a refusal of the store or the API server.
+    """
+    if resolve_backend(params) == "host":
+        from ansible_collections.zjusct.cloud.plugins.module_utils.host.tenancy_module import set_quota
+
+        return set_quota(params, check_mode, diff)
+    from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.quota import run_owner_quota as k8s_quota
+
+    return k8s_quota(params, check_mode, diff)

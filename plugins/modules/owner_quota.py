@@ -7,23 +7,34 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: owner_quota
-short_description: Set or remove one owner's quota on the single-host backend
+short_description: Set or remove one owner's quota (host store or Kubernetes CloudQuota)
 version_added: 0.1.0
 author: ZJUSCT cloud team (@zjusct)
 description:
-  - Sets the limits of one owner (the CloudVM C(spec.owner)) in the host store, or removes them. M(zjusct.cloud.cloudvm)
-    checks them in the same store transaction that writes a VM's spec, so concurrent runs cannot together exceed
-    them; a refusal fails with C(reason=QuotaExceeded) naming the quota, the owner, the usage, the request and the
-    limit.
-  - What counts (docs/security.md, Quotas) - O(vms) every CloudVM of the owner; O(disk_mib) every root volume
-    the owner owns; O(vcpus), O(memory_mib) and O(bandwidth_mbps) (guaranteed) the CloudVMs whose C(spec.powerState)
-    is C(Running).
-  - An owner without a quota, or a limit omitted, is unlimited. The row holds exactly the limits the task gives.
+  - Sets the limits of one owner (the CloudVM C(spec.owner)), or removes them, on either backend. The rules of what
+    counts are the same on both (docs/security.md, Quotas) - O(vms) the owner's CloudVMs; O(disk_mib) their root
+    volumes; O(vcpus), O(memory_mib) and O(bandwidth_mbps) (guaranteed) the CloudVMs whose C(spec.powerState) is
+    C(Running). A refusal names the quota, the owner, the usage, the request and the limit, with
+    C(reason=QuotaExceeded).
+  - O(backend=host) writes the host store's quota row. M(zjusct.cloud.cloudvm) checks it in the same store
+    transaction that writes a VM's spec, so concurrent runs cannot together exceed it; O(disk_mib) counts every root
+    volume the owner owns. Every change is written to the audit trail (M(zjusct.cloud.audit_info)).
+  - O(backend=kubernetes) writes the cluster-scoped C(CloudQuota) named after the owner
+    (C(cloudquotas.cloud.zjusct.io), applied by C(site.yml)'s cluster role). The controller admits each boot of the
+    owner's CloudVMs, in every namespace it watches, only within it; a boot that does not fit stays
+    C(Blocked/QuotaExceeded) with the refusal as its status message and a Warning Event, and starts by itself once it
+    fits (another VM stopped or deleted, the quota raised). There a CloudVM counts toward O(vms) and its root volume
+    claim toward O(disk_mib) from its first admitted boot until it is deleted (the API server accepts the object
+    itself; a CloudVM beyond O(vms) never boots). The usage returned is counted over the CloudVMs the connection may
+    list, cluster-wide.
+  - An owner without a quota, or a limit omitted, is unlimited. The quota holds exactly the limits the task gives.
   - Lowering a limit below the current usage stops nothing; the task warns, and the next growth is refused.
-  - Every change is written to the audit trail (M(zjusct.cloud.audit_info)).
+extends_documentation_fragment:
+  - zjusct.cloud.cloudvm_backend
+  - kubernetes.core.k8s_auth_options
 options:
   owner:
-    description: The owner (a DNS label, as in C(spec.owner)).
+    description: The owner (a DNS label, as in C(spec.owner)); on Kubernetes also the CloudQuota's name.
     type: str
     required: true
   state:
@@ -32,37 +43,45 @@ options:
     choices: [present, absent]
     default: present
   vms:
-    description: Most CloudVMs the owner may have, in any power state. Omit for no limit.
+    description: Most CloudVMs the owner may have, in any power state (CloudQuota C(spec.vms)). Omit for no limit.
     type: int
   vcpus:
-    description: Most vCPUs summed over the owner's CloudVMs asked to run. Omit for no limit.
+    description: Most vCPUs summed over the owner's CloudVMs asked to run (C(spec.vcpus)). Omit for no limit.
     type: int
   memory_mib:
-    description: Most memory (MiB) summed over the owner's CloudVMs asked to run. Omit for no limit.
+    description: Most memory (MiB) summed over the owner's CloudVMs asked to run (C(spec.memoryMiB)). Omit for no limit.
     type: int
   disk_mib:
-    description: Most root volume size (MiB) summed over every volume the owner owns. Omit for no limit.
+    description:
+      - Most root volume size (MiB) summed over the owner's volumes (C(spec.diskMiB)). Omit for no limit.
+      - On Kubernetes the root volume claims of the owner's admitted CloudVMs, each at C(status.capacity.storage)
+        (else its requested size).
     type: int
   bandwidth_mbps:
     description:
       - Most guaranteed bandwidth (Mbit/s, C(spec.network.bandwidth.guaranteedMbps)) summed over the owner's
-        CloudVMs asked to run; ceilings are borrowed and not counted. Omit for no limit.
+        CloudVMs asked to run; ceilings are borrowed and not counted (C(spec.bandwidthMbps)). Omit for no limit.
     type: int
   actor:
-    description: Who is setting the quota, as recorded in the audit trail.
+    description:
+      - Who is setting the quota, as recorded in the host store's audit trail.
+      - Not used on Kubernetes, where the API server's audit log records the authenticated user.
     type: str
     default: operator
-extends_documentation_fragment:
-  - zjusct.cloud.host_config
 attributes:
   check_mode:
     support: full
-    description: Reports whether the quota would change and the owner's usage, without writing.
+    description:
+      - Reports whether the quota would change and the owner's usage, without writing.
+      - On Kubernetes the write is sent as a server-side dry run, so the API server's validation and authorization
+        answer too.
   diff_mode:
     support: full
     description: Shows the limits before and after.
-notes:
-  - Host backend only. On Kubernetes, quotas are the cluster's ResourceQuota per namespace (docs/security.md).
+requirements:
+  - With O(backend=kubernetes), the Python library C(kubernetes) and the collection C(kubernetes.core); the rights
+    to write C(cloudquotas) (cluster administrators, or the operators the cluster grants them; no role of
+    C(config/rbac) grants it to tenants) and to list C(cloudvms) and read C(persistentvolumeclaims) for the usage.
 seealso:
   - module: zjusct.cloud.audit_info
   - module: zjusct.cloud.cloudvm
@@ -82,6 +101,14 @@ EXAMPLES = r"""
   zjusct.cloud.owner_quota:
     owner: bob
     state: absent
+
+- name: The same limits for alice on Kubernetes (her CloudQuota, over every namespace)
+  zjusct.cloud.owner_quota:
+    backend: kubernetes
+    kubeconfig: ~/.kube/config
+    owner: alice
+    vcpus: 4
+    memory_mib: 4096
 """
 
 RETURN = r"""
@@ -96,7 +123,7 @@ quota:
   type: dict
   sample: {vms: 2, vcpus: 4, memory_mib: 4096, disk_mib: 20480, bandwidth_mbps: null}
 usage:
-  description: What the owner uses now, counted as the quota counts it.
+  description: What the owner uses now, counted as the quota counts it (on Kubernetes as the controller counts it).
   returned: success
   type: dict
   sample: {vms: 1, vcpus: 1, memory_mib: 512, disk_mib: 2048, bandwidth_mbps: 0}
@@ -104,21 +131,15 @@ usage:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import (
+    owner_quota_argument_spec,
+    run_owner_quota,
+)
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
-from ansible_collections.zjusct.cloud.plugins.module_utils.model.quota import LIMITS
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.tenancy_module import run_owner_quota
-
-ARGUMENT_SPEC: dict = {
-    "owner": {"type": "str", "required": True},
-    "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
-    "actor": {"type": "str", "default": "operator"},
-    "host_config": {"type": "path"},
-    **{dim: {"type": "int"} for dim in LIMITS},  # the quota dimensions (docs/security.md, "Quotas")
-}
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    module = AnsibleModule(argument_spec=owner_quota_argument_spec(), supports_check_mode=True)
     run_module(module, run_owner_quota, diff=True)
 
 

@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Bodies of ``zjusct.cloud.owner_quota`` and ``zjusct.cloud.audit_info`` (host backend).
+"""Bodies of ``zjusct.cloud.owner_quota`` (:func:`set_quota`, dispatched by ``cloudvm_module.run_owner_quota``) and
+``zjusct.cloud.audit_info`` on the host backend.
 
 ``owner_quota`` sets or removes one owner's quota in the host store (the rules of what counts are in
 :mod:`model.quota` and docs/security.md); every change is an audit record. ``audit_info`` lists the
@@ -114,11 +115,6 @@ def list_audit(params: dict) -> dict:
     except StoreError as exc:
         raise TenancyError(f"host_config: {exc}") from exc
     return {"changed": False, "records": records}
-
-
-def run_owner_quota(params: dict, check_mode: bool, diff: bool) -> dict:
-    """The ``zjusct.cloud.owner_quota`` module: :func:`set_quota`."""
-    return set_quota(params, check_mode, diff)
 
 
 def run_audit_info(params: dict, check_mode: bool) -> dict:

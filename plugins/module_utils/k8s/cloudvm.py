@@ -35,6 +35,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle impor
     params_to_spec,
     plan_power,
 )
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.quota import parse_message
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
 FIELD_MANAGER = "zjusct.cloud.cloudvm"
@@ -42,6 +43,8 @@ REQUEST_TIMEOUT = 30  # seconds, every API call
 CONFLICT_RETRIES = 10  # re-plans after a 409 before giving up
 POLL_INTERVAL = 1.0  # seconds between GETs while waiting
 OFF_PHASES = ("Stopped", "Failed")  # no launcher remains
+# status reasons of a refusal the controller met (docs/controller.md, Refusals): the quota or the API server said no
+REFUSAL_REASONS = ("QuotaExceeded", "Refused")
 HOST_ONLY_OPTIONS = ("image", "volume_size_mib")
 NO_SUCH_RESOURCE = "could not find the requested resource"  # kube-apiserver's 404 for an unknown resource type
 
@@ -253,6 +256,24 @@ def boot_ended(obj: Optional[dict]) -> Optional[str]:
     return None
 
 
+def refusal(obj: Optional[dict], target: str) -> Optional[tuple[str, str]]:
+    """``(reason, message)`` when the controller reports that what a wait for ``target`` (``Running`` or
+    ``Stopped``) awaits was refused - the owner's CloudQuota, a namespace ResourceQuota or LimitRange, an admission
+    policy (status reason in :data:`REFUSAL_REASONS`, for the current ``metadata.generation`` and, for Running,
+    ``spec.bootID``) - else None. The controller retries such a VM by itself, so this is final only for the wait."""
+    if not obj or target not in ("Running", "Stopped"):
+        return None
+    status, spec = obj.get("status") or {}, obj.get("spec") or {}
+    generation = (obj.get("metadata") or {}).get("generation")
+    if status.get("reason") not in REFUSAL_REASONS:
+        return None
+    if generation is not None and int(status.get("observedGeneration", -1)) < int(generation):
+        return None
+    if target == "Running" and status.get("bootID") != spec.get("bootID"):
+        return None
+    return str(status["reason"]), str(status.get("message") or "")
+
+
 def timeout_message(namespace: str, name: str, target: str, timeout: float, obj: Optional[dict]) -> str:
     """The wait timeout message: what was awaited and the last phase and reason seen."""
     want = {"Running": "Running (SSH ready)", "Stopped": "Stopped", "absent": "deleted"}[target]
@@ -268,6 +289,22 @@ def timeout_message(namespace: str, name: str, target: str, timeout: float, obj:
     if target == "absent" and finalizers:
         last += f"; deletion waits for finalizers {', '.join(finalizers)}"
     return f"CloudVM {namespace}/{name}: timed out after {timeout:g} s waiting until {want}; last {last}"
+
+
+def _refused_error(ns: str, name: str, target: str, refused: tuple[str, str], obj: dict,
+                   changed: bool) -> CloudVMError:
+    """The wait's failure for :func:`refusal`: the controller's message, ``reason`` (``QuotaExceeded`` or
+    ``Refused``) and, for an owner quota, the host backend's fields ``quota``, ``owner``, ``limit``, ``in_use``,
+    ``requested`` (:func:`model.quota.parse_message`)."""
+    reason, message = refused
+    what = {"Running": f"boot {(obj.get('spec') or {}).get('bootID')}", "Stopped": "the stop"}[target]
+    still = ("the VM stays asked to run: the controller retries it and starts it once allowed "
+             "(power_state: stopped withdraws the request)" if target == "Running"
+             else "the controller retries the stop")
+    details: dict[str, Any] = {"reason": reason, "changed": changed, "cloudvm": obj,
+                               "phase": (obj.get("status") or {}).get("phase")}
+    details.update(parse_message(message) or {})
+    return CloudVMError(f"CloudVM {ns}/{name}: {what} refused ({reason}): {message}; {still}", **details)
 
 
 def _result(obj: Optional[dict], changed: bool, before: Optional[dict], diff: bool, warnings: list[str]) -> dict:
@@ -344,6 +381,9 @@ class Backend:
                 if ended:
                     raise CloudVMError(f"CloudVM {ns}/{name}: {ended}", changed=changed, cloudvm=obj,
                                        phase=(obj or {}).get("status", {}).get("phase"))
+            refused = refusal(obj, target)
+            if refused is not None:
+                raise _refused_error(ns, name, target, refused, obj or {}, changed)
             if target != "absent" and obj is None:
                 raise CloudVMError(f"CloudVM {ns}/{name} was deleted while waiting", changed=changed)
             remaining = deadline - self.monotonic()

@@ -23,7 +23,8 @@ refuses the next growth. No quota row, or a limit of None, means unlimited.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from typing import Optional
 
 LIMITS = ("vms", "vcpus", "memory_mib", "disk_mib", "bandwidth_mbps")
@@ -143,3 +144,200 @@ def validate_limits(limits: dict) -> list[str]:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             errors.append(f"{dim}: {value!r} is not an integer >= 0 (omit it for no limit on {UNITS[dim]})")
     return errors
+
+
+# --------------------------------------------------------------------------- Kubernetes
+#
+# On Kubernetes the API server accepts every CloudVM an owner may create (it cannot sum over other objects), so the
+# quota is enforced where a boot consumes resources: the controller admits a boot only when it fits (docs/security.md,
+# "Quotas on Kubernetes"). What a CloudVM object counts follows the rules above, restricted to what was admitted:
+#
+# * a CloudVM counts ``vms`` and its root volume claim's size (``disk_mib``) from its first admitted boot until it is
+#   deleted (a CloudVM that was never admitted is the host's refused create: it holds nothing);
+# * it counts ``vcpus``, ``memory_mib`` and ``bandwidth_mbps`` (:func:`vm_footprint`) while its ``spec.bootID`` is
+#   the admitted boot and ``spec.powerState`` is Running (a refused start holds nothing, a stop frees them).
+#
+# The admitted boot is the status field ``admittedBootID`` (written only by the controller, through the status
+# subresource), or for a status written before that field existed the bootID of a status naming its launcher Pod.
+
+CRD_PLURAL = "cloudquotas"
+CRD_KIND = "CloudQuota"
+ADMITTED_FIELD = "admittedBootID"
+# dimension -> the CloudQuota spec field that limits it
+API_FIELDS = {"vms": "vms", "vcpus": "vcpus", "memory_mib": "memoryMiB", "disk_mib": "diskMiB",
+              "bandwidth_mbps": "bandwidthMbps"}
+# dimension -> the CloudVM field that asks for it (the refusal's "asked by")
+ASKED_FIELDS = {"vms": "metadata.name", "vcpus": "spec.vcpus", "memory_mib": "spec.memoryMiB",
+                "disk_mib": "spec.rootVolumeClaim", "bandwidth_mbps": "spec.network.bandwidth.guaranteedMbps"}
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)|[eE]([0-9]+))?$")
+
+
+def limits_from_spec(spec: Optional[dict]) -> dict:
+    """A CloudQuota's ``spec`` (``vms``, ``vcpus``, ``memoryMiB``, ``diskMiB``, ``bandwidthMbps``; absent:
+    unlimited) as dimension -> limit (int, or None for unlimited), the shape :func:`check` takes."""
+    spec = spec or {}
+    return {dim: (None if spec.get(field) is None else int(spec[field])) for dim, field in API_FIELDS.items()}
+
+
+def spec_from_limits(limits: dict) -> dict:
+    """Dimension -> limit (None: unlimited) as a CloudQuota ``spec`` (unlimited dimensions left out)."""
+    return {field: int(limits[dim]) for dim, field in API_FIELDS.items() if limits.get(dim) is not None}
+
+
+def quantity_mib(quantity: object) -> int:
+    """A Kubernetes quantity of bytes (``2Gi``, ``2048Mi``, ``1.5G``, ``1e9``, ``1073741824``) in MiB, rounded up.
+
+    Raises:
+        ValueError: not a non-negative quantity (the message names the value).
+    """
+    text = str(quantity).strip()
+    match = _QUANTITY.match(text)
+    if not match:
+        raise ValueError(f"{quantity!r} is not a Kubernetes quantity of bytes (such as 2Gi or 2048Mi)")
+    number, suffix, exponent = match.groups()
+    scale = _BINARY.get(suffix or "") or _DECIMAL.get(suffix or "", 1)
+    whole, _dot, frac = number.partition(".")
+    frac = frac or ""
+    numerator = int(whole or "0") * 10 ** len(frac) + int(frac or "0")
+    numerator *= scale * (10 ** int(exponent) if exponent else 1)
+    denominator = 10 ** len(frac) * 2**20
+    return -(-numerator // denominator)
+
+
+def claim_mib(claim: Optional[dict]) -> int:
+    """A PersistentVolumeClaim's size in MiB: ``status.capacity.storage`` once bound, else
+    ``spec.resources.requests.storage``; 0 for no claim or no size (a size that is not a quantity counts 0)."""
+    if not claim:
+        return 0
+    size = ((claim.get("status") or {}).get("capacity") or {}).get("storage") or (
+        ((claim.get("spec") or {}).get("resources") or {}).get("requests") or {}).get("storage")
+    try:
+        return quantity_mib(size) if size is not None else 0
+    except ValueError:
+        return 0
+
+
+def admitted_boot(status: Optional[dict]) -> Optional[int]:
+    """The boot of a CloudVM the controller last admitted, from its status (None: never admitted)."""
+    status = status or {}
+    if status.get(ADMITTED_FIELD) is not None:
+        return int(status[ADMITTED_FIELD])
+    if status.get("pod") and status.get("bootID") is not None:  # a status from before admittedBootID existed
+        return int(status["bootID"])
+    return None
+
+
+@dataclass(frozen=True)
+class Counted:
+    """One CloudVM as the Kubernetes quota counts it.
+
+    Attributes:
+        spec: the CloudVM's spec (camelCase).
+        admitted: the boot the controller admitted last (None: never admitted).
+        claim: ``(namespace, name)`` of its root volume claim (one claim is counted once however many VMs name it).
+        disk_mib: that claim's size (:func:`claim_mib`).
+    """
+
+    spec: dict
+    admitted: Optional[int]
+    claim: tuple
+    disk_mib: int
+
+
+def counted_footprint(item: Counted) -> dict:
+    """What one :class:`Counted` CloudVM holds (module comment above), disk included."""
+    out = zero()
+    if item.admitted is None:
+        return out
+    out["vms"] = 1
+    out["disk_mib"] = int(item.disk_mib)
+    if item.admitted == int((item.spec or {}).get("bootID") or 0):
+        running = vm_footprint(item.spec)
+        for dim in ("vcpus", "memory_mib", "bandwidth_mbps"):
+            out[dim] = running[dim]
+    return out
+
+
+def counted_usage(items: list) -> dict:
+    """The sum of :func:`counted_footprint` over ``items``; each claim's size counted once."""
+    return _counted_sum(items)[0]
+
+
+def _counted_sum(items: list) -> tuple:
+    """``(usage, claims)``: :func:`counted_usage` and the size counted per claim."""
+    total = zero()
+    claims: dict = {}
+    for item in items:
+        fp = counted_footprint(item)
+        for dim in LIMITS:
+            if dim != "disk_mib":
+                total[dim] += fp[dim]
+        if fp["vms"]:
+            claims[item.claim] = max(claims.get(item.claim, 0), fp["disk_mib"])
+    total["disk_mib"] = sum(claims.values())
+    return total, claims
+
+
+def _with(base: tuple, item: Counted) -> dict:
+    """``base`` (:func:`_counted_sum` of other items) plus ``item``, its claim counted once."""
+    total, claims = base
+    out = dict(total)
+    fp = counted_footprint(item)
+    for dim in LIMITS:
+        if dim != "disk_mib":
+            out[dim] += fp[dim]
+    if fp["vms"]:
+        out["disk_mib"] += max(0, fp["disk_mib"] - claims.get(item.claim, 0))
+    return out
+
+
+def asked_by(dimension: str, namespace: str, name: str, claim: str = "") -> str:
+    """The refusal's "asked by" on Kubernetes: the option and the CloudVM field, e.g. ``vcpus, spec.vcpus of
+    CloudVM team-a/web``; for disk also the claim (``... spec.rootVolumeClaim web-root of CloudVM team-a/web``)."""
+    option = OPTIONS[dimension].split(" (")[0]
+    field = ASKED_FIELDS[dimension] + (f" {claim}" if dimension == "disk_mib" and claim else "")
+    return f"{option}, {field} of CloudVM {namespace}/{name}"
+
+
+def check_boot(owner: str, quota: Optional[dict], others: list, this: Counted, namespace: str, name: str
+               ) -> Optional[Refusal]:
+    """May the boot ``this.spec.bootID`` of one CloudVM be admitted within its owner's quota?
+
+    Args:
+        owner: the owner (``spec.owner``).
+        quota: dimension -> limit (:func:`limits_from_spec`), None when the owner has no CloudQuota.
+        others: every other CloudVM of the owner (:class:`Counted`), in every namespace the controller sees.
+        this: the CloudVM to boot, as counted now (``admitted`` its last admitted boot).
+        namespace, name: the CloudVM (named in the refusal).
+
+    Returns:
+        None when the boot fits (or the owner is unlimited); else the :class:`Refusal` of the first dimension it
+        grows past its limit, with the usage before the boot and what the boot adds (a boot only grows what it does
+        not hold yet: a first boot adds ``vms`` and the claim's size, every boot adds ``vcpus``, ``memory_mib``,
+        ``bandwidth_mbps`` when ``spec.powerState`` is Running).
+    """
+    if not quota:
+        return None
+    base = _counted_sum(others)  # one pass over the owner's VMs: the boot's before and after differ only in this
+    before = _with(base, this)
+    after = _with(base, Counted(this.spec, int((this.spec or {}).get("bootID") or 0), this.claim, this.disk_mib))
+    refusal = check(owner, quota, before, before, after)
+    if refusal is None:
+        return None
+    return replace(refusal, asked_by=asked_by(refusal.dimension, namespace, name, str(this.claim[1])))
+
+
+_REFUSAL = re.compile(r"^(?P<quota>[a-z_]+): owner '(?P<owner>[^']*)' would use \d+ of quota (?P<limit>\d+) .*?"
+                      r"\(in use (?P<in_use>\d+), this request (?P<requested>\d+),")
+
+
+def parse_message(message: Optional[str]) -> Optional[dict]:
+    """The :meth:`Refusal.details` fields back from a :attr:`Refusal.message` (as a CloudVM's status carries it on
+    Kubernetes), or None when ``message`` is not one."""
+    match = _REFUSAL.match(message or "")
+    if not match or match["quota"] not in LIMITS:
+        return None
+    return {"reason": "QuotaExceeded", "quota": match["quota"], "owner": match["owner"],
+            "limit": int(match["limit"]), "in_use": int(match["in_use"]), "requested": int(match["requested"])}

@@ -28,6 +28,7 @@ from tests.cluster import TENANT_NAMESPACE
 REPO = Path(__file__).resolve().parents[3]
 VENV_BIN = Path(os.environ.get("ZJUSCT_VENV", "/var/cache/zjusct-cloud/venv")) / "bin"
 CRD_FILE = REPO / "config" / "crd" / "cloudvms.cloud.zjusct.io.yaml"
+QUOTA_CRD_FILE = REPO / "config" / "crd" / "cloudquotas.cloud.zjusct.io.yaml"
 AGGREGATE_ROLES = REPO / "config" / "rbac" / "aggregate-roles.yaml"
 OWNER_POLICY = REPO / "config" / "policy" / "owner-admission.yaml"
 PLAY_TIMEOUT = 300  # seconds for one ansible-playbook run

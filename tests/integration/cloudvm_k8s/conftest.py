@@ -2,8 +2,8 @@
 
 * The control plane and the per-test namespace come from tests/integration/k8s/conftest.py
   (``k8s_cluster``, ``k8s_api``, ``tenant_api``, ``k8s_namespace``; imported, not copied).
-* ``cloudvm_crd`` (session) creates config/crd/, config/rbac/aggregate-roles.yaml and the owner
-  admission policies (config/policy/) as ``kubectl apply`` would, and waits until the CRD is served,
+* ``cloudvm_crd`` (session) creates config/crd/ (CloudVM and CloudQuota), config/rbac/aggregate-roles.yaml and the
+  owner admission policies (config/policy/) as ``kubectl apply`` would, and waits until the CRDs are served,
   the tenant's ``edit`` role has picked up the CloudVM rules through aggregation and every policy is
   enforced.
 * ``play`` runs tasks through ``ansible-playbook`` with the collection from this checkout.
@@ -37,6 +37,7 @@ from tests.integration.cloudvm_k8s.cloudvm_helpers import (
     GROUP,
     OWNER_POLICY,
     PLURAL,
+    QUOTA_CRD_FILE,
     VERSION,
     CloudVMs,
     PlayRun,
@@ -65,20 +66,23 @@ def _create_or_keep(create: Callable[[Any], Any], body: dict[str, Any]) -> None:
 
 @pytest.fixture(scope="session")
 def cloudvm_crd(k8s_api: Any, tenant_api: Any) -> Iterator[dict[str, Any]]:
-    """The CloudVM CRD from config/crd/ and the aggregated roles, installed on the test cluster."""
+    """The CloudVM and CloudQuota CRDs from config/crd/ and the aggregated roles, installed on the test cluster."""
     ext = client.ApiextensionsV1Api(k8s_api)
     rbac = client.RbacAuthorizationV1Api(k8s_api)
     (crd,) = load_docs(CRD_FILE)
+    (quota_crd,) = load_docs(QUOTA_CRD_FILE)
     _create_or_keep(ext.create_custom_resource_definition, crd)
+    _create_or_keep(ext.create_custom_resource_definition, quota_crd)
     roles = load_docs(AGGREGATE_ROLES)
     for role in roles:
         _create_or_keep(rbac.create_cluster_role, role)
 
     def established() -> bool:
-        got = ext.read_custom_resource_definition(crd["metadata"]["name"])
-        return {c.type: c.status for c in (got.status.conditions or [])}.get("Established") == "True"
+        return all({c.type: c.status for c in (ext.read_custom_resource_definition(d["metadata"]["name"]).status
+                                               .conditions or [])}.get("Established") == "True"
+                   for d in (crd, quota_crd))
 
-    wait_for(established, 60, "CloudVM CRD Established")
+    wait_for(established, 60, "CloudVM and CloudQuota CRDs Established")
     objects = client.CustomObjectsApi(k8s_api)
     wait_for(lambda: objects.list_cluster_custom_object(GROUP, VERSION, PLURAL) is not None, 60, "cloudvms served")
 
@@ -102,8 +106,9 @@ def cloudvm_crd(k8s_api: Any, tenant_api: Any) -> Iterator[dict[str, Any]]:
                 admission.delete_validating_admission_policy_binding(obj["metadata"]["name"])
             else:
                 admission.delete_validating_admission_policy(obj["metadata"]["name"])
-    with contextlib.suppress(ApiException):
-        ext.delete_custom_resource_definition(crd["metadata"]["name"])
+    for doc in (crd, quota_crd):
+        with contextlib.suppress(ApiException):
+            ext.delete_custom_resource_definition(doc["metadata"]["name"])
     for role in roles:
         with contextlib.suppress(ApiException):
             rbac.delete_cluster_role(role["metadata"]["name"])

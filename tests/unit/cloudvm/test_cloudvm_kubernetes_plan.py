@@ -397,3 +397,42 @@ def test_stop_wait_ending_on_failed_says_so_in_a_warning() -> None:
     api.set_status("ns", "vm1", phase="Stopped", reason="StopRequested", bootID=1)
     clean = backend(api).ensure(params(power_state="stopped", wait=True), check_mode=False, diff=False)
     assert "warnings" not in clean, "a clean stop warns about nothing"
+
+
+def test_wait_for_running_fails_fast_with_the_quota_refusal_and_the_hosts_failure_fields() -> None:
+    api = FakeApi()
+    message = ("vcpus: owner 'alice' would use 3 of quota 2 vCPUs (in use 2, this request 1, asked by vcpus, "
+               "spec.vcpus of CloudVM ns/vm1); stop another VM of 'alice', or ask the operator to raise owner_quota "
+               "vcpus")
+
+    def refuse() -> None:
+        spec = api.objects[("ns", "vm1")]["spec"]
+        api.set_status("ns", "vm1", phase="Blocked", reason="QuotaExceeded", bootID=spec["bootID"], message=message)
+
+    clock = Clock(refuse)
+    with pytest.raises(CloudVMError) as err:
+        backend(api, clock).ensure(params(power_state="running", wait=True, wait_timeout=600),
+                                   check_mode=False, diff=False)
+    assert clock.now < 5  # not the 600 s timeout
+    assert str(err.value).startswith(f"CloudVM ns/vm1: boot 1 refused (QuotaExceeded): {message}; the VM stays "
+                                     "asked to run")
+    assert {k: err.value.details[k] for k in ("reason", "quota", "owner", "limit", "in_use", "requested",
+                                              "changed", "phase")} == {
+        "reason": "QuotaExceeded", "quota": "vcpus", "owner": "alice", "limit": 2, "in_use": 2, "requested": 1,
+        "changed": True, "phase": "Blocked"}
+
+
+def test_a_refusal_of_an_older_generation_or_boot_does_not_end_the_wait() -> None:
+    api = FakeApi()
+    backend(api).ensure(params(power_state="running"), check_mode=False, diff=False)
+    obj = api.objects[("ns", "vm1")]
+    api.set_status("ns", "vm1", phase="Blocked", reason="Refused", bootID=obj["spec"]["bootID"], message="m")
+    assert k8s.refusal(obj, "Running") == ("Refused", "m")
+    obj["status"]["observedGeneration"] = obj["metadata"]["generation"] - 1
+    assert k8s.refusal(obj, "Running") is None
+    obj["status"].update(observedGeneration=obj["metadata"]["generation"], bootID=obj["spec"]["bootID"] - 1)
+    assert k8s.refusal(obj, "Running") is None
+    api.set_status("ns", "vm1", phase="Stopping", reason="Refused", bootID=1, message="delete refused")
+    assert k8s.refusal(api.objects[("ns", "vm1")], "Stopped") == ("Refused", "delete refused")
+    api.set_status("ns", "vm1", phase="Blocked", reason="VolumeInUse", bootID=1, message="x")
+    assert k8s.refusal(api.objects[("ns", "vm1")], "Running") is None  # waits on: it clears by itself

@@ -79,3 +79,15 @@ def test_immutable_fields_and_monotonic_boot_id_have_transition_rules(schema: di
     for field, rule in (("owner", "self == oldSelf"), ("rootVolumeClaim", "self == oldSelf"),
                         ("bootID", "self >= oldSelf")):
         assert [r["rule"] for r in spec[field]["x-kubernetes-validations"]] == [rule]
+
+
+def test_cloudquota_crd_holds_the_dimensions_of_model_quota(schema: dict[str, Any]) -> None:
+    from ansible_collections.zjusct.cloud.plugins.module_utils.model import quota
+
+    crd = yaml.safe_load((CRD.parent / f"{quota.CRD_PLURAL}.cloud.zjusct.io.yaml").read_text())
+    assert (crd["spec"]["scope"], crd["spec"]["names"]["kind"]) == ("Cluster", quota.CRD_KIND)
+    (version,) = crd["spec"]["versions"]
+    fields = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert set(fields) == set(quota.API_FIELDS.values())
+    assert all((f["type"], f["minimum"]) == ("integer", 0) for f in fields.values())
+    assert quota.ADMITTED_FIELD in schema["properties"]["status"]["properties"]  # the CloudVM status field

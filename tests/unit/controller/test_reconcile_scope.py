@@ -35,6 +35,7 @@ class _Api:
         self.claims = {(ns, "web-root"): {"metadata": {"name": "web-root", "namespace": ns, "resourceVersion": "2"},
                                           "status": {"phase": "Bound"}} for ns in namespaces}
         self.pods: dict[tuple[str, str], dict] = {}
+        self.quotas: dict[str, dict] = {}  # CloudQuotas by owner
 
     def _next(self, obj: dict) -> dict:
         self.rv += 1
@@ -51,9 +52,9 @@ class _Api:
         return self._list([{"metadata": {"name": "n1", "resourceVersion": "3"},
                             "status": {"conditions": [{"type": "Ready", "status": "True"}]}}])
 
-    def list_cluster_custom_object(self, *_: Any, **__: Any) -> Any:
-        self.calls.append("LIST cloudvms")
-        return self._list(self.vms.values())
+    def list_cluster_custom_object(self, _g: str, _v: str, plural: str, **__: Any) -> Any:
+        self.calls.append(f"LIST {plural}")
+        return self._list(self.quotas.values() if plural == "cloudquotas" else self.vms.values())
 
     def list_namespaced_custom_object(self, _g: str, _v: str, ns: str, _p: str, **__: Any) -> Any:
         self.calls.append("LIST cloudvms")
@@ -147,8 +148,8 @@ def test_first_reconcile_lists_once_then_reads_only_caches_five_writes_the_bindi
     r = _reconciler(api)
     plan = r.reconcile("alice", "web")
     assert plan is not None and plan.create_pod is not None
-    assert api.calls == ["LIST nodes", "LIST cloudvms", "LIST pods", "LIST claims", "PATCH cloudvm", "PATCH claim",
-                         "POST pod", "PATCH cloudvm/status", "POST event"]
+    assert api.calls == ["LIST nodes", "LIST cloudquotas", "LIST cloudvms", "LIST pods", "LIST claims", "PATCH cloudvm",
+                         "PATCH claim", "POST pod", "PATCH cloudvm/status", "POST event"]
     assert api.vms[("alice", "web")]["metadata"]["finalizers"] == [FINALIZER]
     assert api.unread == 0  # the Event's answer was read to the end too
     assert api.claims[("alice", "web-root")]["metadata"]["annotations"] == {CLAIMED_BY: UID}
