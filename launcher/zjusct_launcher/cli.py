@@ -12,7 +12,7 @@ import os
 import shutil
 import sys
 
-from zjusct_launcher import API_VERSION, PROTOCOL_VERSIONS, __version__
+from zjusct_launcher import API_VERSION, PROTOCOL_VERSIONS, __version__, environment
 from zjusct_launcher import config as cfgmod
 
 
@@ -25,7 +25,7 @@ def _check(path: str) -> int:
         return 2
     try:
         cfg = cfgmod.parse(doc)
-        problems = cfgmod.environment_problems(cfg)
+        problems = environment.environment_problems(cfg)
     except cfgmod.ConfigError as exc:
         problems = exc.problems
         cfg = None

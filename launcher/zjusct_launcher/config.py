@@ -1,10 +1,11 @@
 """LauncherConfig v1: parse and validate a config document into plain dataclasses.
 
-Pure: nothing here touches the system except :func:`environment_problems`, which only reads (stat, open for
-reading a few bytes). Every problem is reported, each naming its JSON path, the value and the allowed range:
-``machine.memoryMiB: 8192 is above the maximum 4096``. The JSON Schema in ``schemas/launcher-config-v1.json``
-describes the same structural rules; the cross-field rules it cannot express are marked "semantic" in
-docs/launcher-protocol.md (gateway inside the IPv4 subnet, unicast MAC, kernel command line length).
+Pure: nothing here touches the system (the read-only checks of the files a config names are
+:func:`environment.environment_problems`). Every problem is reported, each naming its JSON path, the value and the
+allowed range: ``machine.memoryMiB: 8192 is above the maximum 4096``. The JSON Schema in
+``schemas/launcher-config-v1.json`` describes the same structural rules; the cross-field rules it cannot express are
+marked "semantic" in docs/launcher-protocol.md (gateway inside the IPv4 subnet, unicast MAC, kernel command line
+length).
 """
 
 from __future__ import annotations
@@ -611,53 +612,3 @@ def parse(doc: Any) -> LauncherConfig:
         raise ConfigError(c.problems)
     return LauncherConfig(vm, machine, boot, root, identity, net, hyp, readiness, stop, runtime_dir, serial,
                           result_path, term, ready_path, boot_slots, stop_retry, raw=doc)
-
-
-def environment_problems(cfg: LauncherConfig) -> list[str]:
-    """Read-only checks of the files a config names (exist, right kind). Pure apart from stat/open.
-
-    Returns problems in the same ``path: message`` form as :func:`parse`.
-    """
-    problems: list[str] = []
-
-    def need_file(path: str, label: str) -> bool:
-        if not os.path.isfile(path):
-            problems.append(f"{label}: {path!r} does not exist or is not a regular file")
-            return False
-        if not os.access(path, os.R_OK):
-            problems.append(f"{label}: {path!r} is not readable")
-            return False
-        return True
-
-    if need_file(cfg.boot.kernel, "boot.kernel") and cfg.hypervisor.type == "firecracker":
-        with open(cfg.boot.kernel, "rb") as fh:
-            if fh.read(4) != b"\x7fELF":
-                problems.append(f"boot.kernel: {cfg.boot.kernel!r} is not an uncompressed ELF vmlinux "
-                                "(Firecracker cannot boot a bzImage)")
-    if cfg.boot.initrd:
-        need_file(cfg.boot.initrd, "boot.initrd")
-    if cfg.root_disk.path is not None:
-        p = cfg.root_disk.path
-        if not (os.path.isfile(p) or (os.path.exists(p) and _is_block(p))):
-            problems.append(f"rootDisk.path: {p!r} does not exist or is neither a file nor a block device")
-        elif not os.access(p, os.R_OK | os.W_OK):
-            problems.append(f"rootDisk.path: {p!r} is not readable and writable")
-    if cfg.root_disk.rbd is not None:
-        need_file(cfg.root_disk.rbd.conf, "rootDisk.rbd.conf")
-        if cfg.root_disk.rbd.keyring_path:
-            need_file(cfg.root_disk.rbd.keyring_path, "rootDisk.rbd.keyringPath")
-    if cfg.network.mode == "tap" and not cfg.network.create_tap and not os.path.exists(
-            f"/sys/class/net/{cfg.network.tap}"):
-        problems.append(f"network.tap: {cfg.network.tap!r} does not exist (createTap is false)")
-    if cfg.network.bridge and not os.path.isdir(f"/sys/class/net/{cfg.network.bridge}/bridge"):
-        problems.append(f"network.bridge: {cfg.network.bridge!r} is not an existing bridge")
-    return problems
-
-
-def _is_block(path: str) -> bool:
-    import stat
-
-    try:
-        return stat.S_ISBLK(os.stat(path).st_mode)
-    except OSError:
-        return False

@@ -25,11 +25,12 @@ from collections import deque
 from typing import Any
 
 from zjusct_launcher import config as cfgmod
-from zjusct_launcher import firecracker, identity, kvm, lock, log, qemu, readiness, tap
+from zjusct_launcher import environment, firecracker, firecracker_api, identity, kvm, lock, log, qemu, readiness, tap
 from zjusct_launcher.decide import Facts, decide, exit_status
+from zjusct_launcher.fs import publish, write_atomic
 from zjusct_launcher.paths import RuntimePaths
 from zjusct_launcher.qmp import QmpClient, QmpError
-from zjusct_launcher.result import EXIT_ALREADY_RUNNING, Result, publish, write_atomic
+from zjusct_launcher.result import EXIT_ALREADY_RUNNING, Result
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 QMP_CONNECT_TIMEOUT_SECONDS = 30.0
@@ -114,7 +115,7 @@ def run_file(config_path: str) -> int:
         return 2
     try:
         cfg = cfgmod.parse(doc)
-        problems = cfgmod.environment_problems(cfg)
+        problems = environment.environment_problems(cfg)
     except cfgmod.ConfigError as exc:
         problems = exc.problems
     if problems:
@@ -584,12 +585,12 @@ class Runner:
                 self.qmp.execute("system_powerdown")
             else:
                 method = "SendCtrlAltDel"
-                firecracker.send_ctrl_alt_del(self.fc_api_socket)
+                firecracker_api.send_ctrl_alt_del(self.fc_api_socket)
             log.info("graceful stop sent", method=method, cause=why, attempt=self.graceful_attempts)
-        except firecracker.ApiNotListening:
+        except firecracker_api.ApiNotListening:
             self.graceful_attempts -= 1
             return time.monotonic() + GRACEFUL_RETRY_SECONDS
-        except (QmpError, firecracker.ApiError) as exc:
+        except (QmpError, firecracker_api.ApiError) as exc:
             if first:
                 log.warning("graceful stop failed; waiting for the stop timeout", error=str(exc))
             else:
