@@ -1,7 +1,8 @@
 """Read-only checks of the files a LauncherConfig names, run by ``run`` and ``check`` after :func:`config.parse`.
 
 Every problem names its field like the parser's (``boot.kernel: '/x' does not exist or is not a regular file``);
-any problem ends the run as ``ConfigInvalid`` before anything is created.
+any problem ends the run as ``ConfigInvalid`` before anything is created. What a VMM type's kernel must look like
+is its profile's (:attr:`capability.Profile.kernel_magic`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import os
 import stat
 
+from zjusct_launcher import capability
 from zjusct_launcher.config import LauncherConfig
 
 
@@ -31,11 +33,11 @@ def environment_problems(cfg: LauncherConfig) -> list[str]:
             return False
         return True
 
-    if need_file(cfg.boot.kernel, "boot.kernel") and cfg.hypervisor.type == "firecracker":
+    vmm = capability.profile(cfg.hypervisor.type)
+    if need_file(cfg.boot.kernel, "boot.kernel") and vmm.kernel_magic is not None:
         with open(cfg.boot.kernel, "rb") as fh:
-            if fh.read(4) != b"\x7fELF":
-                problems.append(f"boot.kernel: {cfg.boot.kernel!r} is not an uncompressed ELF vmlinux "
-                                "(Firecracker cannot boot a bzImage)")
+            if fh.read(len(vmm.kernel_magic)) != vmm.kernel_magic:
+                problems.append(f"boot.kernel: {cfg.boot.kernel!r} {vmm.kernel_refusal}")
     if cfg.boot.initrd:
         need_file(cfg.boot.initrd, "boot.initrd")
     if cfg.root_disk.path is not None:

@@ -1,6 +1,6 @@
-"""Firecracker's pure half: the JSON config for ``--config-file``, the command lines (direct and under
-the jailer) and the exit-code meaning. The API client (``PUT /actions {"action_type": "SendCtrlAltDel"}``) is
-:mod:`firecracker_api`.
+"""Firecracker's pure half: its profile (:mod:`capability`), the JSON config for ``--config-file``, the command
+lines (direct and under the jailer) and the exit-code meaning. The API client (``PUT /actions {"action_type":
+"SendCtrlAltDel"}``) is :mod:`firecracker_api`.
 
 Facts from Firecracker's API specification (firecracker.yaml) and docs (api_requests/actions.md):
 boot-source {kernel_image_path, boot_args, initrd_path}; drives [{drive_id, path_on_host, is_root_device,
@@ -28,10 +28,16 @@ import os
 from typing import Any
 
 from zjusct_launcher import names
+from zjusct_launcher.capability import Profile
 from zjusct_launcher.config import LauncherConfig
 from zjusct_launcher.paths import RuntimePaths
 
 DEFAULT_BINARY = "firecracker"
+PROFILE = Profile(
+    type="firecracker", default_binary=DEFAULT_BINARY,
+    lacks={"tcg": "it needs KVM", "userNetwork": "", "rbd": "Firecracker has no librbd", "directIO": "",
+           "qcow2": "Firecracker opens raw files only"},
+    kernel_magic=b"\x7fELF", kernel_refusal="is not an uncompressed ELF vmlinux (Firecracker cannot boot a bzImage)")
 # Boot args Firecracker guests need: reset through the keyboard controller, no PCI probing, fast i8042 probe.
 EXTRA_BOOT_ARGS = "reboot=k pci=off i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd"
 EXIT_MEANINGS = {0: "ok", 1: "generic error", 2: "unexpected error", 3: "bad configuration",
