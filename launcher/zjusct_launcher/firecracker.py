@@ -1,6 +1,6 @@
-"""Firecracker's pure half: its profile (:mod:`capability`), the JSON config for ``--config-file``, the command
-lines (direct and under the jailer) and the exit-code meaning. The API client (``PUT /actions {"action_type":
-"SendCtrlAltDel"}``) is :mod:`firecracker_api`.
+"""Firecracker's pure half: its profile, the JSON config for ``--config-file``, the command lines (direct and under
+the jailer) and the exit-code meaning. The run's effects are :mod:`vmm_firecracker`; the API client
+(``PUT /actions {"action_type": "SendCtrlAltDel"}``) is :mod:`firecracker_api`.
 
 Facts from Firecracker's API specification (firecracker.yaml) and docs (api_requests/actions.md):
 boot-source {kernel_image_path, boot_args, initrd_path}; drives [{drive_id, path_on_host, is_root_device,

@@ -1,4 +1,5 @@
-"""QEMU's pure half: its profile (:mod:`capability`), the command line and the RBD key extraction.
+"""QEMU's pure half: its profile, the command line and the RBD key extraction (the run's effects are
+:mod:`vmm_qemu`).
 
 Command-line facts (QEMU 7.2 docs, qemu-options.hx / qapi/block-core.json):
 * ``-blockdev`` accepts JSON, which avoids comma escaping for paths; ``cache.direct=false`` +
