@@ -113,7 +113,8 @@ def run_file(config_path: str) -> int:
             log.error("config invalid", problem=p)
         path, term = _result_paths(doc)
         vm = _vm_json(doc)
-        boot_id = vm.get("bootID") if isinstance(vm.get("bootID"), int) else 0
+        raw_boot_id = vm.get("bootID")
+        boot_id = raw_boot_id if isinstance(raw_boot_id, int) else 0
         res = Result(vm=vm, boot_id=boot_id, reason="ConfigInvalid", started_at=log.rfc3339(started),
                      finished_at=log.rfc3339(), message="; ".join(problems))
         for err in publish(res, path, term):
