@@ -138,3 +138,84 @@ def test_find_executable_names_the_field(tmp_path: Path, monkeypatch: pytest.Mon
     with pytest.raises(vmm.RunFailed, match=r"^jailer not found in PATH \(.*\); install it or set "
                                             r"hypervisor.jailer.binary$"):
         vmm.find_executable(None, "jailer", "hypervisor.jailer.binary")
+
+
+# -- the adapters' stop requests and events against real sockets -------------------------------------------------
+
+def test_qemu_stop_goes_through_qmp_and_its_events_fill_observed(tmp_path: Path) -> None:
+    from tests.unit.launcher.test_protocols import fake_qmp_server
+
+    c = cfg("config-qemu-tap.json")
+    made = QemuVmm(c, RuntimePaths(str(tmp_path)))
+    with pytest.raises(vmm.StopUnavailable, match=r"^graceful stop impossible without QMP; waiting for the stop "
+                                                  r"timeout$"):
+        made.request_stop()  # not attached: no QMP
+    fake_qmp_server(str(tmp_path / "qmp.sock"), [
+        b'{"event": "POWERDOWN", "data": {}}', b'{"event": "SHUTDOWN", "data": {"guest": true, "reason": '
+                                               b'"guest-shutdown"}}'])
+    made.attach(lambda: True)
+    assert made.event_fds() == [made.qmp.fileno()]  # type: ignore[union-attr]
+    assert made.request_stop() == "QMP system_powerdown"
+    made.poll_events()  # the events that came with the reply
+    assert made.observed == vmm.Observed(shutdown_reason="guest-shutdown", guest_panicked=False)
+    made.cleanup()
+    assert made.event_fds() == [], "closed QMP is not waited on"
+    with pytest.raises(vmm.StopUnavailable):
+        made.request_stop()
+
+
+def test_qemu_stop_that_qmp_refuses_is_a_failed_stop(tmp_path: Path) -> None:
+    import socket
+    import threading
+
+    path = str(tmp_path / "qmp.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        f = conn.makefile("rwb")
+        f.write(b'{"QMP": {"version": {}, "capabilities": []}}\r\n')
+        f.flush()
+        f.readline()
+        f.write(b'{"return": {}}\r\n')
+        f.flush()
+        f.readline()
+        f.write(b'{"error": {"class": "GenericError", "desc": "not now"}}\r\n')
+        f.flush()
+
+    threading.Thread(target=serve, daemon=True).start()
+    made = QemuVmm(cfg("config-qemu-tap.json"), RuntimePaths(str(tmp_path)))
+    made.attach(lambda: True)
+    with pytest.raises(vmm.StopFailed, match="not now"):
+        made.request_stop()
+    made.cleanup()
+    srv.close()
+
+
+def test_firecracker_stop_before_the_api_listens_is_retried_and_a_broken_api_fails(tmp_path: Path) -> None:
+    import socket
+    import threading
+
+    c = cfg("config-firecracker-tap.json")
+    made = FirecrackerVmm(c, RuntimePaths(str(tmp_path)))
+    with pytest.raises(vmm.StopRetry) as retry:
+        made.request_stop()  # no socket yet
+    assert retry.value.seconds == 0.05
+    bound = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    bound.bind(str(tmp_path / "firecracker.sock"))  # bound, not listening: refused, retried
+    with pytest.raises(vmm.StopRetry):
+        made.request_stop()
+    bound.listen(1)
+
+    def hang_up() -> None:  # accepts, answers nothing, closes (a reset or an empty response: either fails)
+        conn, _ = bound.accept()
+        conn.close()
+
+    threading.Thread(target=hang_up, daemon=True).start()
+    with pytest.raises(vmm.StopFailed, match=r"^PUT /actions: "):
+        made.request_stop()
+    bound.close()
+    made.poll_events()
+    assert made.observed == vmm.Observed() and made.event_fds() == []
