@@ -12,7 +12,7 @@ import os
 import shutil
 import sys
 
-from zjusct_launcher import API_VERSION, PROTOCOL_VERSIONS, __version__
+from zjusct_launcher import API_VERSION, PROTOCOL_VERSIONS, __version__, capability, environment
 from zjusct_launcher import config as cfgmod
 
 
@@ -25,7 +25,7 @@ def _check(path: str) -> int:
         return 2
     try:
         cfg = cfgmod.parse(doc)
-        problems = cfgmod.environment_problems(cfg)
+        problems = environment.environment_problems(cfg)
     except cfgmod.ConfigError as exc:
         problems = exc.problems
         cfg = None
@@ -35,9 +35,7 @@ def _check(path: str) -> int:
         print(f"{len(problems)} problem(s): config invalid (ConfigInvalid)")
         return 2
     assert cfg is not None
-    from zjusct_launcher import firecracker, qemu
-
-    default = qemu.DEFAULT_BINARY if cfg.hypervisor.type == "qemu" else firecracker.DEFAULT_BINARY
+    default = capability.profile(cfg.hypervisor.type).default_binary
     binary = cfg.hypervisor.binary or shutil.which(default)
     if not binary or not os.access(binary, os.X_OK):
         print(f"hypervisor.binary: {cfg.hypervisor.binary or default} is not installed or not executable "

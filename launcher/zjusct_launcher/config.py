@@ -1,10 +1,12 @@
 """LauncherConfig v1: parse and validate a config document into plain dataclasses.
 
-Pure: nothing here touches the system except :func:`environment_problems`, which only reads (stat, open for
-reading a few bytes). Every problem is reported, each naming its JSON path, the value and the allowed range:
-``machine.memoryMiB: 8192 is above the maximum 4096``. The JSON Schema in ``schemas/launcher-config-v1.json``
-describes the same structural rules; the cross-field rules it cannot express are marked "semantic" in
-docs/launcher-protocol.md (gateway inside the IPv4 subnet, unicast MAC, kernel command line length).
+Pure: nothing here touches the system (the read-only checks of the files a config names are
+:func:`environment.environment_problems`). Every problem is reported, each naming its JSON path, the value and the
+allowed range: ``machine.memoryMiB: 8192 is above the maximum 4096``. The JSON Schema in
+``schemas/launcher-config-v1.json`` describes the same structural rules; the cross-field rules it cannot express are
+marked "semantic" in docs/launcher-protocol.md (gateway inside the IPv4 subnet, unicast MAC, kernel command line
+length). What a config asks of its VMM is checked against the VMM's profile (:mod:`capability`): a capability it
+lacks is a problem naming the field.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from zjusct_launcher import API_VERSION, names
+from zjusct_launcher import API_VERSION, capability, names
 
 KIND = "LauncherConfig"
 
@@ -328,6 +330,14 @@ def _mac(c: _Checker, path: str, value: Any) -> str:
     return text.lower()
 
 
+def _ask(c: _Checker, vmm_type: str, name: str, value: str = "") -> None:
+    """The config asks its VMM for capability ``name`` (``value``: what was typed, shown): a problem naming the field
+    when the VMM's profile lacks it (:func:`capability.refusal`)."""
+    refused = capability.refusal(vmm_type, name, value)
+    if refused is not None:
+        c.bad(*refused)
+
+
 def _parse_vm(c: _Checker, raw: Any) -> VMRef:
     d = c.obj("vm", raw, ("namespace", "name", "uid", "bootID"), ("namespace", "name", "uid", "bootID"))
     ns = c.string("vm.namespace", d.get("namespace", ""), pattern=DNS_LABEL_RE, max_len=63,
@@ -492,7 +502,7 @@ def _parse_jailer(c: _Checker, raw: Any) -> Jailer | None:
 def _parse_hypervisor(c: _Checker, raw: Any) -> Hypervisor:
     d = c.obj("hypervisor", raw, ("type", "accel", "allowTCG", "binary", "kvmProbeTimeoutSeconds",
                                   "tcgTranslationCacheMiB", "tcgCPUModel", "runAs", "seccomp", "jailer"), ("type",))
-    typ = c.enum("hypervisor.type", d["type"], ("qemu", "firecracker")) if "type" in d else "qemu"
+    typ = c.enum("hypervisor.type", d["type"], capability.VMM_TYPES) if "type" in d else "qemu"
     accel = c.enum("hypervisor.accel", d.get("accel", "auto"), ("auto", "kvm", "tcg"))
     allow = c.boolean("hypervisor.allowTCG", d.get("allowTCG", True))
     binary = c.optional("hypervisor.binary", d.get("binary"), c.abs_path)
@@ -501,15 +511,15 @@ def _parse_hypervisor(c: _Checker, raw: Any) -> Hypervisor:
     tb = c.integer("hypervisor.tcgTranslationCacheMiB", d.get("tcgTranslationCacheMiB", 256), TCG_TB_MIB)
     cpu_model = c.string("hypervisor.tcgCPUModel", d.get("tcgCPUModel", TCG_CPU_MODEL), pattern=CPU_MODEL_RE,
                          what="a QEMU CPU model with optional ,+feature / ,-feature / ,prop=value", max_len=256)
-    if typ == "firecracker" and accel == "tcg":
-        c.bad("hypervisor.accel", '"tcg" is not available with firecracker (it needs KVM)')
+    if accel == "tcg":
+        _ask(c, typ, "tcg", _show(accel))
     if accel == "tcg" and not allow:
         c.bad("hypervisor.accel", '"tcg" contradicts hypervisor.allowTCG: false')
     run_as = _parse_run_as(c, d.get("runAs"))
     seccomp = c.boolean("hypervisor.seccomp", d.get("seccomp", True))
     jailer = _parse_jailer(c, d.get("jailer"))
-    if jailer is not None and typ != "firecracker":
-        c.bad("hypervisor.jailer", "is only used with hypervisor.type firecracker")
+    if jailer is not None:
+        _ask(c, typ, "jailer")
     if typ == "firecracker" and run_as is not None and jailer is None:
         c.bad("hypervisor.jailer", "is required with hypervisor.runAs when hypervisor.type is firecracker "
                                    "(Firecracker drops privileges only through its jailer)")
@@ -581,16 +591,14 @@ def parse(doc: Any) -> LauncherConfig:
     readiness = _parse_readiness(c, d.get("readiness"), net)
     if readiness is None and net.mode != "none" and "network" in d:
         c.bad("readiness", f"is required when network.mode is {net.mode}")
-    if hyp.type == "firecracker":
-        if net.mode == "user":
-            c.bad("network.mode", '"user" is only available with hypervisor.type qemu')
-        if root.rbd is not None:
-            c.bad("rootDisk.rbd", "is only available with hypervisor.type qemu (Firecracker has no librbd)")
-        if root.cache == "None":
-            c.bad("rootDisk.cache", '"None" (O_DIRECT) is only available with hypervisor.type qemu')
-        if root.format != "raw":
-            c.bad("rootDisk.format", f"{_show(root.format)} is only available with hypervisor.type qemu"
-                                     " (Firecracker opens raw files only)")
+    if net.mode == "user":
+        _ask(c, hyp.type, "userNetwork", _show(net.mode))
+    if root.rbd is not None:
+        _ask(c, hyp.type, "rbd")
+    if root.cache == "None":
+        _ask(c, hyp.type, "directIO", _show(root.cache))
+    if root.format == "qcow2":
+        _ask(c, hyp.type, "qcow2", _show(root.format))
     boot_slots = _parse_boot_slots(c, d.get("bootSlots"))
     stop = c.integer("stopTimeoutSeconds", d.get("stopTimeoutSeconds", 30), STOP_TIMEOUT_SECONDS)
     stop_retry = c.integer("stopRetryIntervalSeconds",
@@ -611,53 +619,3 @@ def parse(doc: Any) -> LauncherConfig:
         raise ConfigError(c.problems)
     return LauncherConfig(vm, machine, boot, root, identity, net, hyp, readiness, stop, runtime_dir, serial,
                           result_path, term, ready_path, boot_slots, stop_retry, raw=doc)
-
-
-def environment_problems(cfg: LauncherConfig) -> list[str]:
-    """Read-only checks of the files a config names (exist, right kind). Pure apart from stat/open.
-
-    Returns problems in the same ``path: message`` form as :func:`parse`.
-    """
-    problems: list[str] = []
-
-    def need_file(path: str, label: str) -> bool:
-        if not os.path.isfile(path):
-            problems.append(f"{label}: {path!r} does not exist or is not a regular file")
-            return False
-        if not os.access(path, os.R_OK):
-            problems.append(f"{label}: {path!r} is not readable")
-            return False
-        return True
-
-    if need_file(cfg.boot.kernel, "boot.kernel") and cfg.hypervisor.type == "firecracker":
-        with open(cfg.boot.kernel, "rb") as fh:
-            if fh.read(4) != b"\x7fELF":
-                problems.append(f"boot.kernel: {cfg.boot.kernel!r} is not an uncompressed ELF vmlinux "
-                                "(Firecracker cannot boot a bzImage)")
-    if cfg.boot.initrd:
-        need_file(cfg.boot.initrd, "boot.initrd")
-    if cfg.root_disk.path is not None:
-        p = cfg.root_disk.path
-        if not (os.path.isfile(p) or (os.path.exists(p) and _is_block(p))):
-            problems.append(f"rootDisk.path: {p!r} does not exist or is neither a file nor a block device")
-        elif not os.access(p, os.R_OK | os.W_OK):
-            problems.append(f"rootDisk.path: {p!r} is not readable and writable")
-    if cfg.root_disk.rbd is not None:
-        need_file(cfg.root_disk.rbd.conf, "rootDisk.rbd.conf")
-        if cfg.root_disk.rbd.keyring_path:
-            need_file(cfg.root_disk.rbd.keyring_path, "rootDisk.rbd.keyringPath")
-    if cfg.network.mode == "tap" and not cfg.network.create_tap and not os.path.exists(
-            f"/sys/class/net/{cfg.network.tap}"):
-        problems.append(f"network.tap: {cfg.network.tap!r} does not exist (createTap is false)")
-    if cfg.network.bridge and not os.path.isdir(f"/sys/class/net/{cfg.network.bridge}/bridge"):
-        problems.append(f"network.bridge: {cfg.network.bridge!r} is not an existing bridge")
-    return problems
-
-
-def _is_block(path: str) -> bool:
-    import stat
-
-    try:
-        return stat.S_ISBLK(os.stat(path).st_mode)
-    except OSError:
-        return False

@@ -1,5 +1,6 @@
-"""Firecracker driver: the JSON config for ``--config-file`` (pure), the command line, the exit-code meaning,
-and a tiny HTTP/1.1-over-unix-socket client for the API (``PUT /actions {"action_type": "SendCtrlAltDel"}``).
+"""Firecracker's pure half: its profile, the JSON config for ``--config-file``, the command lines (direct and under
+the jailer) and the exit-code meaning. The run's effects are :mod:`vmm_firecracker`; the API client
+(``PUT /actions {"action_type": "SendCtrlAltDel"}``) is :mod:`firecracker_api`.
 
 Facts from Firecracker's API specification (firecracker.yaml) and docs (api_requests/actions.md):
 boot-source {kernel_image_path, boot_args, initrd_path}; drives [{drive_id, path_on_host, is_root_device,
@@ -23,17 +24,20 @@ either); the tests use stand-ins that speak the documented surface.
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import socket
 from typing import Any
 
 from zjusct_launcher import names
+from zjusct_launcher.capability import Profile
 from zjusct_launcher.config import LauncherConfig
 from zjusct_launcher.paths import RuntimePaths
 
 DEFAULT_BINARY = "firecracker"
+PROFILE = Profile(
+    type="firecracker", default_binary=DEFAULT_BINARY,
+    lacks={"tcg": "it needs KVM", "userNetwork": "", "rbd": "Firecracker has no librbd", "directIO": "",
+           "qcow2": "Firecracker opens raw files only"},
+    kernel_magic=b"\x7fELF", kernel_refusal="is not an uncompressed ELF vmlinux (Firecracker cannot boot a bzImage)")
 # Boot args Firecracker guests need: reset through the keyboard controller, no PCI probing, fast i8042 probe.
 EXTRA_BOOT_ARGS = "reboot=k pci=off i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd"
 EXIT_MEANINGS = {0: "ok", 1: "generic error", 2: "unexpected error", 3: "bad configuration",
@@ -105,61 +109,3 @@ def build_jailer_argv(cfg: LauncherConfig, jailer: str, binary: str) -> list[str
 
 def describe_exit(status: int) -> str:
     return EXIT_MEANINGS.get(status, "fatal signal caught by firecracker" if status > 148 else "unknown")
-
-
-class ApiError(Exception):
-    pass
-
-
-class ApiNotListening(ApiError):
-    """The API socket is not there or not yet listening (the VMM binds it, then listens, shortly after its start):
-    a request may be retried."""
-
-
-def api_request(socket_path: str, method: str, path: str, body: dict[str, Any] | None = None,
-                timeout_seconds: float = 5.0) -> tuple[int, bytes]:
-    """One HTTP/1.1 request over the API unix socket (``Connection: close``). Returns (status, body).
-
-    Raises ApiNotListening when the socket cannot be connected to yet (missing, or bound but not listening), and
-    ApiError for any other failure (timeout in seconds, reset, malformed response).
-    """
-    payload = json.dumps(body).encode() if body is not None else b""
-    head = (f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nAccept: application/json\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n")
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
-            sock.settimeout(timeout_seconds)
-            try:
-                sock.connect(socket_path)
-            except (FileNotFoundError, ConnectionRefusedError) as exc:
-                raise ApiNotListening(f"{method} {path}: {exc}") from exc
-            sock.sendall(head.encode() + payload)
-            data = b""
-            while True:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-                if b"\r\n\r\n" in data:
-                    header, _unused, rest = data.partition(b"\r\n\r\n")
-                    match = re.search(rb"(?im)^content-length:\s*(\d+)", header)
-                    if match is None or len(rest) >= int(match.group(1)):
-                        break
-    except OSError as exc:
-        raise ApiError(f"{method} {path}: {exc}") from exc
-    status_line = data.split(b"\r\n", 1)[0].decode(errors="replace")
-    parts = status_line.split()
-    if len(parts) < 2 or not parts[1].isdigit():
-        raise ApiError(f"{method} {path}: malformed response {status_line!r}")
-    return int(parts[1]), data.partition(b"\r\n\r\n")[2]
-
-
-def send_ctrl_alt_del(socket_path: str, timeout_seconds: float = 5.0) -> None:
-    """``PUT /actions {"action_type": "SendCtrlAltDel"}``; Firecracker answers 204 (docs/api_requests/actions.md).
-
-    Raises ApiNotListening (retry) or ApiError, as api_request, and ApiError on any other status.
-    """
-    status, body = api_request(socket_path, "PUT", "/actions", {"action_type": "SendCtrlAltDel"},
-                               timeout_seconds)
-    if status != 204:
-        raise ApiError(f"SendCtrlAltDel: HTTP {status}: {body.decode(errors='replace')[:200]}")

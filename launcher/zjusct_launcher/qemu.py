@@ -1,4 +1,5 @@
-"""QEMU driver: the command line (pure) and the RBD key extraction.
+"""QEMU's pure half: its profile, the command line and the RBD key extraction (the run's effects are
+:mod:`vmm_qemu`).
 
 Command-line facts (QEMU 7.2 docs, qemu-options.hx / qapi/block-core.json):
 * ``-blockdev`` accepts JSON, which avoids comma escaping for paths; ``cache.direct=false`` +
@@ -24,10 +25,13 @@ import json
 import re
 from typing import Any
 
+from zjusct_launcher.capability import Profile
 from zjusct_launcher.config import LauncherConfig
 from zjusct_launcher.paths import RuntimePaths
 
 DEFAULT_BINARY = "qemu-system-x86_64"
+# QEMU drops privileges itself (-runas), so it has no jailer.
+PROFILE = Profile(type="qemu", default_binary=DEFAULT_BINARY, lacks={"jailer": ""})
 # Fixed PCI slots keep the disk order stable: vda = root (0x3), vdb = config disk (0x4), eth0 (0x5).
 ROOT_ADDR, IDENTITY_ADDR, NET_ADDR = "0x3", "0x4", "0x5"
 RBD_SECRET_ID = "rbdkey0"  # noqa: S105 - an object id, not a secret

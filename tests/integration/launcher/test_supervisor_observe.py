@@ -34,18 +34,18 @@ from tests.integration.launcher import busybox_guest as bg
 from tests.integration.launcher.harness import LAUNCHER_DIR, PYTHON, base_config, free_port
 
 # A launcher-like process: takes the VM's lock the way the launcher does, says so, and on a line on stdin writes
-# its LauncherResult atomically (the launcher's own write_atomic) and exits, which releases the lock. Its argv
+# its LauncherResult atomically (the launcher's own fs.write_atomic) and exits, which releases the lock. Its argv
 # names boot-<N>.json like a real launcher's, so the supervisor attributes the lock to boot N.
 FAKE_LAUNCHER = r"""
 import sys
-from zjusct_launcher import lock, result
+from zjusct_launcher import fs, lock
 lock_path, result_path = sys.argv[1], sys.argv[2]
 fd = lock.acquire(lock_path)
 print("locked", flush=True)
 sys.stdin.readline()
 doc = {"apiVersion": "launcher.cloud.zjusct.io/v1", "kind": "LauncherResult", "bootID": 7,
        "reason": "StopRequested", "exitCode": 0, "message": "stopped as asked", "readyAt": None}
-result.write_atomic(result_path, (__import__("json").dumps(doc) + "\n").encode())
+fs.write_atomic(result_path, (__import__("json").dumps(doc) + "\n").encode())
 """
 
 

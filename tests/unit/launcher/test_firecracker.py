@@ -1,11 +1,9 @@
-"""Firecracker driver: config document per the API fields, argv, exit meanings, and the HTTP-over-unix API
-client against a small in-test server speaking the same protocol."""
+"""Firecracker's pure half (firecracker.py): config document per the API fields, argv (direct and jailed),
+exit meanings. The API client is tests/unit/launcher/test_firecracker_api.py."""
 
 from __future__ import annotations
 
 import json
-import socket
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -49,55 +47,6 @@ def test_argv_and_instance_id() -> None:
                                                (148, "bad syscall (seccomp)"), (150, "fatal signal")])
 def test_exit_meanings(code: int, meaning: str) -> None:
     assert firecracker.describe_exit(code).startswith(meaning)
-
-
-class FakeApi(threading.Thread):
-    """Speaks HTTP/1.1 on a unix socket like Firecracker's API: 204 for SendCtrlAltDel, 400 otherwise."""
-
-    def __init__(self, path: str):
-        super().__init__(daemon=True)
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(path)
-        self.sock.listen(4)
-        self.requests: list[tuple[str, dict[str, object]]] = []
-
-    def run(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    data += conn.recv(4096)
-                head, _, body = data.partition(b"\r\n\r\n")
-                length = int(next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length"))
-                             .split(b":")[1])
-                while len(body) < length:
-                    body += conn.recv(4096)
-                payload = json.loads(body)
-                self.requests.append((head.split(b"\r\n")[0].decode(), payload))
-                if payload.get("action_type") == "SendCtrlAltDel":
-                    conn.sendall(b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n")
-                else:
-                    msg = b'{"fault_message":"bad action"}'
-                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: %d\r\n\r\n%s" % (len(msg), msg))
-
-
-def test_send_ctrl_alt_del_puts_the_action(tmp_path: Path) -> None:
-    api = FakeApi(str(tmp_path / "fc.sock"))
-    api.start()
-    firecracker.send_ctrl_alt_del(str(tmp_path / "fc.sock"))
-    assert api.requests == [("PUT /actions HTTP/1.1", {"action_type": "SendCtrlAltDel"})]
-    status, body = firecracker.api_request(str(tmp_path / "fc.sock"), "PUT", "/actions", {"action_type": "X"})
-    assert status == 400 and b"bad action" in body
-    api.sock.close()
-
-
-def test_api_error_when_nothing_listens(tmp_path: Path) -> None:
-    with pytest.raises(firecracker.ApiError, match="PUT /actions"):
-        firecracker.send_ctrl_alt_del(str(tmp_path / "missing.sock"), timeout_seconds=1)
 
 
 def jailed_cfg(**hyp: Any) -> config.LauncherConfig:

@@ -96,7 +96,8 @@ exe = "./" + os.path.basename(exe)  # relative to the jail, as after a chroot
 os.execve(exe, [exe, *rest, "--id", args["--id"]], env)
 '''
 
-LAUNCH = ("import sys; from zjusct_launcher import runner; runner.Runner._decide_accel = lambda self, b: 'kvm'; "
+LAUNCH = ("import sys; from zjusct_launcher import vmm_firecracker; "
+          "vmm_firecracker.FirecrackerVmm.decide_accel = lambda self, b: 'kvm'; "
           "from zjusct_launcher.cli import main; sys.exit(main(sys.argv[1:]))")
 
 

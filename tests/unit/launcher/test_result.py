@@ -1,9 +1,8 @@
-"""LauncherResult v1: exit codes per reason, schema agreement, atomic write, termination message."""
+"""LauncherResult v1 (result.py): exit codes per reason, schema agreement (writing it: test_fs.py)."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import jsonschema
@@ -44,37 +43,3 @@ def test_schema_rejects_a_wrong_exit_code_for_the_reason() -> None:
     doc = make("GuestPanic").as_json()
     doc["exitCode"] = 0
     assert list(jsonschema.Draft202012Validator(SCHEMA).iter_errors(doc))
-
-
-def test_atomic_write_creates_parents_leaves_no_temp_and_replaces_whole(tmp_path: Path) -> None:
-    target = tmp_path / "a" / "b" / "result-1.json"
-    result.write_atomic(str(target), b"old")
-    result.write_atomic(str(target), result.encode(make()))
-    assert json.loads(target.read_text())["reason"] == "StopRequested"
-    assert sorted(os.listdir(target.parent)) == ["result-1.json"]
-
-
-def test_atomic_write_failure_keeps_the_old_file_and_no_temp(tmp_path: Path) -> None:
-    target = tmp_path / "result.json"
-    target.write_text("old")
-    (tmp_path / "sub").mkdir()
-    with pytest.raises(IsADirectoryError):
-        result.write_atomic(str(tmp_path / "sub"), b"new")  # rename onto a directory fails
-    assert target.read_text() == "old"
-    assert sorted(os.listdir(tmp_path)) == ["result.json", "sub"]
-
-
-def test_publish_writes_result_and_compact_termination_message(tmp_path: Path) -> None:
-    res, term = tmp_path / "r.json", tmp_path / "termination-log"
-    term.write_text("")
-    errors = result.publish(make(), str(res), str(term))
-    assert errors == []
-    assert json.loads(res.read_text()) == json.loads(term.read_text())
-    assert "\n" not in term.read_text() and len(term.read_bytes()) <= 4096
-
-
-def test_publish_reports_errors_instead_of_raising(tmp_path: Path) -> None:
-    blocker = tmp_path / "file"
-    blocker.write_text("x")
-    errors = result.publish(make(), str(blocker / "r.json"), None)
-    assert len(errors) == 1 and "result.path" in errors[0]

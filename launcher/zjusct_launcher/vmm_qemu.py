@@ -1,0 +1,113 @@
+"""QEMU as the run's VMM (:class:`vmm.Vmm`): the effects of a QEMU boot; the command line is :mod:`qemu`'s.
+
+* Accelerator: ``hypervisor.accel: tcg`` as asked; otherwise the bounded KVM probe, which also boots the guest's
+  own kernel (:func:`kvm.probe`); ``auto`` with ``allowTCG`` falls back to TCG.
+* Files: ``rbd.secret`` (0600), the key of ``[client.<user>]`` from ``rootDisk.rbd.keyringPath``, passed to QEMU
+  as a ``secret`` object file (never on the command line, never logged). No sandbox to prepare: QEMU drops
+  privileges itself (``-runas``) after opening everything, under its own seccomp filter (``-sandbox``).
+* Control: QMP on ``<runtimeDir>/qmp.sock``; its SHUTDOWN and GUEST_PANICKED events feed the reason
+  (:mod:`decide`), and the graceful stop is ``system_powerdown`` (the ACPI power button).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from typing import Any, Callable
+
+from zjusct_launcher import kvm, log, qemu
+from zjusct_launcher.config import LauncherConfig
+from zjusct_launcher.paths import RuntimePaths
+from zjusct_launcher.qmp import QmpClient, QmpError
+from zjusct_launcher.vmm import Observed, RunFailed, StopFailed, StopUnavailable, find_executable, log_kvm_verdict
+
+QMP_CONNECT_TIMEOUT_SECONDS = 30.0
+
+
+class QemuVmm:
+    """QEMU for one run of ``cfg`` (see the module docstring; the methods are :class:`vmm.Vmm`'s)."""
+
+    profile = qemu.PROFILE
+    console_on_stdout = False
+
+    def __init__(self, cfg: LauncherConfig, paths: RuntimePaths):
+        self.cfg = cfg
+        self.paths = paths
+        self.observed = Observed()
+        self.qmp: QmpClient | None = None
+
+    def resolve(self) -> str:
+        return find_executable(self.cfg.hypervisor.binary, qemu.DEFAULT_BINARY, "hypervisor.binary")
+
+    def decide_accel(self, binary: str) -> str:
+        hyp = self.cfg.hypervisor
+        if hyp.accel == "tcg":
+            return "tcg"
+        verdict = kvm.probe(binary, hyp.kvm_probe_timeout_seconds, kernel=self.cfg.boot.kernel or None)
+        log_kvm_verdict(verdict)
+        if verdict.usable:
+            return "kvm"
+        if hyp.accel == "auto" and hyp.allow_tcg:
+            return "tcg"
+        raise RunFailed("HypervisorMissing", f"KVM is not usable ({verdict.detail}) and "
+                        + ("TCG is not allowed" if hyp.accel == "auto" else "hypervisor.accel is kvm"))
+
+    def prepare_files(self) -> None:
+        rbd = self.cfg.root_disk.rbd
+        if rbd is None or not rbd.keyring_path:
+            return
+        try:
+            with open(rbd.keyring_path, encoding="utf-8") as fh:
+                key = qemu.keyring_key(fh.read(), rbd.user)
+        except (OSError, ValueError) as exc:
+            raise RunFailed("LauncherError", f"rootDisk.rbd.keyringPath {rbd.keyring_path}: {exc}") from None
+        fd = os.open(self.paths.rbd_secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(key)
+
+    def prepare_sandbox(self, binary: str) -> None:
+        """Nothing: QEMU's sandbox is on its command line (``-sandbox``, ``-runas``; :func:`qemu.sandbox_args`)."""
+
+    def command(self, binary: str, accel: str) -> list[str]:
+        root = self.cfg.root_disk.path
+        is_blk = root is not None and stat.S_ISBLK(os.stat(root).st_mode)
+        return qemu.build_argv(self.cfg, binary, accel, self.paths, is_blk)
+
+    def attach(self, alive: Callable[[], bool]) -> None:
+        try:
+            self.qmp = QmpClient.connect(self.paths.qmp_socket, QMP_CONNECT_TIMEOUT_SECONDS, alive)
+        except QmpError as exc:
+            log.warning("no QMP connection; a stop will end in a kill", error=str(exc))
+
+    def event_fds(self) -> list[int]:
+        return [self.qmp.fileno()] if self.qmp is not None and not self.qmp.closed else []
+
+    def poll_events(self) -> None:
+        if self.qmp is not None:
+            self._handle_events(self.qmp.poll_events())
+
+    def _handle_events(self, events: list[dict[str, Any]]) -> None:
+        for ev in events:
+            name = ev.get("event")
+            data = ev.get("data") or {}
+            if name == "SHUTDOWN":
+                self.observed.shutdown_reason = data.get("reason")
+                log.info("qemu shutdown event", reason=self.observed.shutdown_reason, guest=data.get("guest"))
+            elif name == "GUEST_PANICKED":
+                self.observed.guest_panicked = True
+                log.warning("guest panicked", action=data.get("action"))
+            elif name in ("RESET", "POWERDOWN", "STOP"):
+                log.info("qemu event", event=name)
+
+    def request_stop(self) -> str:
+        if self.qmp is None or self.qmp.closed:
+            raise StopUnavailable("graceful stop impossible without QMP; waiting for the stop timeout")
+        try:
+            self.qmp.execute("system_powerdown")
+        except QmpError as exc:
+            raise StopFailed(str(exc)) from exc
+        return "QMP system_powerdown"
+
+    def cleanup(self) -> None:
+        if self.qmp is not None:
+            self.qmp.close()
