@@ -17,7 +17,8 @@ def cache_root() -> Path:
 
 
 def pinned_versions() -> dict[str, str]:
-    """Return ``{"K8S_VERSION": ..., "ETCD_VERSION": ...}`` from hack/k8s/versions.env, env overriding.
+    """Return ``{"K8S_VERSION": ..., "ETCD_VERSION": ..., "KUBE_ROUTER_VERSION": ...}`` from
+    hack/k8s/versions.env, the environment overriding.
 
     Raises:
         OSError: the versions file cannot be read.
@@ -28,7 +29,7 @@ def pinned_versions() -> dict[str, str]:
         if line and not line.startswith("#") and "=" in line:
             key, _, value = line.partition("=")
             values[key.strip()] = value.strip()
-    for key in ("K8S_VERSION", "ETCD_VERSION"):
+    for key in ("K8S_VERSION", "ETCD_VERSION", "KUBE_ROUTER_VERSION"):
         if os.environ.get(key):
             values[key] = os.environ[key]
     return values
@@ -38,8 +39,9 @@ def pinned_versions() -> dict[str, str]:
 class Binaries:
     """Paths of the four control-plane binaries of one pinned release plus kubelet (they may not exist yet).
 
-    ``kubelet`` is only needed by a real node (:class:`tests.cluster.RealNode`); :meth:`missing` covers the
-    control plane only, :meth:`kubelet_missing_reason` the kubelet.
+    ``kubelet`` is only needed by a real node (:class:`~.node.RealNode`), ``kube_proxy`` and ``kube_router`` by
+    the nodes of a :class:`~.cluster.LocalCluster`; :meth:`missing` covers the control plane only,
+    :meth:`kubelet_missing_reason` the kubelet and :meth:`node_agents_missing_reason` the other two.
     """
 
     k8s_version: str
@@ -49,13 +51,16 @@ class Binaries:
     kube_controller_manager: Path
     kube_scheduler: Path
     kubelet: Path
+    kube_proxy: Path
+    kube_router: Path
+    kube_router_version: str
 
     @classmethod
     def pinned(cls, cache: Path | None = None) -> Binaries:
         """Return the paths for the pinned versions under ``cache`` (default: :func:`cache_root`)."""
         root = cache or cache_root()
         versions = pinned_versions()
-        k8s, etcd = versions["K8S_VERSION"], versions["ETCD_VERSION"]
+        k8s, etcd, router = versions["K8S_VERSION"], versions["ETCD_VERSION"], versions["KUBE_ROUTER_VERSION"]
         kdir = root / "k8s" / k8s
         return cls(
             k8s_version=k8s,
@@ -65,6 +70,9 @@ class Binaries:
             kube_controller_manager=kdir / "kube-controller-manager",
             kube_scheduler=kdir / "kube-scheduler",
             kubelet=kdir / "kubelet",
+            kube_proxy=kdir / "kube-proxy",
+            kube_router=root / "kube-router" / router / "kube-router",
+            kube_router_version=router,
         )
 
     def all(self) -> dict[str, Path]:
@@ -103,6 +111,15 @@ class Binaries:
             f"kubelet not built for kubernetes v{self.k8s_version} under {cache_root()}: "
             f"run {BUILD_SCRIPT.relative_to(REPO)} (builds only what is missing)"
         )
+
+    def node_agents_missing_reason(self) -> str | None:
+        """A human-readable reason when kube-proxy or kube-router is not completely built, else ``None``."""
+        missing = [p.name for p in (self.kube_proxy, self.kube_router)
+                   if not (os.access(p, os.X_OK) and p.with_name(p.name + ".stamp").is_file())]
+        if not missing:
+            return None
+        return (f"{', '.join(missing)} not built (kubernetes v{self.k8s_version}, kube-router "
+                f"v{self.kube_router_version}) under {cache_root()}: run {BUILD_SCRIPT.relative_to(REPO)}")
 
     def stamps(self) -> dict[str, dict[str, str]]:
         """Return the parsed ``key=value`` stamp files of the built binaries (missing ones omitted)."""

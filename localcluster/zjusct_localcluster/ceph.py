@@ -1,4 +1,5 @@
-"""A real single-node Ceph cluster (mon + mgr + one bluestore OSD) for tests, started from an empty directory.
+"""A real Ceph cluster on this host (mon + mgr + one or more bluestore OSDs), started from an empty directory: the
+tests' single-OSD cluster and the local cluster's three OSDs (:class:`~.cluster.LocalCluster`).
 
 Everything lives under one state directory D: ``ceph.conf``, keyrings, mon/mgr/osd data, pid files, admin
 sockets, logs and the sparse file backing the OSD. The monitor listens on two free TCP ports of 127.0.0.1
@@ -7,8 +8,13 @@ by another address of this host (one that Pods can route to, e.g. the host side 
 exist before the start). Nothing is written to /etc/ceph or /var/lib/ceph. Shape and gotchas are measured in
 ``shared/recipes/ceph.md``.
 
+With ``osds`` > 1 every pool keeps ``min(osds, 3)`` replicas, one per OSD (CRUSH failure domain ``osd``: all OSDs
+are on this one host), ``min_size`` 1. ``client_dir()`` writes a minimal client configuration (fsid, mon_host,
+cephx) and the admin keyring under the names Ceph clients look for by default (``ceph.conf``,
+``ceph.client.admin.keyring``), for a Pod that mounts the directory at ``/etc/ceph``.
+
 Public API:
-    start_cluster(base=None, timeout=120.0, address="127.0.0.1") -> Cluster
+    start_cluster(base=None, timeout=120.0, address="127.0.0.1", osds=1) -> Cluster
                                                             start, wait for all PGs active+clean, pool ``rbd``
     stop_cluster(state_dir)                                stop daemons by pid and remove the directory
     Cluster                                                 conf path, keyring path, env(), stop()
@@ -30,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DAEMONS = ("mon.a", "mgr.x", "osd.0")
+DAEMONS = ("mon.a", "mgr.x", "osd.0")  # the single-OSD cluster's; stop_cluster reads every pid file
 STATE_MARK = "zjusct-test-ceph"  # file in D that marks a directory created by this tool (for safe removal)
 
 
@@ -50,6 +56,7 @@ class Cluster:
         mon_ports: (msgr2 port, msgr1 port) on ``address``.
         address: the IPv4 address every daemon binds (default 127.0.0.1).
         bootstrap_seconds: wall time from empty directory to all PGs active+clean.
+        osds: how many OSDs run (ids 0..osds-1).
     """
 
     state_dir: Path
@@ -60,6 +67,7 @@ class Cluster:
     bootstrap_seconds: float = 0.0
     pool: str = "rbd"
     address: str = "127.0.0.1"
+    osds: int = 1
     _stopped: bool = field(default=False, repr=False)
 
     @property
@@ -77,6 +85,21 @@ class Cluster:
     def ceph(self, *args: str, timeout: float = 30.0) -> str:
         """Run ``ceph <args>`` against this cluster and return stdout; raises CephClusterError on failure."""
         return _run(["ceph", "-c", str(self.conf), *args], timeout=timeout)
+
+    def client_dir(self) -> Path:
+        """Write (once) and return ``<state_dir>/client`` with ``ceph.conf`` (fsid, mon_host, cephx; nothing that
+        writes to the state dir) and ``ceph.client.admin.keyring``: mounted at ``/etc/ceph`` a client needs no
+        ``-c``/``--keyring``. The directory is mode 0700 (the keyring is the admin's)."""
+        out = self.state_dir / "client"
+        if not (out / "ceph.conf").exists():
+            out.mkdir(mode=0o700, exist_ok=True)
+            (out / "ceph.client.admin.keyring").write_bytes(self.keyring.read_bytes())
+            (out / "ceph.client.admin.keyring").chmod(0o600)
+            (out / "ceph.conf").write_text(
+                f"[global]\nfsid = {self.fsid}\nmon_host = {self.mon_host}\nauth_cluster_required = cephx\n"
+                "auth_service_required = cephx\nauth_client_required = cephx\n"
+                "keyring = /etc/ceph/ceph.client.admin.keyring\n")
+        return out
 
     def stop(self) -> None:
         """Stop all daemons (SIGTERM, then SIGKILL after 15 s) and remove the state directory. Idempotent."""
@@ -105,8 +128,9 @@ def _run(cmd: list[str], timeout: float = 30.0, stdin: str | None = None) -> str
     return proc.stdout
 
 
-def _conf_text(d: Path, fsid: str, v2: int, v1: int, address: str = "127.0.0.1") -> str:
+def _conf_text(d: Path, fsid: str, v2: int, v1: int, address: str = "127.0.0.1", osds: int = 1) -> str:
     network = "127.0.0.0/8" if address.startswith("127.") else f"{address}/32"
+    size = min(osds, 3)
     return f"""[global]
 fsid = {fsid}
 mon_host = [v2:{address}:{v2}/0,v1:{address}:{v1}/0]
@@ -128,7 +152,7 @@ keyring = {d}/ceph.client.admin.keyring
 mon_data = {d}/mon/$name
 mgr_data = {d}/mgr/$name
 osd_data = {d}/osd/$name
-osd_pool_default_size = 1
+osd_pool_default_size = {size}
 osd_pool_default_min_size = 1
 osd_pool_default_pg_num = 8
 osd_pool_default_pgp_num = 8
@@ -205,16 +229,16 @@ def _poll(what: str, check: Callable[[], object], timeout: float, interval: floa
     raise CephClusterError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
 
 
-def _start(d: Path, timeout: float, address: str = "127.0.0.1") -> Cluster:
+def _start(d: Path, timeout: float, address: str = "127.0.0.1", osds: int = 1) -> Cluster:
     t0 = time.monotonic()
     fsid = str(uuid.uuid4())
     v2, v1 = _free_port(address), _free_port(address)
     while v1 == v2:
         v1 = _free_port(address)
-    for sub in ("run", "log", "crash", "mon/mon.a", "mgr/mgr.x", "osd/osd.0"):
+    for sub in ("run", "log", "crash", "mon/mon.a", "mgr/mgr.x", *(f"osd/osd.{i}" for i in range(osds))):
         (d / sub).mkdir(parents=True, exist_ok=True)
     conf = d / "ceph.conf"
-    conf.write_text(_conf_text(d, fsid, v2, v1, address))
+    conf.write_text(_conf_text(d, fsid, v2, v1, address, osds))
     c = str(conf)
     admin = d / "ceph.client.admin.keyring"
     monkr = d / "mon.keyring"
@@ -229,7 +253,8 @@ def _start(d: Path, timeout: float, address: str = "127.0.0.1") -> Cluster:
     _run(["ceph-mon", "-c", c, "--mkfs", "-i", "a", "--monmap", str(monmap), "--keyring", str(monkr)], timeout=60)
     _run(["ceph-mon", "-c", c, "-i", "a"], timeout=60)
     _wait_pidfile(d / "run" / "mon.a.pid", 30)
-    cluster = Cluster(state_dir=d, conf=conf, keyring=admin, fsid=fsid, mon_ports=(v2, v1), address=address)
+    cluster = Cluster(state_dir=d, conf=conf, keyring=admin, fsid=fsid, mon_ports=(v2, v1), address=address,
+                      osds=osds)
     _poll("mon quorum", lambda: json.loads(cluster.ceph("quorum_status", "--format", "json", timeout=10))
           .get("quorum_names"), timeout)
 
@@ -239,26 +264,53 @@ def _start(d: Path, timeout: float, address: str = "127.0.0.1") -> Cluster:
     _run(["ceph-mgr", "-c", c, "-i", "x"], timeout=60)
     _wait_pidfile(d / "run" / "mgr.x.pid", 30)
 
-    osd_uuid = str(uuid.uuid4())
-    secret = _run(["ceph-authtool", "--gen-print-key"]).strip()
-    osd_id = _run(
-        ["ceph", "-c", c, "osd", "new", osd_uuid, "-i", "-"], stdin=json.dumps({"cephx_secret": secret}),
-        timeout=30).strip()
-    if osd_id != "0":
-        raise CephClusterError(f"ceph osd new returned id {osd_id!r}, expected 0")
-    osd_kr = d / "osd" / "osd.0" / "keyring"
-    _run(["ceph-authtool", "--create-keyring", str(osd_kr), "--name", "osd.0", "--add-key", secret])
-    _run(["ceph-osd", "-c", c, "-i", "0", "--mkfs", "--osd-uuid", osd_uuid], timeout=120)
-    _run(["ceph-osd", "-c", c, "-i", "0"], timeout=60)
-    _wait_pidfile(d / "run" / "osd.0.pid", 30)
-    _poll("1 OSD up and in", lambda: json.loads(cluster.ceph("osd", "stat", "--format", "json", timeout=10))
-          .get("num_up_osds") == 1, timeout)
+    mkfs = []
+    for i in range(osds):
+        osd_uuid = str(uuid.uuid4())
+        secret = _run(["ceph-authtool", "--gen-print-key"]).strip()
+        osd_id = _run(
+            ["ceph", "-c", c, "osd", "new", osd_uuid, "-i", "-"], stdin=json.dumps({"cephx_secret": secret}),
+            timeout=30).strip()
+        if osd_id != str(i):
+            raise CephClusterError(f"ceph osd new returned id {osd_id!r}, expected {i}")
+        osd_kr = d / "osd" / f"osd.{i}" / "keyring"
+        _run(["ceph-authtool", "--create-keyring", str(osd_kr), "--name", f"osd.{i}", "--add-key", secret])
+        mkfs.append(["ceph-osd", "-c", c, "-i", str(i), "--mkfs", "--osd-uuid", osd_uuid])
+    _run_all(mkfs, timeout=180)  # the OSDs' mkfs side by side: each is mostly waiting on its block file
+    for i in range(osds):
+        _run(["ceph-osd", "-c", c, "-i", str(i)], timeout=60)
+    for i in range(osds):
+        _wait_pidfile(d / "run" / f"osd.{i}.pid", 30)
+    _poll(f"{osds} OSD(s) up and in", lambda: json.loads(cluster.ceph("osd", "stat", "--format", "json", timeout=10))
+          .get("num_up_osds") == osds, timeout)
 
     cluster.ceph("osd", "pool", "create", "rbd", "8", "8", timeout=60)
     _run(["rbd", "-c", c, "pool", "init", "rbd"], timeout=60)
     _poll("all PGs active+clean", lambda: _all_clean(cluster), timeout)
     cluster.bootstrap_seconds = time.monotonic() - t0
     return cluster
+
+
+def _run_all(cmds: list[list[str]], timeout: float) -> None:
+    """Run ``cmds`` at the same time; raise CephClusterError naming the first that failed or timed out."""
+    env = dict(os.environ)
+    env["LC_ALL"] = "C"
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for cmd in cmds]
+    deadline = time.monotonic() + timeout
+    failed = None
+    for cmd, proc in zip(cmds, procs, strict=True):
+        try:
+            _out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            failed = failed or f"{' '.join(cmd[:6])}...: timed out after {timeout:.0f} s"
+            continue
+        if proc.returncode != 0:
+            failed = failed or f"{' '.join(cmd)}: exit {proc.returncode}: {err.strip()[-2000:]}"
+    if failed:
+        raise CephClusterError(failed)
 
 
 def _all_clean(cluster: Cluster) -> bool:
@@ -271,8 +323,8 @@ def _all_clean(cluster: Cluster) -> bool:
 
 
 def start_cluster(base: str | os.PathLike[str] | None = None, timeout: float = 120.0,
-                  address: str = "127.0.0.1") -> Cluster:
-    """Bootstrap a fresh single-node cluster in a new temporary directory and wait until it is settled.
+                  address: str = "127.0.0.1", osds: int = 1) -> Cluster:
+    """Bootstrap a fresh cluster on this host in a new temporary directory and wait until it is settled.
 
     Args:
         base: parent directory for the state directory (default: ``$TMPDIR``). Short paths are better: admin
@@ -280,6 +332,7 @@ def start_cluster(base: str | os.PathLike[str] | None = None, timeout: float = 1
         timeout: seconds allowed for each wait (quorum, OSD up, PGs clean).
         address: IPv4 address of this host that mon, mgr and OSD bind (default 127.0.0.1, reachable only from
             this network namespace); it must exist before the call.
+        osds: how many OSDs (1..8; each is a 10 GiB sparse block file and about 100-200 MB of memory).
 
     Returns:
         a running ``Cluster`` with pool ``rbd`` initialised and every PG active+clean.
@@ -287,13 +340,16 @@ def start_cluster(base: str | os.PathLike[str] | None = None, timeout: float = 1
     Raises:
         CephClusterError: a step failed or timed out. Every daemon started so far is stopped and the directory
             removed before the exception propagates.
+        ValueError: ``osds`` is outside 1..8.
     """
+    if not 1 <= osds <= 8:
+        raise ValueError(f"osds={osds}: must be 1..8")
     d = Path(tempfile.mkdtemp(prefix="zceph-", dir=base))
     (d / STATE_MARK).write_text(str(os.getpid()))
     try:
-        return _start(d, timeout, address)
+        return _start(d, timeout, address, osds)
     except BaseException as exc:
-        tails = "\n".join(f"--- {n} ---\n{_log_tail(d, n)}" for n in DAEMONS)
+        tails = "\n".join(f"--- {n} ---\n{_log_tail(d, n)}" for n in (*DAEMONS[:2], *(f"osd.{i}" for i in range(osds))))
         stop_cluster(d)
         if isinstance(exc, CephClusterError):
             raise CephClusterError(f"{exc}\n{tails}") from exc
@@ -337,7 +393,8 @@ def stop_cluster(state_dir: str | os.PathLike[str]) -> list[str]:
     d = Path(state_dir)
     killed: list[str] = []
     pids: list[tuple[str, int]] = []
-    for name in reversed(DAEMONS):
+    names = sorted((p.name[:-4] for p in (d / "run").glob("*.pid")), key=lambda n: ("osd" not in n, "mgr" not in n))
+    for name in names:  # OSDs first, the monitor last
         with contextlib.suppress(OSError, ValueError):
             pid = int((d / "run" / f"{name}.pid").read_text().strip())
             if _pid_alive(pid) and _pid_is_ours(pid, d):

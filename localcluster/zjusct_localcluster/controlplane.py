@@ -1,5 +1,7 @@
 """Start and stop a real Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler) on 127.0.0.1 with ephemeral ports, generated PKI and a state directory.
+kube-scheduler) on 127.0.0.1 with ephemeral ports, generated PKI and a state directory; kube-apiserver binds
+another address of this host instead when one is given (``bind_address``: the host side of the nodes' bridge in a
+:class:`~zjusct_localcluster.cluster.LocalCluster`, so nodes and Pods in other network namespaces reach it).
 
 The daemons are always children of the Python process that owns the :class:`Cluster` and die with
 it (``PR_SET_PDEATHSIG``); the node heartbeat is a thread of that process. For pytest that process
@@ -181,6 +183,11 @@ class Cluster:
             miss heartbeats before it is marked NotReady/Unknown and tainted.
         heartbeat_interval: seconds between node heartbeats (Lease renewal + Ready condition).
         keep_state: keep the state directory on :meth:`stop` (logs for debugging).
+        bind_address: the IPv4 address kube-apiserver binds and advertises (default 127.0.0.1, reachable only
+            from this network namespace). Any other address must exist on this host before :meth:`start`; it
+            is then also the ``kubernetes`` Service's endpoint (the lease endpoint reconciler publishes it, which
+            kube-proxy turns into the 10.96.0.1 rules) and a SAN of the serving certificate.
+        apiserver_port: kube-apiserver's ``--secure-port`` (default: a free ephemeral port).
     """
 
     def __init__(
@@ -192,7 +199,11 @@ class Cluster:
         node_grace_seconds: int = 16,
         heartbeat_interval: float = 2.0,
         keep_state: bool = False,
+        bind_address: str = "127.0.0.1",
+        apiserver_port: int | None = None,
     ) -> None:
+        self.bind_address = bind_address
+        self.apiserver_port = apiserver_port
         self.binaries = binaries or Binaries.pinned()
         self.nodes = tuple(nodes)
         self.node_grace_seconds = node_grace_seconds
@@ -377,7 +388,9 @@ class Cluster:
         (self.state_dir / "etcd").chmod(0o700)
         names = ("etcd-client", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
         self.ports = dict(zip(names, free_ports(len(names)), strict=True))
-        self.server = f"https://127.0.0.1:{self.ports['kube-apiserver']}"
+        if self.apiserver_port:
+            self.ports["kube-apiserver"] = self.apiserver_port
+        self.server = f"https://{self.bind_address}:{self.ports['kube-apiserver']}"
         self._write_pki()
         for name in ("etcd", "kube-apiserver"):
             self._spawn(name, self._argv(name))
@@ -403,7 +416,7 @@ class Cluster:
     def _write_pki(self) -> None:
         pki = PKI(self.state_dir / "pki")
         self._pki = pki
-        serving_ips = ("127.0.0.1", "10.96.0.1")
+        serving_ips = tuple(dict.fromkeys(("127.0.0.1", "10.96.0.1", self.bind_address)))
         serving_dns = (
             "localhost",
             "kubernetes",
@@ -461,8 +474,8 @@ class Cluster:
         if name == "kube-apiserver":
             return [
                 str(self.binaries.kube_apiserver),
-                "--advertise-address=127.0.0.1",
-                "--bind-address=127.0.0.1",
+                f"--advertise-address={self.bind_address}",
+                f"--bind-address={self.bind_address}",
                 f"--secure-port={p['kube-apiserver']}",
                 f"--etcd-servers=http://127.0.0.1:{p['etcd-client']}",
                 f"--tls-cert-file={d / 'kube-apiserver.crt'}",
@@ -476,7 +489,9 @@ class Cluster:
                 # default plugins plus NodeRestriction (as kubeadm sets it): a node may only write its
                 # own Node, Lease and the status of Pods bound to it
                 "--enable-admission-plugins=NodeRestriction",
-                "--endpoint-reconciler-type=none",  # 127.0.0.1 is not a valid Endpoints address
+                # 127.0.0.1 is not a valid Endpoints address: the kubernetes Service then has no endpoint; any
+                # other bind address becomes its endpoint (what kube-proxy of a real node DNATs 10.96.0.1:443 to)
+                "--endpoint-reconciler-type=" + ("none" if self.bind_address.startswith("127.") else "lease"),
                 "--allow-privileged=true",
                 "--profiling=false",
                 # a real node (tests.cluster.RealNode): reach its kubelet by the node IP (the node name is no

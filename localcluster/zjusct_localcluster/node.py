@@ -52,6 +52,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from . import hostnet
 from .binaries import REPO, Binaries, cache_root
 from .controlplane import _die_with_parent, _load_libc, free_ports, kill_pids, load_state, pid_alive, pid_is_ours, tail
 from .pki import PKI, write_kubeconfig
@@ -148,6 +149,31 @@ def node_images(cache: Path | None = None) -> dict[str, Path | str]:
     return result
 
 
+def take_machine_lock(holder: str, timeout: float) -> int:
+    """Take :data:`LOCK_PATH` (exclusive flock; one real node, or one local cluster, per machine), waiting up to
+    ``timeout`` s; the file then names this pid and ``holder``. Release it by closing the returned descriptor.
+
+    Raises:
+        TimeoutError: another holder kept it for ``timeout`` s (the message names it).
+    """
+    LOCK_PATH.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                other = os.pread(fd, 200, 0).decode(errors="replace").strip()
+                os.close(fd)
+                raise TimeoutError(f"another real node holds {LOCK_PATH} for more than {timeout}s: {other}") from None
+            time.sleep(1)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} {holder}\n".encode(), 0)
+    return fd
+
+
 def node_ip() -> str:
     """The host's source address towards 1.1.1.1 (the default route's; a route lookup, no traffic): the node IP.
 
@@ -193,11 +219,16 @@ class RealNode:
         extra_images: docker-archive files imported into containerd besides pause and busybox.
         lock_timeout: seconds to wait for another real node on this machine to go away.
         die_with_parent: daemons get ``PR_SET_PDEATHSIG=SIGKILL`` (they die with the owning process).
+        take_lock: take the machine lock in :meth:`start` (a :class:`~.cluster.LocalCluster` holds it for all
+            its nodes and passes False).
+        taints: the taints the kubelet registers the Node with (default: ``cloud.zjusct.io/real-node=true:
+            NoSchedule``, so that Pods of tests sharing the control plane never land here).
     """
 
     def __init__(self, cluster_state_dir: Path, name: str = NODE_NAME, work_dir: Path | None = None,
                  extra_images: tuple[Path, ...] = (), lock_timeout: float = 900.0,
-                 die_with_parent: bool = True) -> None:
+                 die_with_parent: bool = True, take_lock: bool = True,
+                 taints: tuple[dict[str, str], ...] | None = None) -> None:
         self.cluster_state_dir = cluster_state_dir.resolve()
         self.name = name
         self._own_work = work_dir is None
@@ -205,6 +236,10 @@ class RealNode:
         self.extra_images = tuple(extra_images)
         self.lock_timeout = lock_timeout
         self.die_with_parent = die_with_parent
+        self.take_lock = take_lock
+        self.taints = tuple(taints) if taints is not None else (
+            {"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"},)
+        self.argvs: dict[str, list[str]] = {}
         self.binaries = Binaries.pinned()
         self.ip = ""
         self.images: dict[str, Path | str] = {}
@@ -280,7 +315,8 @@ class RealNode:
         if reason:
             raise RealNodeError(reason)
         try:
-            self._take_lock()
+            if self.take_lock:
+                self._take_lock()
         except BaseException:
             if self._own_work:
                 shutil.rmtree(self.work, ignore_errors=True)
@@ -293,33 +329,14 @@ class RealNode:
         return self
 
     def _take_lock(self) -> None:
-        LOCK_PATH.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        deadline = time.monotonic() + self.lock_timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
-                    os.close(fd)
-                    raise TimeoutError(
-                        f"another real node holds {LOCK_PATH} for more than {self.lock_timeout}s: {holder}"
-                    ) from None
-                time.sleep(1)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} work {self.work}\n".encode(), 0)
-        self._lock_fd = fd
+        self._lock_fd = take_machine_lock(f"work {self.work}", self.lock_timeout)
 
     def _start(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         _load_libc()
-        self.ip = node_ip()
         for sub in ("logs", "containerd", "cni/net.d", "cni/ipam", "node", "kubelet-root", "pod-logs"):
             (self.work / sub).mkdir(parents=True, exist_ok=True)
-        self.sysctls_before = {name: _read_sysctl(name) for name in SYSCTLS}
-        self.host_paths_before = {str(p): p.exists() for p in HOST_PATHS}
+        self._prepare_host()
         self._save_state()
         t0 = time.monotonic()
         self.images = node_images()
@@ -343,9 +360,24 @@ class RealNode:
         self._wait(lambda: core.read_node(self.name) is not None, f"Node {self.name} registered", deadline,
                    self.kubelet_log)
         self.timings["registered_s"] = time.monotonic() - t2
+        self._after_registered(deadline)
         self._wait(self._ready, f"Node {self.name} Ready without taints", deadline, self.kubelet_log)
         self.timings["ready_s"] = time.monotonic() - t2
         self._save_state()
+
+    def _prepare_host(self) -> None:
+        """Before any daemon: the node IP and what to restore at stop (here: the host's sysctls and which of
+        the fixed host paths exist)."""
+        self.ip = node_ip()
+        self.sysctls_before = {name: _read_sysctl(name) for name in SYSCTLS}
+        self.host_paths_before = {str(p): p.exists() for p in HOST_PATHS}
+
+    def _after_registered(self, deadline: float) -> None:
+        """Once the kubelet registered the Node: start further node agents (none here)."""
+
+    def _enter(self) -> list[str]:
+        """The command prefix of every daemon (none: the host's namespaces)."""
+        return []
 
     def _kubelet_argv(self) -> list[str]:
         return [
@@ -428,7 +460,8 @@ class RealNode:
     def _ready(self) -> bool:
         n = self._core_cached().read_node(self.name)
         ready = any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
-        return ready and not [t for t in (n.spec.taints or []) if t.key != TAINT_KEY]
+        own = {t["key"] for t in self.taints}
+        return ready and not [t for t in (n.spec.taints or []) if t.key not in own]
 
     def _core_cached(self) -> Any:
         if not hasattr(self, "_core_api"):
@@ -450,7 +483,7 @@ class RealNode:
         old.wait(timeout=60)
         if between is not None:
             between()
-        self._spawn("kubelet", [str(a) for a in old.args], self.kubelet_log)  # type: ignore[union-attr]
+        self._spawn("kubelet", self.argvs["kubelet"], self.kubelet_log)
         self._save_state()
         deadline = time.monotonic() + timeout
         self._wait(lambda: self.kubelet_log.read_text(errors="replace").count(marker) > registered,
@@ -471,9 +504,10 @@ class RealNode:
                               text=True, timeout=timeout, check=check)
 
     def _spawn(self, name: str, argv: list[str], log: Path) -> None:
+        self.argvs[name] = argv
         with log.open("ab") as out:
             popen = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=self.work,
+                [*self._enter(), *argv], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=self.work,
                 start_new_session=True, close_fds=True,
                 preexec_fn=_die_with_parent if self.die_with_parent else None,
             )
@@ -526,7 +560,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         (c / "config.toml").write_text(toml)
 
     def _write_cni(self) -> None:
-        conf = {
+        (self.work / "cni" / "net.d" / "10-zjusct.conflist").write_text(json.dumps(self._cni_conf(), indent=2) + "\n")
+
+    def _cni_conf(self) -> dict[str, Any]:
+        return {
             "cniVersion": "0.4.0",
             "name": "zjusct-test",
             "plugins": [{
@@ -538,7 +575,6 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                          "routes": [{"dst": "10.96.0.0/16"}]},
             }],
         }
-        (self.work / "cni" / "net.d" / "10-zjusct.conflist").write_text(json.dumps(conf, indent=2) + "\n")
 
     def _write_kubelet_config(self) -> None:
         state = load_state(self.cluster_state_dir)
@@ -550,8 +586,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                             server=True, dns=(self.name,), ips=(self.ip,))
         write_kubeconfig(node_dir / "kubelet.kubeconfig", state["server"], pki.ca, client_pair,
                          f"system:node:{self.name}")
-        port, healthz = free_ports(2)
-        cfg = {
+        port, healthz = self._kubelet_ports()
+        cfg: dict[str, Any] = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
             "failCgroupV1": False,
@@ -582,10 +618,24 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "maxPods": 20,
             "allowedUnsafeSysctls": ["net.ipv4.ip_forward"],
             "nodeStatusReportFrequency": "10s",
-            "registerWithTaints": [{"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}],
+            "registerWithTaints": list(self.taints),
+            **self._kubelet_overrides(),
         }
         (node_dir / "kubelet-config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         self.timings["kubelet_port"] = port
+
+    def _kubelet_ports(self) -> tuple[int, int]:
+        """kubelet's serving and healthz ports (free ones: the host's namespace is shared)."""
+        port, healthz = free_ports(2)
+        return port, healthz
+
+    def _kubelet_overrides(self) -> dict[str, Any]:
+        """Fields merged into the KubeletConfiguration (none here)."""
+        return {}
+
+    def _extra_state(self) -> dict[str, Any]:
+        """Further keys of the saved state that :func:`teardown` needs (none here)."""
+        return {}
 
     def _state(self) -> dict[str, Any]:
         return {
@@ -598,6 +648,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "host_paths_before": self.host_paths_before,
             "timings": self.timings,
             "supervisor": os.getpid(),
+            "argvs": self.argvs,
+            **self._extra_state(),
         }
 
     def _save_state(self) -> None:
@@ -615,7 +667,9 @@ def teardown(work: Path, state: dict[str, Any]) -> list[str]:
     work = work.resolve()
     pids = {k: int(v) for k, v in state.get("pids", {}).items()}
     sock = work / "containerd" / "containerd.sock"
-    killed = kill_pids({k: v for k, v in pids.items() if k == "kubelet"}, str(work), timeout=15)
+    # node agents besides kubelet and containerd (kube-proxy, kube-router of a NamespacedNode) first
+    killed = kill_pids({k: v for k, v in pids.items() if k not in ("kubelet", "containerd")}, str(work), timeout=15)
+    killed += kill_pids({k: v for k, v in pids.items() if k == "kubelet"}, str(work), timeout=15)
     if "containerd" in pids and pid_is_ours(pids["containerd"], str(work)):
         ctr = ["ctr", "--address", str(sock), "-n", "k8s.io"]
         with contextlib.suppress(subprocess.SubprocessError, OSError):
@@ -637,7 +691,9 @@ def teardown(work: Path, state: dict[str, Any]) -> list[str]:
     killed += kill_pids(shims, f"-address {sock}", timeout=5)
     for mnt in _mounts_under(work):
         subprocess.run(["umount", "-l", mnt], capture_output=True, check=False)
-    if pids:  # machine-wide leftovers exist only once a daemon ran (and then this node holds the machine lock)
+    if state.get("netns"):  # a NamespacedNode: its namespaces, routes and cgroups; nothing else of the host
+        hostnet.teardown_node(hostnet.NodeAddressing(state["name"], int(state["index"])))
+    elif pids:  # machine-wide leftovers exist only once a daemon ran (and then this node holds the machine lock)
         subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True, check=False)
         for path_s, existed in state.get("host_paths_before", {}).items():
             if not existed:
