@@ -98,8 +98,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     while True:
         if (state_dir / ERROR_FILE).exists() or sup.poll() is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                sup.wait(timeout=300)
-            print(f"local cluster failed to start; {log}:\n{tail(log, 40)}", file=sys.stderr)
+                sup.wait(timeout=300)  # it has undone what it made (the state dir with it) by the time it exits
+            error = tail(state_dir / ERROR_FILE, 60) or tail(log, 40)
+            shutil.rmtree(state_dir, ignore_errors=True)
+            print(f"local cluster failed to start (everything it made is undone):\n{error}", file=sys.stderr)
             return 1
         with contextlib.suppress(OSError, ValueError):
             if load_state(state_dir).get("ready"):

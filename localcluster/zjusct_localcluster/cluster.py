@@ -44,6 +44,7 @@ from .nsnode import KUBE_ROUTER_ROLE, KUBE_ROUTER_USER, LOSS_MODES, NamespacedNo
 STATE_FILE = "localcluster.json"
 DEFAULT_STATE_DIR = Path("/var/lib/zjusct-localcluster")
 APISERVER_PORT = 6443
+UNIX_PATH_MAX = 107  # sun_path holds 108 bytes with the terminating NUL
 LIFECYCLE_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
 
 
@@ -100,6 +101,10 @@ class LocalCluster:
         if ceph and not 1 <= ceph_osds <= 8:
             raise ValueError(f"--ceph-osds {ceph_osds}: must be 1..8")
         self.state_dir = Path(state_dir or tempfile.mkdtemp(prefix="zjusct-localcluster-")).resolve()
+        longest = self.state_dir / "nodes" / max(self.node_names, key=len) / "containerd" / "containerd.sock.ttrpc"
+        if len(str(longest).encode()) > UNIX_PATH_MAX:
+            raise ValueError(f"--state-dir {self.state_dir}: too long ({len(str(self.state_dir))} bytes): containerd's "
+                             f"socket {longest} would exceed a Unix socket path's {UNIX_PATH_MAX} bytes")
         self.want_ceph = ceph
         self.ceph_osds = ceph_osds
         self.extra_images = tuple(extra_images)
@@ -247,6 +252,10 @@ class LocalCluster:
         for api in self._clients.values():
             with contextlib.suppress(Exception):
                 api.close()
+        if self.keep_state:  # the nodes' work dirs go with them: keep their logs
+            for name, node in self.nodes.items():
+                with contextlib.suppress(OSError):
+                    shutil.copytree(node.work / "logs", self.state_dir / "logs" / name, dirs_exist_ok=True)
         try:
             if self._host:
                 down_from_state(self.state_dir, self._state(), live_nodes=self.nodes, ceph=self.ceph,

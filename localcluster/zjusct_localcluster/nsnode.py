@@ -120,10 +120,15 @@ class NamespacedNode(RealNode):
     def _after_registered(self, deadline: float) -> None:
         t0 = time.monotonic()
         self._write_agent_configs()
+        # kube-proxy first: kube-router rewrites the whole filter table from a snapshot (iptables-save, then
+        # -restore), so it starts once kube-proxy's chains are in; started together, a snapshot taken between
+        # kube-proxy's chain and its jump rule dropped the chain and kube-proxy's sync failed (measured)
         self._spawn("kube-proxy", self._kube_proxy_argv(), self.work / "logs" / "kube-proxy.log")
+        self._save_state()
+        self._wait_agent("kube-proxy", deadline)
         self._spawn("kube-router", self._kube_router_argv(), self.work / "logs" / "kube-router.log")
         self._save_state()
-        self._wait_agents(deadline)
+        self._wait_agent("kube-router", deadline)
         self.timings["agents_s"] = time.monotonic() - t0
 
     # ------------------------------------------------------------------ kube-proxy, kube-router
@@ -145,6 +150,7 @@ class NamespacedNode(RealNode):
             "clusterCIDR": hostnet.CLUSTER_CIDR,
             "healthzBindAddress": "127.0.0.1:10256",
             "metricsBindAddress": "127.0.0.1:10249",
+            "nodePortAddresses": ["primary"],  # NodePorts on the node IP only
             # 0: leave the conntrack table size and timeouts alone (nf_conntrack_max is machine-wide)
             "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
         }
@@ -177,12 +183,16 @@ class NamespacedNode(RealNode):
         return subprocess.run(["nsenter", f"--net={self.addressing.netns_path}", "--", "iptables-save", "-t", table],
                               capture_output=True, text=True, timeout=30, check=True).stdout
 
-    def _agents_synced(self) -> bool:
-        return KUBE_PROXY_SYNCED in self.iptables_save("nat") and KUBE_ROUTER_CHAIN in self.iptables_save("filter")
+    def _agent_synced(self, name: str) -> bool:
+        if name == "kube-proxy":
+            return KUBE_PROXY_SYNCED in self.iptables_save("nat")
+        return KUBE_ROUTER_CHAIN in self.iptables_save("filter")
 
-    def _wait_agents(self, deadline: float) -> None:
-        self._wait(self._agents_synced, f"kube-proxy ({KUBE_PROXY_SYNCED} in the nat table) and kube-router "
-                   f"({KUBE_ROUTER_CHAIN}) on {self.name}", deadline, self.work / "logs" / "kube-proxy.log")
+    def _wait_agent(self, name: str, deadline: float) -> None:
+        what = (f"kube-proxy ({KUBE_PROXY_SYNCED} in the nat table)" if name == "kube-proxy"
+                else f"kube-router ({KUBE_ROUTER_CHAIN} in the filter table)")
+        self._wait(lambda: self._agent_synced(name), f"{what} on {self.name}", deadline,
+                   self.work / "logs" / f"{name}.log")
 
     # ------------------------------------------------------------------ losing and restoring
 
@@ -238,16 +248,22 @@ class NamespacedNode(RealNode):
         hostnet.set_link(self.addressing, up=True)
         hostnet.ensure_routes(self.addressing, self.peers)
         alive = self.running()
-        for name in AGENTS:
-            if alive[name]:
-                continue
-            self._spawn(name, self.argvs[name], self.work / "logs" / f"{name}.log")
+        for name in AGENTS:  # the dead ones' handles go first: _wait fails on any handle that has exited
+            if not alive[name]:
+                popen = self.popens.pop(name, None)
+                if popen is not None:
+                    popen.wait(timeout=30)
+        for name in AGENTS:  # in start()'s order: containerd serving, the Node Ready, kube-proxy, kube-router
+            if not alive[name]:
+                self._spawn(name, self.argvs[name], self.work / "logs" / f"{name}.log")
+                self._save_state()
             if name == "containerd":
                 self._wait(lambda: self._ctr(["version"], check=False).returncode == 0, "containerd serving",
                            deadline, self.containerd_log)
-        self._save_state()
-        self._wait(self._ready, f"Node {self.name} Ready without taints", deadline, self.kubelet_log)
-        self._wait_agents(deadline)
+            elif name == "kubelet":
+                self._wait(self._ready, f"Node {self.name} Ready without taints", deadline, self.kubelet_log)
+            else:
+                self._wait_agent(name, deadline)
 
     def rss_kib(self) -> dict[str, int]:
         """Resident set size (KiB) of each agent now (``VmRSS``)."""

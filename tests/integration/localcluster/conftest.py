@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +27,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import stream
 from zjusct_localcluster.cluster import LocalCluster, LocalClusterError, missing_reason
+from zjusct_localcluster.hostnet import read_sysctls
 
 from tests.cluster import wait_for
 from tests.conftest import require
@@ -34,12 +38,14 @@ MARK = "hello-from-server"
 
 
 @pytest.fixture(scope="module")
-def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+def local_cluster() -> Iterator[LocalCluster]:
     """Two nodes and a three-OSD Ceph (module scope: node-loss tests change it and restore it)."""
     reason = missing_reason()
     require("multinode", reason is None, f"a local cluster needs {reason}")
-    cluster = LocalCluster(state_dir=tmp_path_factory.mktemp("lc"), nodes=2, ceph=True, ceph_osds=3,
+    parent = Path(tempfile.mkdtemp(prefix="zjlc-"))  # short: containerd's sockets live under it (107 bytes)
+    cluster = LocalCluster(state_dir=parent / "s", nodes=2, ceph=True, ceph_osds=3,
                            keep_state=bool(os.environ.get("ZJUSCT_K8S_KEEP")))
+    cluster.host_ip_forward_before = read_sysctls(("net.ipv4.ip_forward",))  # type: ignore[attr-defined]
     try:
         cluster.start()
     except (LocalClusterError, TimeoutError) as exc:
@@ -48,6 +54,7 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalClu
         yield cluster
     finally:
         cluster.stop()
+        shutil.rmtree(parent, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

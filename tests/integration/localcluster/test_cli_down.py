@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,15 +31,18 @@ def tool(*args: str, state: Path, timeout: float = 900) -> subprocess.CompletedP
 
 
 @pytest.fixture
-def state_dir(tmp_path: Path) -> Iterator[Path]:
+def state_dir() -> Iterator[Path]:
+    """A short state dir (containerd's socket paths under it must fit a Unix socket's 107 bytes)."""
     reason = missing_reason()
     require("multinode", reason is None, f"a local cluster needs {reason}")
-    state = tmp_path / "state"
+    parent = Path(tempfile.mkdtemp(prefix="zjlc-"))
+    state = parent / "state"
     try:
         yield state
     finally:
         if state.exists():  # the test failed before its own down
             tool("down", state=state)
+        shutil.rmtree(parent, ignore_errors=True)
 
 
 def test_up_status_lose_restore_down_leaves_nothing(state_dir: Path) -> None:
@@ -82,8 +87,12 @@ def test_up_status_lose_restore_down_leaves_nothing(state_dir: Path) -> None:
     assert time.monotonic() - t0 < 120
 
 
-def test_up_refuses_more_nodes_than_it_supports(tmp_path: Path) -> None:
+def test_up_refuses_bad_input_naming_the_option(tmp_path: Path) -> None:
     bad = tool("up", "--nodes", "5", state=tmp_path / "state", timeout=60)
     assert bad.returncode == 2
     assert "--nodes 5: must be 1..3" in bad.stderr
-    assert not (tmp_path / "state").exists()  # nothing half-created
+    deep = tmp_path / ("d" * 60) / "state"
+    long_dir = tool("up", state=deep, timeout=60)
+    assert long_dir.returncode == 2
+    assert f"--state-dir {deep}: too long" in long_dir.stderr and "107 bytes" in long_dir.stderr
+    assert not (tmp_path / "state").exists() and not deep.exists()  # nothing half-created

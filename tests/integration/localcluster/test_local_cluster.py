@@ -90,8 +90,8 @@ def host_listener() -> Iterator[int]:
         srv.close()
 
 
-def test_pod_to_pod_across_nodes_and_pod_to_host(server_and_client: tuple[Any, Any], lc_core: Any,
-                                                 lc_namespace: str, host_listener: int) -> None:
+def test_pod_to_pod_across_nodes_and_pod_to_host(local_cluster: LocalCluster, server_and_client: tuple[Any, Any],
+                                                 lc_core: Any, lc_namespace: str, host_listener: int) -> None:
     server, client_pod = server_and_client
     got = wait_for(lambda: MARK in (r := http_probe(lc_core, lc_namespace, "client", server.status.pod_ip, 8080))
                    and r, WAIT, "node-1's Pod reaching node-2's Pod")
@@ -107,7 +107,8 @@ def test_pod_to_pod_across_nodes_and_pod_to_host(server_and_client: tuple[Any, A
     with socket.create_connection((server.status.pod_ip, 8080), timeout=10) as conn:
         conn.sendall(b"GET / HTTP/1.0\r\n\r\n")
         assert MARK.encode() in conn.makefile("rb").read()
-    assert hostnet.read_sysctls(("net.ipv4.ip_forward",)) == {"net.ipv4.ip_forward": "0"}
+    # ... and never turns forwarding on for that (each node forwards inside its own namespace)
+    assert hostnet.read_sysctls(("net.ipv4.ip_forward",)) == local_cluster.host_ip_forward_before
 
 
 def test_cluster_ip_service_through_kube_proxy(server_and_client: tuple[Any, Any], lc_core: Any,
