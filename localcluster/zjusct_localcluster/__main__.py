@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -36,10 +37,12 @@ from .cluster import (
     LocalClusterError,
     down_from_state,
     load_state,
+    lock_holder,
     missing_reason,
     status_from_state,
 )
 from .controlplane import pid_alive, pid_is_ours, tail
+from .node import LOCK_PATH
 from .nsnode import LOSS_MODES
 
 ENV_STATE = "ZJUSCT_LOCALCLUSTER"
@@ -50,6 +53,21 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
 def _state_dir(arg: str | None) -> Path:
     return Path(arg or os.environ.get(ENV_STATE) or DEFAULT_STATE_DIR).resolve()
+
+
+def _lock_busy() -> str | None:
+    """None when the machine lock is free now, else what its file says about the holder."""
+    try:
+        fd = os.open(LOCK_PATH, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return lock_holder()
+    finally:
+        os.close(fd)  # closing drops a lock taken here
+    return None
 
 
 def _supervisor_alive(state: dict[str, Any]) -> bool:
@@ -82,6 +100,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"hack/cluster.sh up: {exc}", file=sys.stderr)
         return 2
+    holder = _lock_busy()
+    if holder is not None:
+        print(f"waiting (up to 15 min) for the machine lock {LOCK_PATH}, held by: {holder or 'unknown'}",
+              file=sys.stderr)
     state_dir.mkdir(parents=True, exist_ok=True)
     (state_dir / ERROR_FILE).unlink(missing_ok=True)
     log = state_dir / "supervisor.log"
@@ -94,7 +116,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     with log.open("ab") as out:
         sup = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
                                env=env, start_new_session=True)
-    deadline = time.monotonic() + args.timeout + 60
+    deadline = time.monotonic() + args.timeout + 60 + (900 if holder is not None else 0)
     while True:
         if (state_dir / ERROR_FILE).exists() or sup.poll() is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):

@@ -14,8 +14,9 @@ so ``stop()`` — or ``down`` from a saved state after a crash — undoes exactl
    Services, Endpoints, EndpointSlices; bound to user ``system:kube-router``);
 5. N :class:`~.nsnode.NamespacedNode` (``node-1`` .. ``node-N``), one after the other, each Ready with kube-proxy
    and kube-router synced;
-6. Ceph (optional): mon, mgr and ``ceph_osds`` OSDs bound to 10.240.0.1, pool ``rbd``; ``<ceph>/client/`` holds a
-   client configuration a Pod mounts at ``/etc/ceph``.
+6. Ceph (optional, bootstrapped in a thread beside steps 3-5 right after step 2: it needs only the bridge address):
+   mon, mgr and ``ceph_osds`` OSDs bound to 10.240.0.1, pool ``rbd``; ``<ceph>/client/`` holds a client
+   configuration a Pod mounts at ``/etc/ceph``.
 
 ``stop()`` undoes it in reverse and releases the lock. The daemons carry ``PR_SET_PDEATHSIG`` (they die with the
 process that owns the LocalCluster: the test session, or the ``hack/cluster.sh up`` supervisor); namespaces,
@@ -29,6 +30,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -120,6 +122,9 @@ class LocalCluster:
         self._host: dict[str, Any] = {}
         self._lock_fd: int | None = None
         self._clients: dict[str, Any] = {}
+        self._ceph_thread: threading.Thread | None = None
+        self._ceph_error: Exception | None = None
+        self._ceph_seconds = 0.0
         self._stopped = False
 
     # ------------------------------------------------------------------ what a user of the cluster needs
@@ -194,6 +199,11 @@ class LocalCluster:
             raise LocalClusterError(f"host network: {exc}") from exc
         self._save_state()
         self.timings["host_s"] = time.monotonic() - t0
+        if self.want_ceph:  # Ceph needs only the bridge address: it bootstraps beside the control plane and nodes
+            self._host["ceph_base"] = str(self.state_dir)
+            self._save_state()
+            self._ceph_thread = threading.Thread(target=self._start_ceph, args=(deadline,), name="ceph", daemon=True)
+            self._ceph_thread.start()
 
         t = time.monotonic()
         self.control_plane = Cluster(state_dir=self.state_dir / "control-plane", nodes=(), keep_state=True,
@@ -228,20 +238,29 @@ class LocalCluster:
             self.timings[f"node_{addressing.name}_s"] = time.monotonic() - t_node
         self.timings["nodes_s"] = time.monotonic() - t
 
-        if self.want_ceph:
-            t = time.monotonic()
-            self._host["ceph_base"] = str(self.state_dir)
-            self._save_state()
-            try:
-                self.ceph = cephmod.start_cluster(self.state_dir, timeout=max(60.0, deadline - time.monotonic()),
-                                                  address=hostnet.HOST_IP, osds=self.ceph_osds)
-            except cephmod.CephClusterError as exc:
-                raise LocalClusterError(f"ceph: {exc}") from exc
-            self.ceph.client_dir()
-            self.timings["ceph_s"] = time.monotonic() - t
+        if self._ceph_thread is not None:
+            self._ceph_thread.join(timeout=max(1.0, deadline - time.monotonic()))
+            if self._ceph_thread.is_alive():
+                raise LocalClusterError("ceph: still bootstrapping when the start's timeout ran out")
+            if self._ceph_error is not None:
+                raise LocalClusterError(f"ceph: {self._ceph_error}") from self._ceph_error
+            self.timings["ceph_s"] = self._ceph_seconds
         self.timings["total_s"] = time.monotonic() - t0
         self._host["ready"] = True
         self._save_state()
+
+    def _start_ceph(self, deadline: float) -> None:
+        """Bootstrap Ceph (run in a thread by :meth:`_start`; its daemons detach themselves, no PR_SET_PDEATHSIG
+        is involved). The result lands in ``self.ceph`` or ``self._ceph_error``."""
+        t = time.monotonic()
+        try:
+            ceph = cephmod.start_cluster(self.state_dir, timeout=max(60.0, deadline - time.monotonic()),
+                                         address=hostnet.HOST_IP, osds=self.ceph_osds)
+            ceph.client_dir()
+            self.ceph = ceph
+        except Exception as exc:  # reported by _start; start_cluster has stopped what it started
+            self._ceph_error = exc
+        self._ceph_seconds = time.monotonic() - t  # timings is the main thread's (saved while this runs)
 
     def stop(self) -> None:
         """Undo everything :meth:`start` made, in reverse, and release the lock. Safe to call twice and after a
@@ -249,6 +268,8 @@ class LocalCluster:
         if self._stopped:
             return
         self._stopped = True
+        if self._ceph_thread is not None:  # a failed start: let the bootstrap end (it cleans up after a failure)
+            self._ceph_thread.join(timeout=600)
         for api in self._clients.values():
             with contextlib.suppress(Exception):
                 api.close()

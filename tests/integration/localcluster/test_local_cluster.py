@@ -21,7 +21,7 @@ from kubernetes import client
 from zjusct_localcluster import hostnet
 from zjusct_localcluster.cluster import LocalCluster, ceph_in_pod
 
-from tests.cluster import wait_for
+from tests.cluster import RealNode, wait_for
 from tests.integration.localcluster.conftest import (
     MARK,
     WAIT,
@@ -209,3 +209,13 @@ def test_node_lost_then_restored(local_cluster: LocalCluster, lc_core: Any, lc_n
     local_cluster.wait_node("node-2", ready=True, timeout=WAIT)
     pod, log = finished_pod(lc_core, lc_namespace, busybox_pod(local_cluster, "node-2", "after", "echo back"))
     assert pod.status.phase == "Succeeded" and "back" in log
+
+
+def test_a_single_real_node_waits_for_the_local_cluster(local_cluster: LocalCluster) -> None:
+    """The local cluster holds the machine lock a tests.cluster RealNode takes (both use kubelet's fixed host
+    paths): a real node started meanwhile times out naming the cluster, and leaves nothing."""
+    assert local_cluster.control_plane is not None
+    single = RealNode(local_cluster.control_plane.state_dir, name="single", lock_timeout=1)
+    with pytest.raises(TimeoutError, match=f"local cluster {local_cluster.state_dir}"):
+        single.start()
+    assert not single.work.exists()
