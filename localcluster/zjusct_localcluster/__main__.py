@@ -249,6 +249,7 @@ def cmd_node(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Print what runs; exit 1 if any process of a ready cluster is dead or a node's link is down."""
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `status | head` ends quietly (never set in the supervisor)
     state_dir = _state_dir(args.state_dir)
     try:
         st = status_from_state(state_dir)
