@@ -494,8 +494,8 @@ class Cluster:
                 "--endpoint-reconciler-type=" + ("none" if self.bind_address.startswith("127.") else "lease"),
                 "--allow-privileged=true",
                 "--profiling=false",
-                # a real node (tests.cluster.RealNode): reach its kubelet by the node IP (the node name is no
-                # DNS name), authenticate with a client certificate and verify the kubelet's serving certificate
+                # real nodes (node.RealNode, the local cluster's): reach a kubelet by the node IP (the node name is
+                # no DNS name), authenticate with a client certificate and verify the kubelet's serving certificate
                 "--kubelet-preferred-address-types=InternalIP,Hostname",
                 f"--kubelet-client-certificate={d / 'kube-apiserver-kubelet-client.crt'}",
                 f"--kubelet-client-key={d / 'kube-apiserver-kubelet-client.key'}",

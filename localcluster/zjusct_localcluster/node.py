@@ -1,10 +1,10 @@
 """A real node for the test control plane: containerd + kubelet on this machine, joined to a running
-:class:`~tests.cluster.Cluster` with its own node certificate, so Pods actually run.
+:class:`~.controlplane.Cluster` with its own node certificate, so Pods actually run.
 
 What :meth:`RealNode.start` sets up (everything under one work directory ``W`` unless said otherwise):
 
 * the images ``localhost/zjusct/pause:<key>`` (a static pause binary built with gcc from
-  ``tests/cluster/images/pause.c``) and ``localhost/zjusct/busybox:<key>`` (the host's busybox-static and one
+  ``images/pause.c`` beside this module) and ``localhost/zjusct/busybox:<key>`` (the host's busybox-static and one
   link per applet), written as docker-archives with ``roles/launcher_image/files/docker_archive.py`` and cached in
   ``${ZJUSCT_CACHE}/real-node/images/<key>/`` (key = hash of those inputs);
 * containerd (Debian's 1.6) with its root, state and sockets in ``W/containerd``, CRI plugin with
@@ -212,7 +212,7 @@ class RealNode:
     """containerd + kubelet on this machine joined to the cluster whose state dir is ``cluster_state_dir``.
 
     Args:
-        cluster_state_dir: the :class:`~tests.cluster.Cluster` state dir (``state.json``, ``pki/``).
+        cluster_state_dir: the :class:`~.controlplane.Cluster` state dir (``state.json``, ``pki/``).
         name: the Node name (client certificate CN ``system:node:<name>``).
         work_dir: directory for everything the node writes (default: a new ``/tmp/zjusct-node-*``); removed by
             :meth:`stop`.
