@@ -20,7 +20,7 @@ unit: setup ## unit tests only (no real components)
 	pytest -p no:cacheprovider tests/unit
 
 lint: setup
-	ruff check plugins launcher tests bench controller extensions
+	ruff check plugins launcher tests bench controller extensions localcluster
 	ansible-lint --profile production --offline
 
 sanity: setup

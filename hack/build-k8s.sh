@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
-# Build pinned upstream Kubernetes control-plane binaries, kubelet (for the test plane's real node)
-# and etcd from Go modules into a version-keyed cache directory outside the repository.
+# Build pinned upstream Kubernetes control-plane binaries, the node agents (kubelet, kube-proxy), etcd and
+# kube-router (the local cluster's NetworkPolicy engine) from Go modules into a version-keyed cache directory
+# outside the repository.
 #
 #   hack/build-k8s.sh            build what is missing (no-op when everything is cached)
 #   hack/build-k8s.sh --check    exit 0 if every binary is cached, 1 otherwise; builds nothing
 #   hack/build-k8s.sh --paths    print KEY=path lines for the cached binaries (no build)
 #
 # Layout (cache root: ${ZJUSCT_CACHE:-/var/cache/zjusct-cloud}):
-#   k8s/<K8S_VERSION>/{kube-apiserver,kube-controller-manager,kube-scheduler,kubelet}
+#   k8s/<K8S_VERSION>/{kube-apiserver,kube-controller-manager,kube-scheduler,kubelet,kube-proxy}
 #   etcd/<ETCD_VERSION>/etcd
+#   kube-router/<KUBE_ROUTER_VERSION>/kube-router
 #   <binary>.stamp   written last, only when the binary is complete (version, sha256,
 #                    build seconds); a binary without its stamp is rebuilt.
 #   go/mod, go/build Go module and build caches (make an interrupted build resumable).
-#   k8s/<ver>/.gomod, etcd/<ver>/.gomod
+#   k8s/<ver>/.gomod, etcd/<ver>/.gomod, kube-router/<ver>/.gomod
 #                    generated go.mod that requires the upstream module and replaces its
 #                    local staging/sibling paths by the published module versions.
 #
-# Environment: ZJUSCT_CACHE, K8S_VERSION, ETCD_VERSION (defaults: hack/k8s/versions.env),
+# Environment: ZJUSCT_CACHE, K8S_VERSION, ETCD_VERSION, KUBE_ROUTER_VERSION (defaults: hack/k8s/versions.env),
 # BUILD_JOBS (go build -p, default 2), GO (path of the go command), K8S_EXTRA_BINS (more commands of
 # k8s.io/kubernetes/cmd to build and check, space-separated: bench/inventory_scale.py asks for kubectl).
 set -euo pipefail
@@ -26,13 +28,15 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 pinned() { sed -n "s/^$1=//p" "$HERE/k8s/versions.env"; }
 K8S_VERSION="${K8S_VERSION:-$(pinned K8S_VERSION)}"
 ETCD_VERSION="${ETCD_VERSION:-$(pinned ETCD_VERSION)}"
+KUBE_ROUTER_VERSION="${KUBE_ROUTER_VERSION:-$(pinned KUBE_ROUTER_VERSION)}"
 CACHE="${ZJUSCT_CACHE:-/var/cache/zjusct-cloud}"
 BUILD_JOBS="${BUILD_JOBS:-2}"
 GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
 
 K8S_DIR="$CACHE/k8s/$K8S_VERSION"
 ETCD_DIR="$CACHE/etcd/$ETCD_VERSION"
-K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
+ROUTER_DIR="$CACHE/kube-router/$KUBE_ROUTER_VERSION"
+K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
 read -ra extra_bins <<<"${K8S_EXTRA_BINS:-}"
 K8S_BINS+=("${extra_bins[@]}")
 
@@ -45,7 +49,7 @@ is_cached() { # <dir> <name>
 all_cached() {
     local b
     for b in "${K8S_BINS[@]}"; do is_cached "$K8S_DIR" "$b" || return 1; done
-    is_cached "$ETCD_DIR" etcd
+    is_cached "$ETCD_DIR" etcd && is_cached "$ROUTER_DIR" kube-router
 }
 
 case "${1:-}" in
@@ -57,6 +61,7 @@ case "${1:-}" in
             printf '%s=%s\n' "$(tr 'a-z-' 'A-Z_' <<<"$b")" "$K8S_DIR/$b"
         done
         printf 'ETCD=%s\n' "$ETCD_DIR/etcd"
+        printf 'KUBE_ROUTER=%s\n' "$ROUTER_DIR/kube-router"
         exit 0 ;;
     -h|--help)
         sed -n '2,/^set /{/^#/p}' "$0"; exit 0 ;;
@@ -65,7 +70,7 @@ case "${1:-}" in
 esac
 
 if all_cached; then
-    log "cached: kubernetes v$K8S_VERSION in $K8S_DIR, etcd v$ETCD_VERSION in $ETCD_DIR"
+    log "cached: kubernetes v$K8S_VERSION in $K8S_DIR, etcd v$ETCD_VERSION in $ETCD_DIR, kube-router v$KUBE_ROUTER_VERSION in $ROUTER_DIR"
     exit 0
 fi
 
@@ -76,7 +81,7 @@ export GOCACHE="$CACHE/go/build"
 export GOTOOLCHAIN=local
 export CGO_ENABLED=0
 export GOFLAGS="-trimpath -mod=mod -buildvcs=false"
-mkdir -p "$CACHE" "$GOMODCACHE" "$GOCACHE" "$K8S_DIR" "$ETCD_DIR"
+mkdir -p "$CACHE" "$GOMODCACHE" "$GOCACHE" "$K8S_DIR" "$ETCD_DIR" "$ROUTER_DIR"
 
 # One build at a time per cache root (concurrent test runs would otherwise race).
 exec 9>"$CACHE/.build-k8s.lock"
@@ -109,7 +114,7 @@ generate_gomod() { # <dir> <module> <version> <mapper-fn>
         echo "replace ("
         # `a => ./path` and `a => ../path` lines, single or inside a replace block
         sed -nE 's#^(replace[[:space:]]+)?[[:space:]]*([^[:space:]]+)[[:space:]]+=>[[:space:]]+\.\.?/.*#\2#p' "$up" |
-            grep -v '^(' | sort -u | while read -r dep; do
+            { grep -v '^(' || true; } | sort -u | while read -r dep; do
                 local pub
                 pub="$("$mapper" "$dep")" || continue
                 printf '\t%s => %s %s\n' "$dep" "$dep" "$pub"
@@ -129,6 +134,7 @@ generate_gomod() { # <dir> <module> <version> <mapper-fn>
 k8s_staging_version() { # k8s.io/<staging> -> v0.<minor>.<patch>
     case "$1" in k8s.io/*) echo "v0.${K8S_VERSION#*.}" ;; *) return 1 ;; esac
 }
+no_local_replaces() { return 1; }  # kube-router's go.mod replaces nothing with a local path
 etcd_sibling_version() { # go.etcd.io/etcd/<x>/v3 -> v<ETCD_VERSION>; FORBIDDEN_DEPENDENCY ones skipped
     case "$1" in go.etcd.io/etcd/*/v3) echo "v$ETCD_VERSION" ;; *) return 1 ;; esac
 }
@@ -192,6 +198,15 @@ if ((need_k8s)); then
     for b in "${K8S_BINS[@]}"; do
         build_one "$K8S_DIR/.gomod" "$K8S_DIR" "$b" "k8s.io/kubernetes/cmd/$b" "$ldflags"
     done
+fi
+
+if ! is_cached "$ROUTER_DIR" kube-router; then
+    # Only the network policy controller runs (--run-firewall; kube-router's router and service proxy are off,
+    # docs/kubernetes.md); its own go.sum pins every dependency.
+    log "kube-router: generating go.mod in $ROUTER_DIR/.gomod"
+    generate_gomod "$ROUTER_DIR/.gomod" github.com/cloudnativelabs/kube-router/v2 "v$KUBE_ROUTER_VERSION" no_local_replaces
+    build_one "$ROUTER_DIR/.gomod" "$ROUTER_DIR" kube-router github.com/cloudnativelabs/kube-router/v2/cmd/kube-router \
+        "-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=v$KUBE_ROUTER_VERSION -X github.com/cloudnativelabs/kube-router/v2/pkg/version.BuildDate=1970-01-01T00:00:00Z"
 fi
 
 log "all binaries ready in $(( $(date +%s) - total_start )) s"

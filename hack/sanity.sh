@@ -7,9 +7,9 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 dest="$work/ansible_collections/zjusct/cloud"
 mkdir -p "$dest"
-# Only what the collection ships: galaxy.yml's build_ignore keeps tests/, bench/, hack/ and .ci/ out of
+# Only what the collection ships: galaxy.yml's build_ignore keeps tests/, bench/, hack/, .ci/ and localcluster/ out of
 # the artefact, and they are checked by ruff and mypy instead.
-(cd "$here" && git ls-files -z --cached --others --exclude-standard -- . ':!tests' ':!bench' ':!hack' ':!.ci' \
+(cd "$here" && git ls-files -z --cached --others --exclude-standard -- . ':!tests' ':!bench' ':!hack' ':!.ci' ':!localcluster' \
   | while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done | xargs -0 cp --parents -t "$dest")
 mkdir -p "$dest/tests" && cp -r "$here/tests/sanity" "$dest/tests/"  # ignore files with their reasons
 # Dependencies (galaxy.yml) next to the collection, as ansible-test expects: kubernetes.core from the

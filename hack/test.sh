@@ -32,7 +32,7 @@ if [ -x hack/build-k8s.sh ]; then
   step "build-k8s" hack/build-k8s.sh
 fi
 
-py_targets=(plugins launcher tests bench controller extensions)
+py_targets=(plugins launcher tests bench controller extensions localcluster)
 # The static checks read only the checkout; they run in the background next to pytest (their output is
 # printed after it, each with its own time) instead of before it.
 checks_dir=$(mktemp -d)
@@ -45,7 +45,7 @@ trap 'rm -rf "$checks_dir"' EXIT
     if "$@"; then echo "==> $name: ok ($((SECONDS - t0)) s)"; else echo "==> $name: FAILED ($((SECONDS - t0)) s)"; echo "$name" >>"$checks_dir/failed"; fi
   }
   cstep "ruff" ruff check "${py_targets[@]}"
-  cstep "mypy" mypy plugins/module_utils launcher/zjusct_launcher controller/zjusct_controller
+  cstep "mypy" mypy plugins/module_utils launcher/zjusct_launcher controller/zjusct_controller localcluster/zjusct_localcluster
   cstep "ansible-lint" ansible-lint --profile production --offline
   cstep "ansible-test sanity" hack/sanity.sh
   cstep "changelog" antsibull-changelog lint
@@ -60,11 +60,13 @@ checks_pid=$!
 # site.yml install the launcher to the same /usr/local paths, so they stay in one process), lane "node" the real
 # node's tests (tests/integration/k8s_node: one node per machine, serialised by its lock anyway) together with the
 # tests that assert the host's net.ipv4.ip_forward unchanged (tests/integration/hostnet,
-# tests/e2e/host/test_network_isolation.py: the real node changes it, so none of them runs while the node is up),
-# lane "rest" the other tests. Each lane is an ordinary pytest session (its own session fixtures: control plane,
+# tests/e2e/host/test_network_isolation.py: the real node changes it, so none of them runs while the node is up)
+# and the local cluster's tests (tests/integration/localcluster: several real nodes under the same lock; run first
+# in the session, see tests/conftest.py), lane "rest" the other tests. Each lane is an ordinary pytest session (its own session fixtures: control plane,
 # Ceph, guest image check); the tests and what they assert are the same as in one session. Set
 # ZJUSCT_TEST_LANES=1 for a single session.
-node_lane=(tests/integration/k8s_node tests/integration/hostnet tests/e2e/host/test_network_isolation.py)
+node_lane=(tests/integration/k8s_node tests/integration/hostnet tests/e2e/host/test_network_isolation.py
+  tests/integration/localcluster)
 # Balance (minutes; the rehearsal of 2026-12-02 11:37 on a fresh machine, all four Molecule scenarios beside the
 # lanes: guests 30, node 36, rest 31; the SSH gateway's module, 4.5 of node's minutes, then ran in lane node and now
 # runs in lane guests): two end-to-end modules that mostly create stopped VMs (quotas, owner checks) run in lane
@@ -134,7 +136,7 @@ if [ "$paths" -eq 1 ] || [ "${ZJUSCT_TEST_LANES:-3}" = 1 ]; then
 else
   ignores=()
   for d in "${guest_lane[@]}" "${node_lane[@]}"; do ignores+=("--ignore=$d"); done
-  echo "==> pytest in three lanes, seed $seed: lane guests = tests/e2e except ${node_lane[*]:2} ${rest_e2e[*]};"
+  echo "==> pytest in three lanes, seed $seed: lane guests = tests/e2e except ${node_lane[*]:2:1} ${rest_e2e[*]};"
   echo "==>   lane node = ${node_lane[*]}; lane rest = the other tests"
   echo "==>   again: hack/test.sh --random-order-seed=$seed   (lane output is prefixed [guests] / [node] / [rest])"
   logs=$(mktemp -d)

@@ -3,8 +3,11 @@
 * Puts the checkout on ``sys.path`` as ``ansible_collections.zjusct.cloud`` (through the
   ``.collections`` link made by ``hack/setup-collection.sh``) so tests import module_utils the way
   Ansible does.
-* Enforces the real-component rule: a test marked ``k8s``, ``kubelet``, ``ceph``, ``netns`` or ``guest`` whose
-  component is missing FAILS when ``CI=true`` and is skipped with the reason printed otherwise.
+* Enforces the real-component rule: a test marked ``k8s``, ``kubelet``, ``multinode``, ``ceph``, ``netns`` or
+  ``guest`` whose component is missing FAILS when ``CI=true`` and is skipped with the reason printed otherwise.
+* Runs the local cluster's tests (tests/integration/localcluster) first in a session: each of their modules takes
+  the machine's real-node lock for its own cluster and gives it back, while the real node of
+  tests/integration/k8s_node holds that lock from its first test to the session's end.
 """
 
 from __future__ import annotations
@@ -81,7 +84,23 @@ def _component_gate(request: pytest.FixtureRequest) -> None:
                 "qemu-system-x86_64 not installed (hack/install-deps.sh)")
     if "kubelet" in markers:
         require_real_node()
+    if "multinode" in markers:
+        from zjusct_localcluster.cluster import missing_reason
+
+        reason = missing_reason()
+        require("multinode", reason is None, f"a local cluster needs {reason}")
     if "ceph" in markers:
         require("ceph", shutil.which("ceph-mon") is not None and shutil.which("rbd") is not None,
                 "ceph-mon/rbd not installed (hack/install-deps.sh)")
+LOCAL_CLUSTER_TESTS = str(REPO / "tests" / "integration" / "localcluster") + os.sep
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-random-order's shuffle, which keeps the relative order otherwise
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Move the local cluster's tests to the front (see the module docstring)."""
+    first = [i for i in items if str(i.path).startswith(LOCAL_CLUSTER_TESTS)]
+    if first:
+        items[:] = first + [i for i in items if not str(i.path).startswith(LOCAL_CLUSTER_TESTS)]
+
+
 from tests.guest_image_fixture import guest_image  # noqa: E402,F401

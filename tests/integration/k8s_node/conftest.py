@@ -101,7 +101,7 @@ def launcher_image(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory
 # the Pods' own subnet: the bridge plugin runs with isGateway but gives Pods no default route, so an address
 # elsewhere on the host is out of their reach, measured: librbd "Connection timed out"). The bridge exists once the
 # node has run a Pod; the fixture runs one first. The session's 127.0.0.1 cluster is out of a Pod's reach too.
-CEPH_IF = "cni-zjusct0"  # tests/cluster/_realnode.py BRIDGE
+CEPH_IF = "cni-zjusct0"  # zjusct_localcluster/node.py BRIDGE
 CEPH_ADDR = "10.233.0.1"  # its host side (POD_GATEWAY), on-link for every Pod
 
 

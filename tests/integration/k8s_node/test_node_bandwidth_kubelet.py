@@ -1,4 +1,4 @@
-"""What a real kubelet (tests/cluster/_realnode.py) does with the extended resource ``cloud.zjusct.io/bandwidth-mbps``
+"""What a real kubelet (zjusct_localcluster/node.py) does with the extended resource ``cloud.zjusct.io/bandwidth-mbps``
 that the cluster role advertises (module zjusct.cloud.k8s_node_resources) and that no device plugin manages
 (docs/controller.md "Bandwidth" states these facts; this test keeps them true across kubelet upgrades):
 
