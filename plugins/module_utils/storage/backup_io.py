@@ -762,6 +762,8 @@ def backup_result(res: Dict[str, Any], driver: str = "rbd", volume: Optional[str
                    image_size_bytes=m["image"]["sizeBytes"], data_bytes=m["dataBytes"],
                    bytes_written=res["bytes_written"], removed_snapshots=res["removed_snapshots"],
                    removed_partials=res["removed_partials"], seconds=res["seconds"], phases=res["phases"])
+    if "read_blocks" in res:
+        out["read_blocks"] = res["read_blocks"]
     if "retention" in res:
         out["retention"] = res["retention"]
     return out

@@ -26,6 +26,7 @@ name does not exist; the next restore to it removes the leftovers of dead runs.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fcntl
 import io
@@ -35,8 +36,9 @@ import secrets
 import subprocess
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage import qcow2_bitmap
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.backup_chain import (
     DATA_FILE,
     BackupError,
@@ -48,6 +50,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.storage.backup_chain 
     dest_tag,
     plan_backup,
     snapshot_name,
+    stale_snapshots,
 )
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.backup_io import (
     ChunkHasher,
@@ -145,7 +148,7 @@ def backup_volume(path: str, fmt: str, dest: Dest, *, driver: str = "file", volu
                   vm: Optional[str] = None, owner: Optional[str] = None, keep: Optional[int] = None,
                   full_every: int = 7, force_full: bool = False, check_mode: bool = False,
                   now: Optional[datetime.datetime] = None, verify: bool = True,
-                  checksum: Optional[str] = None) -> Dict[str, Any]:
+                  checksum: Optional[str] = None, track_changes: bool = True) -> Dict[str, Any]:
     """Take one offline backup of the file-backed volume ``path`` (format ``fmt``: raw or qcow2) into ``dest``
     and apply retention (module docstring).
 
@@ -154,12 +157,16 @@ def backup_volume(path: str, fmt: str, dest: Dest, *, driver: str = "file", volu
         volume: the host store volume name recorded in the manifest (and used in messages), if any.
         vm, owner: recorded in the manifest.
         keep, full_every, force_full, verify, checksum: as :func:`storage.backup_io.backup`.
+        track_changes: qcow2 only - keep a persistent dirty bitmap named after the backup
+            (:mod:`storage.qcow2_bitmap`), so that the next incremental backup reads only the blocks QEMU marks
+            as written; without it (or when the bitmap is unusable) every block is read and compared.
 
     Returns:
         The shape of :func:`storage.backup_io.backup`'s result: ``plan``, ``backup`` (the manifest as JSON),
-        ``bytes_written``, ``removed_partials``, ``removed_snapshots`` (always empty), ``retention``, ``phases``
-        (``read`` — reading, checksumming and writing the stream —, ``verify``, ``fsync``), ``seconds``,
-        ``dest_tag``, ``ignored``.
+        ``bytes_written``, ``removed_partials``, ``removed_snapshots`` (the dirty bitmaps removed from a qcow2
+        volume), ``retention``, ``phases`` (``read`` — reading, checksumming and writing the stream —,
+        ``verify``, ``fsync``), ``read_blocks`` (blocks read of the volume's), ``seconds``, ``dest_tag``,
+        ``ignored``.
 
     Raises:
         BackupError: the file is missing or in use (a process has it open, or QEMU's write lock is held: the VM
@@ -180,93 +187,148 @@ def backup_volume(path: str, fmt: str, dest: Dest, *, driver: str = "file", volu
         raise BackupError(f"volume {what}: {path} is in use by {', '.join(busy)}; stop the VM before an offline "
                           "backup")
     tag = dest_tag(destination.tag_source())
+    job = _Job(path, fmt, destination, tag, driver=driver, volume=volume, vm=vm, owner=owner, full_every=full_every,
+               force_full=force_full, verify=verify, checksum=checksum, track=track_changes and fmt == "qcow2")
     try:
-        with hold_off_writers(path):
-            identity = volume_id(path)
-            src = open_source(path, fmt)
-            try:
-                return _backup_locked(src, destination, tag, identity, now, t0, driver=driver, volume=volume, vm=vm,
-                                      owner=owner, keep=keep, full_every=full_every, force_full=force_full,
-                                      check_mode=check_mode, verify=verify, checksum=checksum)
-            finally:
-                src.close()
+        if check_mode:
+            with hold_off_writers(path):
+                plan = job.plan(destination.scan()[0])
+            return {"plan": {"type": plan.type, "parent": plan.parent, "reason": _reason(plan, None, None)},
+                    "ignored": destination.scan()[2], "dest_tag": tag, "changed": True}
+        destination.prepare()
+        with destination.lock():
+            result = job.run(now)
+            if keep:
+                result["retention"] = apply_retention(destination, job.complete, keep)
     except (VolumeBusy, VolumeReadError) as exc:
         raise BackupError(f"volume {what}: {exc}") from None
-
-
-def _backup_locked(src: Any, destination: Any, tag: str, identity: str, now: datetime.datetime, t0: float, *,
-                   driver: str, volume: Optional[str], vm: Optional[str], owner: Optional[str], keep: Optional[int],
-                   full_every: int, force_full: bool, check_mode: bool, verify: bool,
-                   checksum: Optional[str]) -> Dict[str, Any]:
-    def planned() -> Any:
-        complete, partial, bad = destination.scan()
-        # a file's diff base is the previous backup's manifest: it "exists" as long as that backup does
-        plan = plan_backup(complete, identity, src.size, [m.snapshot for m in complete], full_every=full_every,
-                           force_full=force_full)
-        return complete, partial, bad, plan
-
-    if check_mode:
-        _c, _p, bad, plan = planned()
-        return {"plan": {"type": plan.type, "parent": plan.parent, "reason": plan.reason}, "ignored": bad,
-                "dest_tag": tag, "changed": True}
-    destination.prepare()
-    with destination.lock():
-        complete, partial, bad, plan = planned()
-        result: Dict[str, Any] = {"plan": {"type": plan.type, "parent": plan.parent, "reason": plan.reason},
-                                  "ignored": bad, "dest_tag": tag, "removed_snapshots": []}
-        for name in partial:  # leftovers of interrupted runs (we hold the lock: nobody is writing them)
-            destination.remove_partial(name)
-        result["removed_partials"] = partial
-        parent = next((m for m in complete if m.id == plan.parent), None)
-        kind = parent.checksum if parent else (checksum or default_checksum())
-        check_checksum(kind)
-        bid = _new_id(now)
-        snap = snapshot_name(bid, tag)
-        staging = destination.stage(bid)
-        try:
-            t_read = time.monotonic()
-            out = staging.create(DATA_FILE)
-            hasher = ChunkHasher(kind=kind)
-            writer = _WriteBehind(out, hasher)
-            try:
-                blocks, data_bytes = _stream(src, parent, kind, plan.from_snapshot, snap, writer)
-            finally:
-                writer.close()
-            durable = out.finish()
-            phases = {"read": round(time.monotonic() - t_read, 3)}
-            size, digest, chunks = hasher.finish()
-            m = Manifest(id=bid, seq=plan.seq, created_at=now.strftime("%Y-%m-%dT%H:%M:%SZ"), type=plan.type,
-                         pool="", image=volume or os.path.basename(src.path), image_id=identity,
-                         image_size=src.size, snapshot=snap, parent=plan.parent, from_snapshot=plan.from_snapshot,
-                         chain=[*plan.chain, bid], files=[FileEntry(DATA_FILE, size, digest, chunks, 0)],
-                         blocks=blocks, vm=vm, owner=owner, data_bytes=data_bytes, checksum=kind, driver=driver,
-                         volume=volume)
-            publish(staging, m, durable, verify, phases)
-        except BaseException:
-            staging.abort()
-            raise
-        complete.append(m)
-        result["backup"] = m.to_dict()
-        result["bytes_written"] = size
-        result["phases"] = phases
-        if keep:
-            result["retention"] = apply_retention(destination, complete, keep)
     result["changed"] = True
     result["seconds"] = round(time.monotonic() - t0, 3)
     return result
 
 
+class _Job:
+    """One backup of a file-backed volume, run under the destination's lock (:func:`backup_volume`)."""
+
+    def __init__(self, path: str, fmt: str, destination: Any, tag: str, **opts: Any) -> None:
+        self.path, self.fmt, self.destination, self.tag = path, fmt, destination, tag
+        self.o = opts
+        self.complete: List[Manifest] = []
+        self.identity = ""
+        self.size = 0
+
+    def plan(self, complete: List[Manifest], src: Any = None) -> Any:
+        """Full or diff (:func:`storage.backup_chain.plan_backup`); the caller holds writers off."""
+        self.identity = volume_id(self.path)
+        if src is None:
+            src = open_source(self.path, self.fmt)
+            src.close()
+        self.size = src.size
+        # a file's diff base is the previous backup's manifest: it "exists" as long as that backup does
+        return plan_backup(complete, self.identity, self.size, [m.snapshot for m in complete],
+                           full_every=self.o["full_every"], force_full=self.o["force_full"])
+
+    def run(self, now: datetime.datetime) -> Dict[str, Any]:
+        complete, partial, bad = self.destination.scan()
+        for name in partial:  # leftovers of interrupted runs (we hold the lock: nobody is writing them)
+            self.destination.remove_partial(name)
+        bid = _new_id(now)
+        snap = snapshot_name(bid, self.tag)
+        note: Optional[str] = None
+        tracked = False
+        if self.o["track"]:  # before the read: from now on QEMU records every write in it
+            try:
+                qcow2_bitmap.add(self.path, snap)
+                tracked = True
+            except qcow2_bitmap.BitmapError as exc:
+                if exc.in_use:
+                    raise BackupError(f"volume {self.o['volume'] or self.path}: {self.path} is open for writing "
+                                      f"(a VM runs): {exc}") from None
+                note = f"no dirty bitmap kept ({exc})"
+        staging = None
+        try:
+            with hold_off_writers(self.path), contextlib.closing(open_source(self.path, self.fmt)) as src:
+                plan = self.plan(complete, src)
+                parent = next((m for m in complete if m.id == plan.parent), None)
+                dirty: Optional[Set[int]] = None
+                if parent is not None and self.fmt == "qcow2":
+                    dirty = qcow2_bitmap.dirty_blocks(self.path, parent.snapshot, self.size, _IO)
+                    if dirty is None:
+                        note = note or (f"dirty bitmap {parent.snapshot} missing or unusable (a VM killed while "
+                                        "running leaves it in use): every block compared")
+                kind = parent.checksum if parent else (self.o["checksum"] or default_checksum())
+                check_checksum(kind)
+                staging = self.destination.stage(bid)
+                m, size, phases, read = self._write(src, staging, plan, parent, kind, bid, snap, now, dirty)
+        except BaseException:
+            if staging is not None:
+                staging.abort()
+            if tracked:  # (after the writers' lock is released: qemu-img opens the image read-write)
+                qcow2_bitmap.remove(self.path, [snap])
+            raise
+        complete.append(m)
+        self.complete = complete
+        removed: List[str] = []
+        if self.fmt == "qcow2":  # this destination's bitmaps other than the new diff base (never another's)
+            names = list((qcow2_bitmap.read_bitmaps(self.path) or {}))
+            removed = qcow2_bitmap.remove(self.path, stale_snapshots(names, m, self.tag,
+                                                                      [x.snapshot for x in complete]))
+        return {"plan": {"type": plan.type, "parent": plan.parent, "reason": _reason(plan, dirty, note)},
+                "ignored": bad, "dest_tag": self.tag, "removed_snapshots": removed, "removed_partials": partial,
+                "backup": m.to_dict(), "bytes_written": size, "phases": phases, "read_blocks": read}
+
+    def _write(self, src: Any, staging: Any, plan: Any, parent: Optional[Manifest], kind: str, bid: str,
+               snap: str, now: datetime.datetime, dirty: Optional[Set[int]]) -> Any:
+        t_read = time.monotonic()
+        out = staging.create(DATA_FILE)
+        hasher = ChunkHasher(kind=kind)
+        writer = _WriteBehind(out, hasher)
+        try:
+            blocks, data_bytes, read = _stream(src, parent, kind, plan.from_snapshot, snap, writer, dirty)
+        finally:
+            writer.close()
+        durable = out.finish()
+        phases = {"read": round(time.monotonic() - t_read, 3)}
+        size, digest, chunks = hasher.finish()
+        m = Manifest(id=bid, seq=plan.seq, created_at=now.strftime("%Y-%m-%dT%H:%M:%SZ"), type=plan.type,
+                     pool="", image=self.o["volume"] or os.path.basename(self.path), image_id=self.identity,
+                     image_size=self.size, snapshot=snap, parent=plan.parent, from_snapshot=plan.from_snapshot,
+                     chain=[*plan.chain, bid], files=[FileEntry(DATA_FILE, size, digest, chunks, 0)],
+                     blocks=blocks, vm=self.o["vm"], owner=self.o["owner"], data_bytes=data_bytes, checksum=kind,
+                     driver=self.o["driver"], volume=self.o["volume"])
+        publish(staging, m, durable, self.o["verify"], phases)
+        return m, size, phases, read
+
+
+def _reason(plan: Any, dirty: Optional[Set[int]], note: Optional[str]) -> str:
+    """The plan's reason in a file volume's terms (its diff base is the parent's manifest, not a snapshot)."""
+    if plan.type == "diff":
+        how = (f"the {len(dirty)} blocks its qcow2 dirty bitmap marks, compared" if dirty is not None
+               else "the blocks whose checksum differs from its manifest")
+        text = f"diff since backup {plan.parent}: {how}"
+    else:
+        text = plan.reason.replace("of this image", "of this volume")
+    return f"{text}; {note}" if note else text
+
+
 def _stream(src: Any, parent: Optional[Manifest], kind: str, from_snap: Optional[str], to_snap: str,
-            writer: _WriteBehind) -> Any:
-    """Read every block of ``src`` once and write the backup's ``rbd diff v1`` stream (module docstring).
-    Returns (the block checksums of the volume, the data bytes stored)."""
+            writer: _WriteBehind, dirty: Optional[Set[int]] = None) -> Any:
+    """Read the blocks of ``src`` once and write the backup's ``rbd diff v1`` stream (module docstring): every block,
+    or with ``dirty`` (the blocks written since ``parent``) only those and the blocks whose base is unknown; the
+    others keep the parent's checksum and store nothing.
+    Returns (the block checksums of the volume, the data bytes stored, the number of blocks read)."""
     digest = digest_fn(kind)
     base = base_blocks(parent, src.size, kind)
+    only = None if dirty is None else dirty | {i for i, b in enumerate(base) if b is None}
     blocks: List[str] = []
     data_bytes = 0
+    read = 0
     zero_run: Optional[List[int]] = None  # [offset, length] of consecutive "z" blocks, written as one record
     writer.put(encode_header(from_snap, to_snap, src.size))
-    for idx, data in src.blocks():
+    for idx, data in src.blocks(only):
+        while len(blocks) < idx:  # not written since the parent: unchanged
+            blocks.append(str(base[len(blocks)]))
+        read += 1
         offset = idx * _IO
         length = min(_IO, src.size - offset)
         zero = data is None or is_zero(data)
@@ -286,9 +348,11 @@ def _stream(src: Any, parent: Optional[Manifest], kind: str, from_snap: Optional
     if zero_run is not None:
         writer.put(encode_zero(*zero_run))
     writer.put(END_RECORD)
+    while len(blocks) < len(base):
+        blocks.append(str(base[len(blocks)]))
     if len(blocks) != len(base):
         raise BackupError(f"path: {src.path}: {len(blocks)} blocks read, expected {len(base)} (file changed?)")
-    return blocks, data_bytes
+    return blocks, data_bytes, read
 
 
 # -- restore ---------------------------------------------------------------------------------------------------

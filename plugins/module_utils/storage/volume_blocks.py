@@ -42,7 +42,7 @@ import shutil
 import struct
 import subprocess
 import tempfile
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd_diff import BLOCK_SIZE, block_count, is_zero
@@ -142,11 +142,13 @@ class RawSource:
             return [(0, self.size)]
         return out
 
-    def blocks(self) -> Iterator[Tuple[int, Optional[bytes]]]:
-        """(index, bytes or None = reads as zero) for every block, in order."""
+    def blocks(self, only: Optional[Set[int]] = None) -> Iterator[Tuple[int, Optional[bytes]]]:
+        """(index, bytes or None = reads as zero) for every block (or those in ``only``), in order."""
         ranges = self.data_ranges()
         r = 0
         for idx in range(block_count(self.size)):
+            if only is not None and idx not in only:
+                continue
             start = idx * BLOCK_SIZE
             end = min(start + BLOCK_SIZE, self.size)
             while r < len(ranges) and ranges[r][1] <= start:
@@ -195,16 +197,20 @@ class Qcow2Source:
             self._fds[depth] = os.open(self.files[depth], os.O_RDONLY | os.O_CLOEXEC)
         return self._fds[depth]
 
-    def blocks(self) -> Iterator[Tuple[int, Optional[bytes]]]:
-        """(index, bytes or None = reads as zero) for every block, in order."""
+    def blocks(self, only: Optional[Set[int]] = None) -> Iterator[Tuple[int, Optional[bytes]]]:
+        """(index, bytes or None = reads as zero) for every block (or those in ``only``), in order."""
         if self._raw is not None:
-            yield from self._raw.blocks()
+            yield from self._raw.blocks(only)
             return
         ext = iter(self.extents)
         cur = next(ext, None)
         for idx in range(block_count(self.size)):
             start = idx * BLOCK_SIZE
             end = min(start + BLOCK_SIZE, self.size)
+            if only is not None and idx not in only:
+                while cur is not None and cur["start"] + cur["length"] <= end:
+                    cur = next(ext, None)
+                continue
             pieces: List[Tuple[int, int, Dict[str, Any]]] = []  # (from, to, extent) within [start, end)
             while cur is not None and cur["start"] < end:
                 lo, hi = max(cur["start"], start), min(cur["start"] + cur["length"], end)

@@ -143,6 +143,84 @@ def test_a_qcow2_overlay_is_backed_up_as_the_guest_sees_it_and_restores_as_raw_o
     assert qemu_img("check", str(tmp_path / "r2.qcow2")).find("No errors") >= 0
 
 
+def bitmap_names(path) -> list:
+    info = json.loads(qemu_img("info", "-U", "--output=json", str(path)))
+    return sorted(b["name"] for b in info["format-specific"]["data"].get("bitmaps", []))
+
+
+def qcow2_volume(tmp_path, size_mib: int = 64) -> Path:
+    vol = tmp_path / "vm.qcow2"
+    qemu_img("create", "-q", "-f", "qcow2", str(vol), f"{size_mib}M")
+    assert qemu_io(vol, *(f"write -P {i + 1} {i * 8}M 1M" for i in range(size_mib // 8))).returncode == 0
+    return vol
+
+
+def test_a_qcow2_incremental_reads_only_the_blocks_qemus_dirty_bitmap_marks(tmp_path):
+    vol = qcow2_volume(tmp_path)
+    dest = str(tmp_path / "bk")
+    full = fb.backup_volume(str(vol), "qcow2", dest, driver="qcow2")
+    assert full["read_blocks"] == 16 and bitmap_names(vol) == [full["backup"]["snapshot"]]
+    assert qemu_io(vol, "write -P 0x77 20M 8k", "write -P 0x78 61M 4k").returncode == 0  # blocks 5 and 15
+    inc = fb.backup_volume(str(vol), "qcow2", dest, driver="qcow2")
+    assert inc["plan"]["type"] == "diff" and "the 2 blocks its qcow2 dirty bitmap marks" in inc["plan"]["reason"]
+    assert inc["read_blocks"] == 2 and inc["backup"]["dataBytes"] == 2 * BLOCK_SIZE
+    assert inc["removed_snapshots"] == [full["backup"]["snapshot"]]
+    assert bitmap_names(vol) == [inc["backup"]["snapshot"]]
+    fb.restore_volume(dest, str(tmp_path / "r.raw"))
+    assert sha256(tmp_path / "r.raw") == as_raw(vol, tmp_path, "qcow2")
+
+
+def test_a_bitmap_left_in_use_by_a_killed_qemu_is_not_trusted_and_every_block_is_compared(tmp_path):
+    vol = qcow2_volume(tmp_path)
+    dest = str(tmp_path / "bk")
+    fb.backup_volume(str(vol), "qcow2", dest, driver="qcow2")
+    # stdbuf: qemu-io's stdout is a pipe, so without line buffering "wrote" would only come at its exit
+    writer = subprocess.Popen(["stdbuf", "-oL", "qemu-io", "-f", "qcow2", "-c", "write -P 0x55 33M 4k", "-c",
+                               "sleep 600000", str(vol)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert "wrote 4096/4096" in writer.stdout.readline()
+        assert writer.poll() is None
+    finally:
+        writer.kill()  # a VM killed while running: its bitmap stays in_use, QEMU never stored what it marked
+        writer.wait(30)
+    inc = fb.backup_volume(str(vol), "qcow2", dest, driver="qcow2")
+    assert inc["plan"]["type"] == "diff" and "every block compared" in inc["plan"]["reason"], inc["plan"]
+    assert inc["read_blocks"] == 16 and inc["backup"]["dataBytes"] == BLOCK_SIZE  # block 8 changed, found anyway
+    assert bitmap_names(vol) == [inc["backup"]["snapshot"]]
+    fb.restore_volume(dest, str(tmp_path / "r.raw"))
+    assert sha256(tmp_path / "r.raw") == as_raw(vol, tmp_path, "qcow2")
+
+
+def test_two_destinations_of_a_qcow2_volume_keep_their_own_bitmaps(tmp_path):
+    vol = qcow2_volume(tmp_path)
+    a = fb.backup_volume(str(vol), "qcow2", str(tmp_path / "a"), driver="qcow2")
+    b = fb.backup_volume(str(vol), "qcow2", str(tmp_path / "b"), driver="qcow2")
+    assert bitmap_names(vol) == sorted([a["backup"]["snapshot"], b["backup"]["snapshot"]])
+    assert qemu_io(vol, "write -P 0x11 2M 4k").returncode == 0
+    a2 = fb.backup_volume(str(vol), "qcow2", str(tmp_path / "a"), driver="qcow2")
+    assert a2["read_blocks"] == 1 and a2["removed_snapshots"] == [a["backup"]["snapshot"]]
+    assert bitmap_names(vol) == sorted([a2["backup"]["snapshot"], b["backup"]["snapshot"]])
+    b2 = fb.backup_volume(str(vol), "qcow2", str(tmp_path / "b"), driver="qcow2")
+    assert b2["read_blocks"] == 1  # b's bitmap still marks the write since b's backup
+
+
+def test_a_qcow2_backup_of_a_running_vm_is_refused_and_adds_no_bitmap(tmp_path):
+    vol = qcow2_volume(tmp_path)
+    writer = subprocess.Popen(["qemu-io", "-f", "qcow2", "-c", "sleep 60000", str(vol)], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(os.path.realpath(f"/proc/{writer.pid}/fd/{fd}") == str(vol)
+                                                      for fd in os.listdir(f"/proc/{writer.pid}/fd")):
+            time.sleep(0.05)
+        with pytest.raises(BackupError, match="is in use by"):
+            fb.backup_volume(str(vol), "qcow2", str(tmp_path / "bk"), driver="qcow2")
+    finally:
+        writer.kill()
+        writer.wait(30)
+    assert bitmap_names(vol) == []
+
+
 def test_a_compressed_qcow2_is_read_through_a_temporary_raw_conversion(tmp_path):
     src = raw_volume(tmp_path / "s.raw", 16, {0: b"compressed" * 1000, 3: os.urandom(MiB)})
     comp = tmp_path / "c.qcow2"
@@ -221,8 +299,8 @@ def after(n, real):
 
 if where == "reading":  # after 3 blocks read
     real = volume_blocks.RawSource.blocks
-    def blocks(self):
-        for i, item in enumerate(real(self)):
+    def blocks(self, only=None):
+        for i, item in enumerate(real(self, only)):
             if i == 3:
                 die()
             yield item
