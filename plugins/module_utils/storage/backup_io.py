@@ -58,7 +58,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.storage.destination i
     BackupStaging,
     open_destination,
 )
-from ansible_collections.zjusct.cloud.plugins.module_utils.storage.destination_local import (  # noqa: F401
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.destination_local import (
     DestLock,
     read_manifest,
 )
@@ -818,5 +818,5 @@ def run_backup_module(p: Dict[str, Any], rbd: Rbd, check_mode: bool = False) -> 
     return res
 
 
-__all__ = ["SNAP_PREFIX", "BackupError", "apply_retention", "backup", "restore", "run_backup_module", "scan",
-           "verify_chain"]
+__all__ = ["PARTIAL_PREFIX", "SNAP_PREFIX", "BackupError", "DestLock", "apply_retention", "backup", "backup_result",
+           "load_chain", "read_manifest", "restore", "run_backup_module", "scan", "verify_chain", "verify_result"]

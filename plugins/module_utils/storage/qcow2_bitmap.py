@@ -86,7 +86,7 @@ def read_bitmaps(path: str) -> Optional[Dict[str, Bitmap]]:
             if not autoclear & 1 or not 9 <= cluster_bits <= 21:
                 return None
             pos = header_length
-            for _ in range(64):  # header extensions: type, length, data padded to 8 bytes; type 0 ends them
+            for _extension in range(64):  # header extensions: type, length, data padded to 8 bytes; type 0 ends them
                 kind, length = struct.unpack(">II", _read(f, pos, 8))
                 if kind == 0:
                     return {}
@@ -102,7 +102,7 @@ def read_bitmaps(path: str) -> Optional[Dict[str, Bitmap]]:
 def _directory(raw: bytes, count: int) -> Optional[Dict[str, Bitmap]]:
     out: Dict[str, Bitmap] = {}
     pos = 0
-    for _ in range(count):
+    for _entry in range(count):
         table_offset, table_size, flags, kind, gran_bits, name_size, extra = struct.unpack(
             ">QIIBBHI", raw[pos:pos + 24])
         name = raw[pos + 24 + extra:pos + 24 + extra + name_size].decode("utf-8", "replace")
