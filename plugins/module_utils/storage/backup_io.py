@@ -34,6 +34,7 @@ import os
 import secrets
 from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple, Union
 
+from ansible_collections.zjusct.cloud.plugins.module_utils.model import names as _names
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.backup_chain import (
     BLOCK_SIZE,
     DATA_FILE,
@@ -86,6 +87,8 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd_diff impo
 )
 
 META_RESTORED_FROM = "cloud.zjusct.io/restored-from"
+RESTORING = ".restoring-"
+"""Infix of the temporary name a restore writes under before the volume gets its name (RBD image or file)."""
 _IO = 4 * 1024 * 1024
 Dest = Union[str, BackupDestination]
 """A destination as the functions here take it: what the user typed (``dest``) or a BackupDestination."""
@@ -604,6 +607,11 @@ def restore(rbd: Rbd, dest: Dest, target: ImageRef, backup_id: Optional[str] = N
     4 MiB block compared with the manifest. On any failure the new image is removed, so a refused restore
     leaves nothing behind (``verify_first`` checks all files before creating anything, at the cost of a second
     read). An existing target restored from the same backup is reported unchanged; any other is refused.
+
+    The chain is imported into ``<target>.restoring-<random>`` and renamed to ``target`` (``rbd rename``) only when
+    every block matched and the marks are written, so a restore killed midway never leaves an image under the
+    target's name; the next restore into the same target removes such leftovers that nobody has open (no
+    watcher), listed as ``removed_leftovers``.
     """
     import time
 
@@ -625,6 +633,9 @@ def restore(rbd: Rbd, dest: Dest, target: ImageRef, backup_id: Optional[str] = N
     if check_mode:
         result["changed"] = True
         return result
+    result["removed_leftovers"] = _remove_restore_leftovers(rbd, target)
+    final = target
+    target = ImageRef(final.pool, _names.fit(f"{final.image}{RESTORING}{secrets.token_hex(3)}", _names.RBD_NAME_MAX))
     created = False
     try:
         rbd.create(target.at(None), size_bytes=chain[0].image_size)
@@ -656,7 +667,7 @@ def restore(rbd: Rbd, dest: Dest, target: ImageRef, backup_id: Optional[str] = N
             for i in unknown:
                 blocks[i] = fixed.get(i)
         phases = {"import": round(t_read - t_import, 3), "read_back": round(time.monotonic() - t_read, 3)}
-        problems = compare_blocks(last.id, last.blocks, blocks, what=f"restored image {target.spec}",
+        problems = compare_blocks(last.id, last.blocks, blocks, what=f"restored image {final.spec}",
                                   kind=last.checksum)
         if problems:
             raise BackupError("restore verification failed: " + "; ".join(p.message for p in problems[:5]),
@@ -666,6 +677,12 @@ def restore(rbd: Rbd, dest: Dest, target: ImageRef, backup_id: Optional[str] = N
         rbd.meta_set(target.at(None), META_RESTORED_FROM, last.id)
         if owner or last.owner:
             rbd.meta_set(target.at(None), META_OWNER, owner or str(last.owner))
+        try:  # the image appears under its name only now, complete and verified
+            rbd.run(["rename", target.spec, final.spec], json_out=False)
+        except RbdError as exc:
+            raise BackupError(f"target: {final.spec}: renaming the restored image {target.spec} failed ({exc}); "
+                              "restore only into a new image") from None
+        created = False
     except BaseException:
         if created:
             _remove_image(rbd, target.at(None))
@@ -675,6 +692,25 @@ def restore(rbd: Rbd, dest: Dest, target: ImageRef, backup_id: Optional[str] = N
     result["phases"] = phases
     result["seconds"] = round(time.monotonic() - t0, 3)
     return result
+
+
+def _remove_restore_leftovers(rbd: Rbd, target: ImageRef) -> List[str]:
+    """Remove ``<target>.restoring-*`` images of restores killed midway: those with no watcher (a live restore's
+    ``rbd import-diff`` or read-back has the image open). Returns the names removed."""
+    removed = []
+    prefix = target.image + RESTORING
+    for name in rbd.ls(target.pool):
+        if not name.startswith(prefix):
+            continue
+        ref = ImageRef(target.pool, name)
+        try:
+            if rbd.status(ref):
+                continue
+            _remove_image(rbd, ref)
+            removed.append(name)
+        except RbdError:
+            continue
+    return removed
 
 
 def _import_member(rbd: Rbd, destination: BackupDestination, m: Manifest, entry: FileEntry, target: ImageRef,

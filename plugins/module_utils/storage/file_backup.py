@@ -53,6 +53,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.storage.backup_chain 
     stale_snapshots,
 )
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.backup_io import (
+    RESTORING,
     ChunkHasher,
     Dest,
     TeeReader,
@@ -87,7 +88,6 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.storage.volume_blocks
     open_source,
 )
 
-RESTORING = ".restoring-"
 _IO = 4 * 1024 * 1024
 
 
