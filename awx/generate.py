@@ -132,7 +132,7 @@ TEMPLATES = [
     ("zjusct.cloud VM delete", "playbooks/vm_delete.yml", "tenant",
      "Delete your VM; its root volume is kept unless you ask otherwise."),
     ("zjusct.cloud VM backup", "playbooks/vm_backup.yml", "tenant",
-     "Offline backup of your VM's RBD root volume (full or incremental, verified)."),
+     "Offline backup of your VM's root volume, whatever its driver (full or incremental, verified)."),
     ("zjusct.cloud VM restore", "playbooks/vm_restore.yml", "tenant",
      "Restore one of your backups into a new VM and start it."),
 ]

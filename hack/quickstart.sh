@@ -67,4 +67,7 @@ else
   echo "==> 5/5 run a command inside the guest over SSH ($ip)"
   ip netns exec zjusct-cloud ssh -i "$key" -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null root@"$ip" uname -a
 fi
-echo "==> done: $owner's VM is running. Stop it with: ansible-playbook playbooks/vm_stop.yml -e owner=$owner"
+echo "==> done: $owner's VM is running. With the virtualenv on PATH (export PATH=$ZJUSCT_CACHE/venv/bin:\$PATH):"
+echo "    stop it:     ansible-playbook playbooks/vm_stop.yml -e owner=$owner"
+echo "    back it up:  ansible-playbook playbooks/vm_backup.yml -e owner=$owner -e stop_if_running=true   (prints the backup id)"
+echo "    restore it:  ansible-playbook playbooks/vm_restore.yml -e backup=<id>   (a new VM $owner-restored; docs/backup-restore.md)"

@@ -245,7 +245,7 @@ phases:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.backup_audit import audit_argument_spec
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.backup_audit import run_rbd_backup
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.volume_backup_module import run_rbd_backup
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import connection_argument_spec
 

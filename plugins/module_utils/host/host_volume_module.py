@@ -56,7 +56,7 @@ class VolumeQuotaError(VolumeError):
         self.details = details
 
 
-def _within_disk_quota(store: HostStore, owner: str, location: str, size_mib: int) -> None:
+def within_disk_quota(store: HostStore, owner: str, location: str, size_mib: int) -> None:
     """Refuse registering a ``size_mib`` volume for ``owner`` over its ``disk_mib`` quota (docs/security.md, "Quotas").
 
     Raises:
@@ -113,7 +113,7 @@ def _adopt(cfg: HostConfig, store: HostStore, params: dict, wanted: str, check_m
     if check_mode:
         return {"changed": True, "volume": {"name": name, "driver": "rbd", "location": wanted, "owner": owner}}
     adopted = rbdvol.adopt(cfg.rbd, wanted, owner,
-                           admit=lambda size_mib: _within_disk_quota(store, owner, wanted, size_mib))
+                           admit=lambda size_mib: within_disk_quota(store, owner, wanted, size_mib))
     record = {"name": name, "driver": "rbd", "location": adopted["location"],
               "size_mib": adopted["size_mib"], "owner": owner, "image": image["dir"]}
     try:
@@ -122,7 +122,7 @@ def _adopt(cfg: HostConfig, store: HostStore, params: dict, wanted: str, check_m
             if again is not None:  # a concurrent run registered the name meanwhile
                 _same_or_refuse(again, name, owner, adopted["location"])
             else:
-                _within_disk_quota(store, owner, adopted["location"], int(adopted["size_mib"]))
+                within_disk_quota(store, owner, adopted["location"], int(adopted["size_mib"]))
                 store.put_volume(record)
                 store.record_event("Normal", name, "VolumeAdopted",
                                    f"RBD image {adopted['location']} registered as volume {name} of"

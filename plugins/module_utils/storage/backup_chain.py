@@ -1,14 +1,18 @@
 # -*- coding: utf-8 -*-
 # Copyright: zjusct.cloud contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Offline RBD backups: the manifest model, chain planning, retention and verification. Pure functions only.
+"""Offline volume backups: the manifest model, chain planning, retention and verification. Pure functions only.
 
-A *backup* is one snapshot of one image, stored as one ``rbd diff v1`` file: either *full* (the whole image at
-the snapshot, diffed from nothing) or *diff* (the changes since the previous backup's snapshot, which must still
-exist on the image). Restoring backup B imports its *chain* — the full backup it descends from, then every diff
-up to B — into a new image. Each backup lives in ``<dest>/<id>/`` with ``data.rbdiff``, ``manifest.json`` and,
-written last, ``complete``; a directory without ``complete`` is not a backup (docs/backup-restore.md "What a backup
-is").
+A *backup* is one point-in-time copy of one volume, stored as one ``rbd diff v1`` file whatever the volume's
+driver: either *full* (the whole volume, diffed from nothing) or *diff* (the changes since the previous backup).
+For an RBD image the stream is ``rbd export-diff`` of a snapshot (a diff needs the previous backup's snapshot to
+still exist on the image); for a file-backed volume (``file``: raw, ``qcow2``) it is written by the backup itself,
+one ``w`` record per stored 4 MiB block (:func:`block_record` decides which: a diff stores only the blocks whose
+checksum differs from the previous backup's), and the snapshot names of the chain only link the streams. Restoring
+backup B applies its *chain* — the full backup it descends from, then every diff up to B — to a new volume of any
+driver (``rbd import-diff``, or writing the records into a sparse file). Each backup lives in ``<dest>/<id>/``
+with ``data.rbdiff``, ``manifest.json`` and, written last, ``complete``; a directory without ``complete`` is not a
+backup (docs/backup-restore.md "What a backup is"; the destination kinds: :mod:`storage.destination`).
 
 The manifest records, besides identity (VM, owner, pool/image/id, snapshot, parent), the size and checksum of each
 file (optionally one per 4 MiB chunk of it), and one checksum per 4 MiB block of the image as it reads at the
@@ -28,7 +32,13 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
 from ansible_collections.zjusct.cloud.plugins.module_utils.model import names as _names
-from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd_diff import CHECKSUMS, HEX_LEN
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.driver import DRIVER_NAMES
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd_diff import (
+    CHECKSUMS,
+    HEX_LEN,
+    block_count,
+    zero_digest,
+)
 
 API_VERSION = "backup.cloud.zjusct.io/v1"
 KIND = "RbdBackup"
@@ -85,6 +95,8 @@ class Manifest:
     block_size: int = BLOCK_SIZE
     data_bytes: int = 0
     checksum: str = "sha256"
+    driver: str = "rbd"
+    volume: Optional[str] = None
     api_version: str = API_VERSION
     kind: str = KIND
 
@@ -106,6 +118,8 @@ class Manifest:
         }
         if kind != "sha256":
             out["checksum"] = kind
+        if d["driver"] != "rbd" or d["volume"]:  # RBD backups keep the shape written before other drivers
+            out["volume"] = {"driver": d["driver"], "name": d["volume"]}
         return out
 
     @classmethod
@@ -135,13 +149,17 @@ class Manifest:
             files.append(FileEntry(name=need(f, "name", str, where), size=need(f, "sizeBytes", int, where),
                                    digest=need(f, kind, str, where), chunks=chunks,
                                    chunk_size=need(f, "chunkSize", int, where), format=need(f, "format", str, where)))
+        vol = d.get("volume") or {}
+        if not isinstance(vol, dict):
+            raise ManifestError(f"manifest volume: {vol!r} is not dict")
         m = cls(id=need(d, "id", str, ""), seq=need(d, "seq", int, ""), created_at=need(d, "createdAt", str, ""),
                 type=need(d, "type", str, ""), pool=need(img, "pool", str, "image."),
                 image=need(img, "name", str, "image."), image_id=need(img, "id", str, "image."),
                 image_size=need(img, "sizeBytes", int, "image."), snapshot=need(d, "snapshot", str, ""),
                 parent=d.get("parent"), from_snapshot=d.get("fromSnapshot"), chain=need(d, "chain", list, ""),
                 files=files, blocks=need(d, "blocks", list, ""), vm=d.get("vm"), owner=d.get("owner"),
-                block_size=need(d, "blockSize", int, ""), data_bytes=int(d.get("dataBytes", 0)), checksum=kind)
+                block_size=need(d, "blockSize", int, ""), data_bytes=int(d.get("dataBytes", 0)), checksum=kind,
+                driver=vol.get("driver") or "rbd", volume=vol.get("name"))
         validate(m)
         return m
 
@@ -164,6 +182,8 @@ def validate(m: Manifest) -> None:
                             f"expected {nblocks}")
     if m.checksum not in CHECKSUMS:
         raise ManifestError(f"manifest checksum: {m.checksum!r}, expected one of {', '.join(CHECKSUMS)}")
+    if m.driver not in DRIVER_NAMES:
+        raise ManifestError(f"manifest volume.driver: {m.driver!r}, expected one of {', '.join(DRIVER_NAMES)}")
     hexre = _HEX[m.checksum]
     for i, b in enumerate(m.blocks):
         if not isinstance(b, str) or not hexre.match(b):
@@ -255,6 +275,41 @@ def plan_backup(backups: Sequence[Manifest], image_id: str, image_size: int, sou
         return full(f"image shrank from {last.image_size} to {image_size} bytes since backup {last.id}")
     return BackupPlan("diff", last.id, last.snapshot, list(last.chain), seq,
                       f"diff since backup {last.id} (snapshot {last.snapshot})")
+
+
+def base_blocks(parent: Optional[Manifest], size: int, kind: str) -> List[Optional[str]]:
+    """What each 4 MiB block of a volume of ``size`` bytes reads as before a backup's stream is applied: the
+    checksums (kind ``kind``) the stream starts from.
+
+    A full backup starts from nothing: every block reads as zero. A diff starts from ``parent``'s blocks; a block
+    beyond the parent's size reads as zero (the stream's ``s`` record grows the volume with zeros); a block whose
+    length changed (the parent's short last block, now longer) is None: unknown, so :func:`block_record` always
+    stores it. ``size`` is never below the parent's (:func:`plan_backup` makes a shrunk volume's backup full).
+    """
+    out: List[Optional[str]] = []
+    for i in range(block_count(size)):
+        length = min(BLOCK_SIZE, size - i * BLOCK_SIZE)
+        if parent is None or i * BLOCK_SIZE >= parent.image_size:
+            out.append(zero_digest(length, kind))
+        elif min(BLOCK_SIZE, parent.image_size - i * BLOCK_SIZE) == length:
+            out.append(parent.blocks[i])
+        else:
+            out.append(None)
+    return out
+
+
+def block_record(checksum: str, zero: bool, base: Optional[str]) -> Optional[str]:
+    """The record a file-backed volume's backup stores for one block: ``"w"`` (its data), ``"z"`` (it reads as zero
+    now and did not before), or None (unchanged since ``base``, nothing stored).
+
+    Args:
+        checksum: the block's checksum now.
+        zero: the block reads as zero now.
+        base: its checksum before the stream (:func:`base_blocks`; None = unknown).
+    """
+    if base is not None and checksum == base:
+        return None
+    return "z" if zero else "w"
 
 
 @dataclass(frozen=True)
@@ -353,6 +408,17 @@ class Problem:
     start: int
     end: int
     message: str
+
+
+class BackupError(CloudError):
+    """A backup or restore was refused or failed; ``problems`` lists verification failures (may be empty).
+
+    The module's failure result carries ``problems``: their messages (an empty list when there are none).
+    """
+
+    def __init__(self, message: str, problems: Optional[List[Problem]] = None, **details: Any) -> None:
+        super().__init__(message, problems=[p.message for p in problems or []], **details)
+        self.problems = problems or []
 
 
 def compare_file(backup: str, entry: FileEntry, size: int, digest: str, chunks: Sequence[str],

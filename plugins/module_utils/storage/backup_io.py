@@ -28,25 +28,20 @@ named by its own manifests), so one destination's run never deletes another's di
 from __future__ import annotations
 
 import datetime
-import errno as _errno
-import fcntl
 import hashlib
 import json
 import os
 import secrets
-import shutil
-from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple
+from typing import Any, BinaryIO, Callable, Dict, List, Optional, Tuple, Union
 
-from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
+from ansible_collections.zjusct.cloud.plugins.module_utils.model import names as _names
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.backup_chain import (
     BLOCK_SIZE,
-    COMPLETE_FILE,
     DATA_FILE,
-    MANIFEST_FILE,
     SNAP_PREFIX,
+    BackupError,
     FileEntry,
     Manifest,
-    ManifestError,
     Problem,
     compare_blocks,
     compare_file,
@@ -57,6 +52,22 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.storage.backup_chain 
     resolve_chain,
     snapshot_name,
     stale_snapshots,
+)
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.destination import (
+    PARTIAL_PREFIX,
+    BackupDestination,
+    BackupStaging,
+    open_destination,
+)
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.destination_local import (
+    DestLock,
+    read_manifest,
+)
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.destination_local import (
+    fsync_dir as _fsync_dir,  # noqa: F401  (kept for callers of the earlier name)
+)
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.destination_local import (
+    write_atomic as _write_atomic,  # noqa: F401
 )
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import (
     META_OWNER,
@@ -76,19 +87,11 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd_diff impo
 )
 
 META_RESTORED_FROM = "cloud.zjusct.io/restored-from"
-PARTIAL_PREFIX = ".partial-"
+RESTORING = ".restoring-"
+"""Infix of the temporary name a restore writes under before the volume gets its name (RBD image or file)."""
 _IO = 4 * 1024 * 1024
-
-
-class BackupError(CloudError):
-    """A backup or restore was refused or failed; ``problems`` lists verification failures (may be empty).
-
-    The module's failure result carries ``problems``: their messages (an empty list when there are none).
-    """
-
-    def __init__(self, message: str, problems: Optional[List[Problem]] = None) -> None:
-        super().__init__(message, problems=[p.message for p in problems or []])
-        self.problems = problems or []
+Dest = Union[str, BackupDestination]
+"""A destination as the functions here take it: what the user typed (``dest``) or a BackupDestination."""
 
 
 # -- checksummed streams -------------------------------------------------------------------------------------
@@ -206,95 +209,12 @@ class TeeReader:
             raise err
 
 
-# -- destination layout -------------------------------------------------------------------------------------
+# -- destination layout ------------------------------------------------------------------------------------
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path))
-
-
-def read_manifest(backup_dir: str) -> Manifest:
-    """Read ``manifest.json`` of a complete backup directory; the ``complete`` marker must hold the manifest's
-    sha256. Raises ManifestError (naming the directory) otherwise."""
-    marker = os.path.join(backup_dir, COMPLETE_FILE)
-    try:
-        with open(os.path.join(backup_dir, MANIFEST_FILE), "rb") as f:
-            raw = f.read()
-        with open(marker, encoding="ascii") as f:
-            mark = f.read().strip()
-    except OSError as exc:
-        raise ManifestError(f"{backup_dir}: not a complete backup ({exc.strerror}: {exc.filename})") from None
-    if mark != hashlib.sha256(raw).hexdigest():
-        raise ManifestError(f"{backup_dir}: {COMPLETE_FILE} does not match {MANIFEST_FILE} (manifest altered?)")
-    try:
-        return Manifest.from_dict(json.loads(raw))
-    except ValueError as exc:
-        raise ManifestError(f"{backup_dir}: {exc}") from None
-
-
-def scan(dest: str) -> Tuple[List[Manifest], List[str], List[str]]:
-    """List a destination: (complete manifests, partial directory names, problems with other directories)."""
-    complete: List[Manifest] = []
-    partial: List[str] = []
-    bad: List[str] = []
-    if not os.path.isdir(dest):
-        return complete, partial, bad
-    for name in sorted(os.listdir(dest)):
-        path = os.path.join(dest, name)
-        if name.startswith(PARTIAL_PREFIX):
-            partial.append(name)
-        elif name.startswith(".") or not os.path.isdir(path):
-            continue
-        else:
-            try:
-                m = read_manifest(path)
-            except ManifestError as exc:
-                bad.append(str(exc))
-                continue
-            if m.id != name:
-                bad.append(f"{path}: manifest id {m.id} does not match the directory name")
-                continue
-            complete.append(m)
-    return complete, partial, bad
-
-
-class DestLock:
-    """Exclusive ``flock`` on ``<dest>/.lock`` so two backups/retentions never touch one destination at once."""
-
-    def __init__(self, dest: str) -> None:
-        self.path = os.path.join(dest, ".lock")
-        self.fd: Optional[int] = None
-
-    def __enter__(self) -> "DestLock":
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(self.fd)
-            self.fd = None
-            if exc.errno in (_errno.EWOULDBLOCK, _errno.EAGAIN):
-                raise BackupError(f"dest: {os.path.dirname(self.path)} is locked by another backup or restore "
-                                  "in progress") from None
-            raise
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+def scan(dest: Dest) -> Tuple[List[Manifest], List[str], List[str]]:
+    """List a destination: (complete manifests, partial entry names, problems with other entries)
+    (:meth:`storage.destination.BackupDestination.scan`)."""
+    return open_destination(dest).scan()
 
 
 # -- streaming a diff into checksums ---------------------------------------------------------------------------
@@ -376,49 +296,25 @@ def _parallel(*fns: Callable[[Any], Any], arg: Any) -> List[Any]:
         return [f.result() for f in futures]
 
 
-class _SyncingWriter:
-    """Writes to a raw file and ``fdatasync``s every 64 MiB, so flushing to disk overlaps with the stream instead
-    of piling up for the final fsync (called on the TeeReader worker thread)."""
-
-    EVERY = 64 * 1024 * 1024
-
-    def __init__(self, f: BinaryIO) -> None:
-        self.f = f
-        self.pending = 0
-
-    def write(self, data: bytes) -> int:
-        mv = memoryview(data)
-        while mv:
-            n = self.f.write(mv) or 0
-            mv = mv[n:]
-        self.pending += len(data)
-        if self.pending >= self.EVERY:
-            os.fdatasync(self.f.fileno())
-            self.pending = 0
-        return len(data)
-
-
 def _new_id(now: datetime.datetime) -> str:
     return now.strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
 
-def _rmtree(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def verify_file(dest: str, m: Manifest, base: Optional[List[Optional[str]]], base_size: Optional[int]
+def verify_file(dest: Dest, m: Manifest, base: Optional[List[Optional[str]]], base_size: Optional[int]
                 ) -> Tuple[List[Problem], List[Optional[str]]]:
     """Verify one stored backup: file size, checksum and chunk checksums against the manifest, and the image
     blocks its stream determines (applied on ``base``, of the manifest's checksum kind) against the manifest's
     blocks. Returns (problems, computed block checksums)."""
+    import io
+
     from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd_diff import DiffFormatError
 
+    destination = open_destination(dest)
     problems: List[Problem] = []
     computed: List[Optional[str]] = [None] * len(m.blocks)
     for entry in m.files:
-        path = os.path.join(dest, m.id, entry.name)
         try:
-            with open(path, "rb", buffering=_IO) as f:
+            with io.BufferedReader(destination.open_file(m.id, entry.name), _IO) as f:
                 try:
                     _unused, state, (size, sha, chunks) = consume_diff(f, base_size, base, checksum=m.checksum)
                     computed, _unknown = state.finish()
@@ -441,12 +337,12 @@ def verify_file(dest: str, m: Manifest, base: Optional[List[Optional[str]]], bas
     return problems, computed
 
 
-def backup(rbd: Rbd, ref: ImageRef, dest: str, *, vm: Optional[str] = None, owner: Optional[str] = None,
+def backup(rbd: Rbd, ref: ImageRef, dest: Dest, *, vm: Optional[str] = None, owner: Optional[str] = None,
            keep: Optional[int] = None, full_every: int = 7, force_full: bool = False, allow_watchers: bool = False,
            watcher_grace_seconds: float = 35, check_mode: bool = False, now: Optional[datetime.datetime] = None,
-           verify: bool = True, on_progress: Optional[Callable[[str], None]] = None,
-           checksum: Optional[str] = None) -> Dict[str, Any]:
-    """Take one offline backup of ``ref`` into ``dest`` and apply retention.
+           verify: bool = True, checksum: Optional[str] = None, volume: Optional[str] = None) -> Dict[str, Any]:
+    """Take one offline backup of ``ref`` into ``dest`` (a path or a :class:`BackupDestination`) and apply
+    retention.
 
     ``verify`` re-reads the stored file and checks its checksum before the backup is marked complete.
     ``checksum`` (sha256|crc32c) is the kind a *full* backup records (default ``default_checksum()``: crc32c
@@ -456,12 +352,14 @@ def backup(rbd: Rbd, ref: ImageRef, dest: str, *, vm: Optional[str] = None, owne
     overrides for crash-consistent copies), or its owner mark differs from ``owner``. Watchers are re-checked
     for up to ``watcher_grace_seconds``: the watch of a client that died without closing the image lingers
     until the OSDs expire it (``osd_client_watch_timeout``, 30 s by default); a live client is refused.
+    ``volume``: the host store volume name recorded in the manifest (``volume.name``), if any.
     Returns a dict with ``backup`` (the manifest as JSON), ``plan``, ``retention``, ``removed_snapshots``,
     ``removed_partials``, ``bytes_written``, ``seconds``.
     """
     import time
 
     t0 = time.monotonic()
+    destination = open_destination(dest)
     now = now or datetime.datetime.now(datetime.timezone.utc)
     head = ref.at(None)
     try:  # four independent queries: run the rbd processes side by side (each pays its own start-up)
@@ -482,24 +380,26 @@ def backup(rbd: Rbd, ref: ImageRef, dest: str, *, vm: Optional[str] = None, owne
         raise BackupError(f"owner: {owner!r} does not match the image's owner mark {meta[META_OWNER]!r}")
     owner = owner or meta.get(META_OWNER)
     snaps = [s["name"] for s in snap_list]
-    if not check_mode:
-        os.makedirs(dest, mode=0o700, exist_ok=True)
-    tag = dest_tag(dest)
-    complete, partial, bad = scan(dest)
-    plan = plan_backup(complete, info["id"], int(info["size"]), snaps, full_every=full_every, force_full=force_full)
-    result: Dict[str, Any] = {"plan": {"type": plan.type, "parent": plan.parent, "reason": plan.reason},
-                              "ignored": bad, "dest_tag": tag}
+    tag = dest_tag(destination.tag_source())
     if check_mode:
-        result["changed"] = True
-        return result
-    with DestLock(dest):
+        complete, _partial, bad = destination.scan()
+        plan = plan_backup(complete, info["id"], int(info["size"]), snaps, full_every=full_every,
+                           force_full=force_full)
+        return {"plan": {"type": plan.type, "parent": plan.parent, "reason": plan.reason}, "ignored": bad,
+                "dest_tag": tag, "changed": True}
+    destination.prepare()
+    with destination.lock():
+        complete, partial, bad = destination.scan()
+        plan = plan_backup(complete, info["id"], int(info["size"]), snaps, full_every=full_every,
+                           force_full=force_full)
+        result: Dict[str, Any] = {"plan": {"type": plan.type, "parent": plan.parent, "reason": plan.reason},
+                                  "ignored": bad, "dest_tag": tag}
         for name in partial:  # leftovers of interrupted runs (we hold the lock: nobody is writing them)
-            _rmtree(os.path.join(dest, name))
+            destination.remove_partial(name)
         result["removed_partials"] = partial
         bid = _new_id(now)
         snap = snapshot_name(bid, tag)
-        work = os.path.join(dest, PARTIAL_PREFIX + bid)
-        os.mkdir(work, 0o700)
+        staging = destination.stage(bid)
         snap_made = False
         try:
             rbd.snap_create(ref.at(snap))
@@ -513,14 +413,14 @@ def backup(rbd: Rbd, ref: ImageRef, dest: str, *, vm: Optional[str] = None, owne
             t_export = time.monotonic()
             proc = rbd.popen(words, stdout=-1)
             try:
-                with open(os.path.join(work, DATA_FILE), "wb", buffering=0) as out:
-                    base: Optional[List[Optional[str]]] = list(parent.blocks) if parent else None
-                    reader, state, (size, sha, chunks) = consume_diff(
-                        proc.stdout, parent.image_size if parent else None, base, _SyncingWriter(out), checksum=kind)
-                    t_sync = time.monotonic()
-                    # the final fsync (disk wait) overlaps with the manifest and the verification (CPU) below;
-                    # it is joined before anything is called complete
-                    syncing = _Background(os.fsync, os.dup(out.fileno()), close_fd=True)
+                out = staging.create(DATA_FILE)
+                base: Optional[List[Optional[str]]] = list(parent.blocks) if parent else None
+                reader, state, (size, sha, chunks) = consume_diff(
+                    proc.stdout, parent.image_size if parent else None, base, out, checksum=kind)
+                t_sync = time.monotonic()
+                # the final fsync (disk wait) overlaps with the manifest and the verification (CPU) below;
+                # it is joined before anything is called complete
+                durable = out.finish()
             except BaseException:
                 proc.kill()
                 raise
@@ -538,22 +438,10 @@ def backup(rbd: Rbd, ref: ImageRef, dest: str, *, vm: Optional[str] = None, owne
                          pool=ref.pool, image=ref.image, image_id=info["id"], image_size=image_size, snapshot=snap,
                          parent=plan.parent, from_snapshot=plan.from_snapshot, chain=[*plan.chain, bid],
                          files=[FileEntry(DATA_FILE, size, sha, chunks, 0)], blocks=[str(b) for b in blocks], vm=vm,
-                         owner=owner, data_bytes=reader.data_bytes, checksum=kind)
-            raw = json.dumps(m.to_dict(), indent=1, sort_keys=True).encode()
-            _write_atomic(os.path.join(work, MANIFEST_FILE), raw)
-            # verify what is on disk before calling it complete
-            t_verify = time.monotonic()
-            problems = _verify_stored_file(work, m.files[0], kind) if verify else []
-            phases["verify"] = round(time.monotonic() - t_verify, 3)
-            syncing.join()
-            phases["fsync"] = syncing.seconds
-            if problems:
-                raise BackupError("backup verification failed: " + "; ".join(p.message for p in problems), problems)
-            _write_atomic(os.path.join(work, COMPLETE_FILE), hashlib.sha256(raw).hexdigest().encode() + b"\n")
-            os.rename(work, os.path.join(dest, bid))
-            _fsync_dir(dest)
+                         owner=owner, data_bytes=reader.data_bytes, checksum=kind, volume=volume)
+            publish(staging, m, durable, verify, phases)
         except BaseException:
-            _rmtree(work)
+            staging.abort()
             if snap_made:
                 try:
                     rbd.snap_remove(ref.at(snap))
@@ -579,74 +467,68 @@ def backup(rbd: Rbd, ref: ImageRef, dest: str, *, vm: Optional[str] = None, owne
                 pass  # protected or busy: left in place, reported below
         result["removed_snapshots"] = removed_snaps
         if keep:
-            result["retention"] = apply_retention(dest, complete, keep)
+            result["retention"] = apply_retention(destination, complete, keep)
     result["changed"] = True
     result["seconds"] = round(time.monotonic() - t0, 3)
     return result
 
 
-class _Background:
-    """Run ``fn(fd)`` on a thread now; ``join()`` waits and re-raises its error. ``seconds``: how long it took.
-    With ``close_fd`` the descriptor is closed when ``fn`` returns (also on error)."""
+def publish(staging: BackupStaging, m: Manifest, durable: Callable[[], float], verify: bool,
+            phases: Dict[str, float]) -> None:
+    """Complete a backup whose data file is written: store its manifest, re-read the stored data file against
+    the manifest's file checksum (``verify``), wait until the data file is durable (``durable``, from
+    :meth:`StagedFile.finish`), then commit (the ``complete`` marker, the sha256 of the manifest, goes last).
+    Adds ``verify`` and ``fsync`` seconds to ``phases``.
 
-    def __init__(self, fn: Callable[[int], Any], fd: int, close_fd: bool = False) -> None:
-        import threading
+    Raises:
+        BackupError: the stored file does not match (nothing is committed; the caller aborts the staging).
+    """
+    import time
 
-        self.error: Optional[BaseException] = None
-        self.seconds = 0.0
-
-        def run() -> None:
-            import time
-
-            t = time.monotonic()
-            try:
-                fn(fd)
-            except BaseException as exc:
-                self.error = exc
-            finally:
-                if close_fd:
-                    os.close(fd)
-                self.seconds = round(time.monotonic() - t, 3)
-
-        self._thread = threading.Thread(target=run, name="backup-fsync", daemon=True)
-        self._thread.start()
-
-    def join(self) -> None:
-        self._thread.join()
-        if self.error is not None:
-            err, self.error = self.error, None
-            raise err
+    raw = json.dumps(m.to_dict(), indent=1, sort_keys=True).encode()
+    staging.write_manifest(raw)
+    t_verify = time.monotonic()
+    problems = _verify_stored_file(staging, m.id, m.files[0], m.checksum) if verify else []
+    phases["verify"] = round(time.monotonic() - t_verify, 3)
+    phases["fsync"] = durable()
+    if problems:
+        raise BackupError("backup verification failed: " + "; ".join(p.message for p in problems), problems)
+    staging.commit(hashlib.sha256(raw).hexdigest().encode() + b"\n")
 
 
-def _verify_stored_file(work: str, entry: FileEntry, kind: str) -> List[Problem]:
+def _verify_stored_file(staging: BackupStaging, backup_id: str, entry: FileEntry, kind: str) -> List[Problem]:
     h = ChunkHasher(entry.chunk_size, kind)
-    with open(os.path.join(work, entry.name), "rb", buffering=0) as f:
+    with staging.open(entry.name) as f:
         while True:  # unbuffered reads straight into a new bytes object (google-crc32c takes bytes only)
             data = f.read(_IO)
             if not data:
                 break
             h.update(data)
     size, sha, chunks = h.finish()
-    return compare_file(os.path.basename(work), entry, size, sha, chunks, kind)
+    return compare_file(PARTIAL_PREFIX + backup_id, entry, size, sha, chunks, kind)
 
 
-def apply_retention(dest: str, complete: List[Manifest], keep: int) -> Dict[str, Any]:
-    """Delete the backups ``plan_retention`` does not keep (renamed to a partial name first, so a crash
-    mid-delete never leaves a complete-looking, half-deleted backup). Caller holds the DestLock."""
+def apply_retention(dest: Dest, complete: List[Manifest], keep: int) -> Dict[str, Any]:
+    """Delete the backups ``plan_retention`` does not keep (:meth:`BackupDestination.delete`: hidden first, so a
+    crash mid-delete never leaves a complete-looking, half-deleted backup). Caller holds the destination's
+    lock."""
+    destination = open_destination(dest)
     plan = plan_retention(complete, keep)
     for bid in plan.delete:
-        path = os.path.join(dest, bid)
-        doomed = os.path.join(dest, PARTIAL_PREFIX + "deleted-" + bid)
-        os.rename(path, doomed)
-        _rmtree(doomed)
+        destination.delete(bid)
     return {"keep": plan.keep, "deleted": plan.delete, "kept_for_chain": plan.kept_for_chain}
 
 
 # -- verify and restore -----------------------------------------------------------------------------------------
 
-def verify_chain(dest: str, backup_id: Optional[str]) -> Tuple[List[Manifest], List[Problem]]:
-    """Verify every backup in the chain of ``backup_id`` (None = newest). Returns (chain, problems)."""
-    complete, _partial, _bad = scan(dest)
+def verify_chain(dest: Dest, backup_id: Optional[str]) -> Tuple[List[Manifest], List[Problem]]:
+    """Verify every backup in the chain of ``backup_id`` (None = newest). Returns (chain, problems).
+
+    Raises:
+        BackupError: no such backup, or its chain is incomplete (named).
+    """
+    destination = open_destination(dest)
+    complete, _partial, _bad = destination.scan()
     try:
         chain = resolve_chain(complete, backup_id)
     except ValueError as exc:
@@ -656,7 +538,7 @@ def verify_chain(dest: str, backup_id: Optional[str]) -> Tuple[List[Manifest], L
     base: Optional[List[Optional[str]]] = None
     base_size: Optional[int] = None
     for m in chain:
-        found, _computed = verify_file(dest, m, base, base_size)
+        found, _computed = verify_file(destination, m, base, base_size)
         problems += found
         base, base_size = list(m.blocks), m.image_size
     return chain, problems
@@ -682,7 +564,34 @@ def _remove_image(rbd: Rbd, ref: ImageRef) -> None:
         pass
 
 
-def restore(rbd: Rbd, dest: str, target: ImageRef, backup_id: Optional[str] = None, *,
+def load_chain(dest: Dest, backup_id: Optional[str], verify_first: bool = False) -> List[Manifest]:
+    """The chain (full first) to restore ``backup_id`` (None = newest) from ``dest``; with ``verify_first`` every
+    file is verified first (:func:`verify_chain`). Refuses (BackupError, before anything is created) an unknown id,
+    a broken chain, a damaged file found by the verification, or a checksum kind this host cannot compute."""
+    if verify_first:
+        chain, problems = verify_chain(dest, backup_id)
+        if problems:
+            raise BackupError("restore refused, backup damaged: " + "; ".join(p.message for p in problems),
+                              problems)
+    else:
+        complete, _partial, _bad = open_destination(dest).scan()
+        try:
+            chain = resolve_chain(complete, backup_id)
+        except ValueError as exc:
+            raise BackupError(str(exc)) from None
+    _check_kinds(chain)
+    return chain
+
+
+def check_restore_owner(last: Manifest, owner: Optional[str], operator: bool) -> None:
+    """Refuse (BackupError) giving backup ``last`` to an ``owner`` other than its manifest's, unless ``operator``
+    (docs/security.md, "Owner authorization")."""
+    if owner and last.owner and owner != last.owner and not operator:
+        raise BackupError(f"owner: {owner!r} is not the owner {last.owner!r} of backup {last.id} (its manifest's "
+                          "owner); a backup is restored only for its owner, or by an operator (operator=true)")
+
+
+def restore(rbd: Rbd, dest: Dest, target: ImageRef, backup_id: Optional[str] = None, *,
             owner: Optional[str] = None, keep_snapshots: bool = False, check_mode: bool = False,
             verify_first: bool = False, operator: bool = False) -> Dict[str, Any]:
     """Import the chain of ``backup_id`` into the NEW image ``target`` and verify every block.
@@ -698,10 +607,16 @@ def restore(rbd: Rbd, dest: str, target: ImageRef, backup_id: Optional[str] = No
     4 MiB block compared with the manifest. On any failure the new image is removed, so a refused restore
     leaves nothing behind (``verify_first`` checks all files before creating anything, at the cost of a second
     read). An existing target restored from the same backup is reported unchanged; any other is refused.
+
+    The chain is imported into ``<target>.restoring-<random>`` and renamed to ``target`` (``rbd rename``) only when
+    every block matched and the marks are written, so a restore killed midway never leaves an image under the
+    target's name; the next restore into the same target removes such leftovers that nobody has open (no
+    watcher), listed as ``removed_leftovers``.
     """
     import time
 
     t0 = time.monotonic()
+    destination = open_destination(dest)
     existing = rbd.info(target.at(None))
     if existing is not None:
         meta = rbd.meta(target.at(None))
@@ -710,27 +625,17 @@ def restore(rbd: Rbd, dest: str, target: ImageRef, backup_id: Optional[str] = No
             return {"changed": False, "backup_id": done, "image": target.spec, "verified_blocks": 0,
                     "msg": f"{target.spec} already restored from backup {done}"}
         raise BackupError(f"target: {target.spec} already exists; restore only into a new image")
-    if verify_first or check_mode:
-        chain, problems = verify_chain(dest, backup_id)
-        if problems:
-            raise BackupError("restore refused, backup damaged: " + "; ".join(p.message for p in problems),
-                              problems)
-    else:
-        complete, _partial, _bad = scan(dest)
-        try:
-            chain = resolve_chain(complete, backup_id)
-        except ValueError as exc:
-            raise BackupError(str(exc)) from None
-    _check_kinds(chain)
+    chain = load_chain(destination, backup_id, verify_first or check_mode)
     last = chain[-1]
-    if owner and last.owner and owner != last.owner and not operator:
-        raise BackupError(f"owner: {owner!r} is not the owner {last.owner!r} of backup {last.id} (its manifest's "
-                          "owner); a backup is restored only for its owner, or by an operator (operator=true)")
+    check_restore_owner(last, owner, operator)
     result: Dict[str, Any] = {"backup_id": last.id, "chain": [m.id for m in chain], "image": target.spec,
                               "size_bytes": last.image_size, "owner": owner or last.owner}
     if check_mode:
         result["changed"] = True
         return result
+    result["removed_leftovers"] = _remove_restore_leftovers(rbd, target)
+    final = target
+    target = ImageRef(final.pool, _names.fit(f"{final.image}{RESTORING}{secrets.token_hex(3)}", _names.RBD_NAME_MAX))
     created = False
     try:
         rbd.create(target.at(None), size_bytes=chain[0].image_size)
@@ -740,7 +645,7 @@ def restore(rbd: Rbd, dest: str, target: ImageRef, backup_id: Optional[str] = No
         base_size: Optional[int] = None
         for m in chain:
             for entry in m.files:
-                problems = _import_member(rbd, dest, m, entry, target.at(None), base, base_size)
+                problems = _import_member(rbd, destination, m, entry, target.at(None), base, base_size)
                 if problems:
                     raise BackupError("restore refused, backup damaged: " + "; ".join(p.message for p in problems),
                                       problems)
@@ -762,7 +667,7 @@ def restore(rbd: Rbd, dest: str, target: ImageRef, backup_id: Optional[str] = No
             for i in unknown:
                 blocks[i] = fixed.get(i)
         phases = {"import": round(t_read - t_import, 3), "read_back": round(time.monotonic() - t_read, 3)}
-        problems = compare_blocks(last.id, last.blocks, blocks, what=f"restored image {target.spec}",
+        problems = compare_blocks(last.id, last.blocks, blocks, what=f"restored image {final.spec}",
                                   kind=last.checksum)
         if problems:
             raise BackupError("restore verification failed: " + "; ".join(p.message for p in problems[:5]),
@@ -772,6 +677,12 @@ def restore(rbd: Rbd, dest: str, target: ImageRef, backup_id: Optional[str] = No
         rbd.meta_set(target.at(None), META_RESTORED_FROM, last.id)
         if owner or last.owner:
             rbd.meta_set(target.at(None), META_OWNER, owner or str(last.owner))
+        try:  # the image appears under its name only now, complete and verified
+            rbd.run(["rename", target.spec, final.spec], json_out=False)
+        except RbdError as exc:
+            raise BackupError(f"target: {final.spec}: renaming the restored image {target.spec} failed ({exc}); "
+                              "restore only into a new image") from None
+        created = False
     except BaseException:
         if created:
             _remove_image(rbd, target.at(None))
@@ -783,56 +694,131 @@ def restore(rbd: Rbd, dest: str, target: ImageRef, backup_id: Optional[str] = No
     return result
 
 
-def _import_member(rbd: Rbd, dest: str, m: Manifest, entry: FileEntry, target: ImageRef,
+def _remove_restore_leftovers(rbd: Rbd, target: ImageRef) -> List[str]:
+    """Remove ``<target>.restoring-*`` images of restores killed midway: those with no watcher (a live restore's
+    ``rbd import-diff`` or read-back has the image open). Returns the names removed."""
+    removed = []
+    prefix = target.image + RESTORING
+    for name in rbd.ls(target.pool):
+        if not name.startswith(prefix):
+            continue
+        ref = ImageRef(target.pool, name)
+        try:
+            if rbd.status(ref):
+                continue
+            _remove_image(rbd, ref)
+            removed.append(name)
+        except RbdError:
+            continue
+    return removed
+
+
+def _import_member(rbd: Rbd, destination: BackupDestination, m: Manifest, entry: FileEntry, target: ImageRef,
                    base: Optional[List[Optional[str]]], base_size: Optional[int]) -> List[Problem]:
-    """Import one stored file with ``rbd import-diff <file>`` while a thread checksums the same file; return the
-    problems found. rbd reads the file itself (no relay of every byte through this process and a pipe); the
-    checksum is known only at the end of the file either way, and a mismatch fails the restore, which removes
-    the new image — the read-back then compares every block of what was imported with the manifest. On a
-    mismatch (or when rbd rejects the stream) the file is replayed onto the block checksums to name the image
-    blocks it would corrupt."""
+    """Import one stored file with ``rbd import-diff`` while its checksum is computed; return the problems found.
+
+    From a local directory rbd reads the file itself (``rbd import-diff <file>``: no relay of every byte through
+    this process and a pipe) while a thread checksums the same file; from any other destination the file is
+    streamed to ``rbd import-diff -`` and checksummed on the way. The checksum is known only at the end of the
+    file either way, and a mismatch fails the restore, which removes the new image — the read-back then compares
+    every block of what was imported with the manifest. On a mismatch (or when rbd rejects the stream) the file
+    is replayed onto the block checksums to name the image blocks it would corrupt."""
     import threading
 
-    path = os.path.abspath(os.path.join(dest, m.id, entry.name))
+    path = destination.local_path(m.id, entry.name)
     digest: Dict[str, Any] = {}
 
     def checksum() -> None:
         try:
             h = ChunkHasher(kind=m.checksum)
-            with open(path, "rb", buffering=0) as f:
+            with destination.open_file(m.id, entry.name) as f:
                 for piece in iter(lambda: f.read(_IO), b""):
                     h.update(piece)
             digest["size"], digest["sum"], _chunks = h.finish()
         except OSError as exc:
             digest["error"] = exc
 
-    if not os.path.isfile(path):
+    def missing() -> List[Problem]:
         return [Problem(m.id, entry.name, -1, 0, 0, f"backup {m.id}: file {entry.name} cannot be read: "
                         "no such file")]
-    worker = threading.Thread(target=checksum, name="backup-restore-sum", daemon=True)
-    worker.start()
+
     rbd_error: Optional[RbdError] = None
-    try:
-        rbd.run(["import-diff", path, target.spec, "--no-progress"], json_out=False)
-    except RbdError as exc:
-        rbd_error = exc
-    finally:
-        worker.join()
+    if path is not None:
+        if not os.path.isfile(path):
+            return missing()
+        worker = threading.Thread(target=checksum, name="backup-restore-sum", daemon=True)
+        worker.start()
+        try:
+            rbd.run(["import-diff", os.path.abspath(path), target.spec, "--no-progress"], json_out=False)
+        except RbdError as exc:
+            rbd_error = exc
+        finally:
+            worker.join()
+    else:
+        try:
+            src = destination.open_file(m.id, entry.name)
+        except FileNotFoundError:
+            return missing()
+        proc = rbd.popen(["import-diff", "-", target.spec, "--no-progress"], stdin=-1)
+        try:
+            with src:
+                digest["size"], digest["sum"] = copy_hashed(src, proc.stdin, m.checksum)
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # rbd refused the stream: its error is raised by finish() below
+        except OSError as exc:
+            proc.kill()
+            digest["error"] = exc
+        try:
+            proc.finish(timeout=rbd.conn.timeout)
+        except RbdError as exc:
+            rbd_error = exc
     if "error" in digest:
         return [Problem(m.id, entry.name, -1, 0, 0, f"backup {m.id}: file {entry.name} cannot be read: "
                         f"{digest['error'].strerror}")]
-    intact = digest["size"] == entry.size and digest["sum"] == entry.digest
+    intact = digest.get("size") == entry.size and digest.get("sum") == entry.digest
     if intact:
         if rbd_error is not None:
             raise rbd_error
         return []
-    found, _computed = verify_file(dest, m, base, base_size)
+    found, _computed = verify_file(destination, m, base, base_size)
     return found or [Problem(m.id, entry.name, -1, 0, 0, f"backup {m.id}: file {entry.name} does not match "
                              "its manifest")]
 
 
+def backup_result(res: Dict[str, Any], driver: str = "rbd", volume: Optional[str] = None) -> Dict[str, Any]:
+    """The module result of a backup (:func:`backup` or :func:`storage.file_backup.backup_volume`): rbd_backup's
+    keys (no block lists), plus ``driver`` and ``volume`` (the host store volume's name, or None)."""
+    out: Dict[str, Any] = {"changed": True, "type": res["plan"]["type"], "reason": res["plan"]["reason"],
+                           "parent": res["plan"]["parent"], "ignored": res.get("ignored", []),
+                           "dest_tag": res["dest_tag"], "driver": driver, "volume": volume}
+    m = res.get("backup")
+    if m:
+        out.update(backup_id=m["id"], chain=m["chain"], snapshot=m["snapshot"], owner=m.get("owner"),
+                   image_size_bytes=m["image"]["sizeBytes"], data_bytes=m["dataBytes"],
+                   bytes_written=res["bytes_written"], removed_snapshots=res["removed_snapshots"],
+                   removed_partials=res["removed_partials"], seconds=res["seconds"], phases=res["phases"])
+    if "read_blocks" in res:
+        out["read_blocks"] = res["read_blocks"]
+    if "retention" in res:
+        out["retention"] = res["retention"]
+    return out
+
+
+def verify_result(dest: Dest, backup_id: Optional[str]) -> Dict[str, Any]:
+    """The module result of ``state: verified``: the chain checked, or BackupError naming the damage."""
+    chain, problems = verify_chain(dest, backup_id)
+    if problems:
+        raise BackupError(f"backup {chain[-1].id} is damaged: " + "; ".join(x.message for x in problems[:5]),
+                          problems)
+    return {"changed": False, "backup_id": chain[-1].id, "chain": [m.id for m in chain],
+            "image_size_bytes": chain[-1].image_size, "files_checked": sum(len(m.files) for m in chain),
+            "driver": chain[-1].driver}
+
+
 def run_backup_module(p: Dict[str, Any], rbd: Rbd, check_mode: bool = False) -> Dict[str, Any]:
-    """The ``rbd_backup`` module: dispatch on ``state`` and shape the result (no block lists in results).
+    """rbd_backup's work on one RBD client (no audit, no host store): dispatch on ``state`` and shape the result.
+    The module itself runs :func:`host.volume_backup_module.run_rbd_backup`, the same through the audit.
 
     Raises BackupError (with ``problems``), ValueError (bad parameter, named) or RbdError.
     """
@@ -851,25 +837,13 @@ def run_backup_module(p: Dict[str, Any], rbd: Rbd, check_mode: bool = False) -> 
                      allow_watchers=bool(p.get("allow_watchers")),
                      watcher_grace_seconds=float(p.get("watcher_grace_seconds", 35)), check_mode=check_mode,
                      verify=p.get("verify", True) is not False)
-        out: Dict[str, Any] = {"changed": True, "type": res["plan"]["type"], "reason": res["plan"]["reason"],
-                               "parent": res["plan"]["parent"], "ignored": res.get("ignored", []),
-                               "dest_tag": res["dest_tag"]}
-        m = res.get("backup")
-        if m:
-            out.update(backup_id=m["id"], chain=m["chain"], snapshot=m["snapshot"], owner=m.get("owner"),
-                       image_size_bytes=m["image"]["sizeBytes"], data_bytes=m["dataBytes"],
-                       bytes_written=res["bytes_written"], removed_snapshots=res["removed_snapshots"],
-                       removed_partials=res["removed_partials"], seconds=res["seconds"], phases=res["phases"])
-        if "retention" in res:
-            out["retention"] = res["retention"]
+        out = backup_result(res)
+        del out["driver"], out["volume"]
         return out
     if state == "verified":
-        chain, problems = verify_chain(dest, p.get("backup_id"))
-        if problems:
-            raise BackupError(f"backup {chain[-1].id} is damaged: " + "; ".join(x.message for x in problems[:5]),
-                              problems)
-        return {"changed": False, "backup_id": chain[-1].id, "chain": [m.id for m in chain],
-                "image_size_bytes": chain[-1].image_size, "files_checked": sum(len(m.files) for m in chain)}
+        out = verify_result(dest, p.get("backup_id"))
+        del out["driver"]
+        return out
     target = ImageRef(check_name("target_pool", p.get("target_pool") or p["pool"]),
                       check_name("target_name", p["target_name"]))
     res = restore(rbd, dest, target, p.get("backup_id"), owner=p.get("owner"),
@@ -880,5 +854,5 @@ def run_backup_module(p: Dict[str, Any], rbd: Rbd, check_mode: bool = False) -> 
     return res
 
 
-__all__ = ["SNAP_PREFIX", "BackupError", "apply_retention", "backup", "restore", "run_backup_module", "scan",
-           "verify_chain"]
+__all__ = ["PARTIAL_PREFIX", "SNAP_PREFIX", "BackupError", "DestLock", "apply_retention", "backup", "backup_result",
+           "load_chain", "read_manifest", "restore", "run_backup_module", "scan", "verify_chain", "verify_result"]

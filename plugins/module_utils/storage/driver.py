@@ -122,6 +122,19 @@ class VolumeDriver(Protocol):
     def describe(self, settings: VolumeSettings, volume: dict) -> dict:
         """Extra keys host_volume_info returns for the volume beside its record (never a secret)."""
 
+    def backup_source(self, settings: VolumeSettings, volume: dict) -> dict:
+        """What a backup of the volume reads (docs/backup-restore.md): ``{"format": "raw"|"qcow2", "path": str}`` for
+        a file-backed volume (:mod:`storage.file_backup`), ``{"rbd": {pool, image, conf, user, keyring_path,
+        cluster}}`` for an RBD image (:mod:`storage.backup_io`; the keyring is a path, never the key)."""
+
+    def restore_target(self, settings: VolumeSettings, name: str) -> dict:
+        """Where a restore makes a NEW volume ``name`` of this driver, in :meth:`backup_source`'s shape (the path a
+        new volume of that name has, or the image ``<rbd.pool>/<name>``).
+
+        Raises:
+            VolumeError: ``host_config:`` the driver's settings are missing (no ``rbd.pool``).
+        """
+
 
 class UnknownDriver(CloudError, ValueError):
     """A volume driver name that is not registered (the message names the allowed ones)."""

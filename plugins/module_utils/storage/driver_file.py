@@ -15,7 +15,11 @@ import os
 from typing import Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.driver import VolumeSettings
-from ansible_collections.zjusct.cloud.plugins.module_utils.storage.volume import create_from_image, file_writers
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.volume import (
+    create_from_image,
+    file_writers,
+    volume_path,
+)
 
 
 class FileDriver:
@@ -61,3 +65,11 @@ class FileDriver:
     def describe(self, settings: VolumeSettings, volume: dict) -> dict:
         """Nothing beyond the record."""
         return {}
+
+    def backup_source(self, settings: VolumeSettings, volume: dict) -> dict:
+        """``{"format": "raw", "path": location}``: the file as the guest sees it."""
+        return {"format": "raw", "path": volume["location"]}
+
+    def restore_target(self, settings: VolumeSettings, name: str) -> dict:
+        """``{"format": "raw", "path": <volumes_dir>/<name>.raw}`` (where :meth:`create` puts a volume)."""
+        return {"format": "raw", "path": volume_path(settings.volumes_dir, name)}

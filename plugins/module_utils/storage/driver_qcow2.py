@@ -173,3 +173,12 @@ class Qcow2Driver(FileDriver):
     def describe(self, settings: VolumeSettings, volume: dict) -> dict:
         """``{"base": path}``: the base the overlay reads through (from the image set, as :func:`base_path`)."""
         return {"base": base_path(os.path.dirname(volume["location"]), volume.get("image") or "")}
+
+    def backup_source(self, settings: VolumeSettings, volume: dict) -> dict:
+        """``{"format": "qcow2", "path": overlay}``: the backup reads the guest's view of the overlay and its base."""
+        return {"format": "qcow2", "path": volume["location"]}
+
+    def restore_target(self, settings: VolumeSettings, name: str) -> dict:
+        """``{"format": "qcow2", "path": <volumes_dir>/<name>.qcow2}``: a standalone qcow2 (no backing file: the
+        backup holds the whole disk)."""
+        return {"format": "qcow2", "path": overlay_path(settings.volumes_dir, name)}

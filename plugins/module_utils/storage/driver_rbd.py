@@ -73,3 +73,15 @@ class RbdDriver:
         ref = rbdvol.volume_ref(volume)
         base = rbdvol.settings(settings.rbd).as_dict() if settings.rbd else {}
         return {"rbd": dict(base, pool=ref.pool, image=ref.image)}
+
+    def backup_source(self, settings: VolumeSettings, volume: dict) -> dict:
+        """``{"rbd": {pool, image, conf, user, keyring_path, cluster}}`` (as :meth:`describe`)."""
+        return self.describe(settings, volume)
+
+    def restore_target(self, settings: VolumeSettings, name: str) -> dict:
+        """``{"rbd": {..., pool: <rbd.pool>, image: name}}``.
+
+        Raises:
+            VolumeError: the host config has no ``rbd.pool``.
+        """
+        return {"rbd": dict(rbdvol.settings(settings.rbd).as_dict(), image=name)}

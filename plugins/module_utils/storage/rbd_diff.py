@@ -122,6 +122,11 @@ def zero_sha256(length: int) -> str:
     return hashlib.sha256(_ZERO_BLOCK[:length]).hexdigest()
 
 
+def is_zero(data: bytes) -> bool:
+    """True when every byte of ``data`` (at most BLOCK_SIZE bytes) is zero (a memcmp with a zero block)."""
+    return data == _ZERO_BLOCK if len(data) == BLOCK_SIZE else data == bytes(len(data))
+
+
 def block_count(size: int, block_size: int = BLOCK_SIZE) -> int:
     """Number of blocks covering ``size`` bytes (the last one may be short)."""
     return (size + block_size - 1) // block_size
@@ -285,6 +290,33 @@ class BlockState:
         for i in sorted(self._open):
             self._close(i)
         return self.blocks, sorted(self.unknown)
+
+
+def encode_header(from_snap: Optional[str], to_snap: Optional[str], size: int) -> bytes:
+    """The start of an ``rbd diff v1`` stream: the header, the ``f`` / ``t`` records (when named) and the ``s``
+    record (``size`` in bytes), as ``rbd export-diff`` writes them. ``rbd import-diff`` of the stream requires the
+    ``f`` snapshot to exist on the target image and creates the ``t`` snapshot after the import."""
+    out = bytearray(HEADER_V1)
+    for tag, name in ((b"f", from_snap), (b"t", to_snap)):
+        if name:
+            raw = name.encode("utf-8")
+            out += tag + _U32.pack(len(raw)) + raw
+    out += b"s" + _U64.pack(size)
+    return bytes(out)
+
+
+def encode_write(offset: int, length: int) -> bytes:
+    """The head of a ``w`` record (``length`` data bytes at byte ``offset`` follow it)."""
+    return b"w" + _U64x2.pack(offset, length)
+
+
+def encode_zero(offset: int, length: int) -> bytes:
+    """A ``z`` record: ``length`` bytes at byte ``offset`` read as zero."""
+    return b"z" + _U64x2.pack(offset, length)
+
+
+END_RECORD = b"e"
+"""The last byte of every stream."""
 
 
 class DiffReader:

@@ -97,7 +97,7 @@ def test_tenant_lifecycle_through_the_job_templates(rbd_cloud: Cloud, ceph_clust
 
     backup = ok(awx.launch("playbooks/vm_backup.yml", "alice", {"stop_if_running": "true", "full": "true"},
                            verbosity=3))
-    (bres,) = backup.task_results("Back up the root volume (refused while the image has watchers)")
+    (bres,) = backup.task_results("Back up the root volume (refused while it is in use)")
     assert bres["type"] == "full" and bres["changed"] is True
     backup_id = bres["backup_id"]
     assert rbd_cloud.vm("alice")["status"]["phase"] == "Stopped"

@@ -5,8 +5,9 @@ One journey (guest boots are expensive here: three in total): alice's VM starts 
 in the guest survives a full backup; after a change an incremental one; the full backup is restored into a new VM
 that boots and shows the original content; the incremental one is restored into a new (not booted) VM whose image
 shows the changed content (read with debugfs from an ``rbd export``, to save a boot). Refusals: a running VM
-without ``stop_if_running``, a file volume, a stale watcher (start Blocked/VolumeInUse naming it, no launcher;
-backup refused naming it), a corrupted backup (restore names the block; no image, volume or VM is created).
+without ``stop_if_running``, a stale watcher (start Blocked/VolumeInUse naming it, no launcher;
+backup refused naming it), a corrupted backup (restore names the block; no image, volume or VM is created). A file
+volume (another owner's, never booted) is backed up by the same playbook and its backup restored as an RBD image.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from .conftest import WATCHER_RE, file_at
 
 pytestmark = [pytest.mark.ceph, pytest.mark.guest, pytest.mark.netns, pytest.mark.slow]
 
-BACKUP_TASK = "Back up the root volume (refused while the image has watchers)"
+BACKUP_TASK = "Back up the root volume (refused while it is in use)"
 
 
 
@@ -103,7 +104,7 @@ def test_backup_restore_journey_on_rbd(rbd_cloud: Cloud, ceph_cluster: Cluster, 
     doc = cloud.playbook("vm_restore", f"backup={full['backup_id']}", f"backup_dir={backups}", "name=alice-r1")
     r1 = task_result(doc, "Create the VM on the restored volume and start it")
     assert r1["phase"] == "Running" and r1["cloudvm"]["spec"]["owner"] == "alice"
-    assert task_result(doc, "Restore the backup into a new image and verify every block")["verified_blocks"] > 0
+    assert task_result(doc, "Restore the backup into a new volume and verify every block")["verified_blocks"] > 0
     assert ssh_ok(cloud, r1["cloudvm"]["status"]["sshEndpoint"]["host"], "cat /root/marker").strip() == \
         "original-content"
     marks = json.loads(rbd(ceph_cluster, "image-meta", "list", "rbd/alice-r1-root", "--format", "json"))
@@ -117,16 +118,24 @@ def test_backup_restore_journey_on_rbd(rbd_cloud: Cloud, ceph_cluster: Cluster, 
     assert task_result(doc, "Create the VM on the restored volume and start it")["phase"] == "Stopped"
     assert file_at(ceph_cluster, "alice-r2-root", "/root/marker", tmp_path).strip() == "changed-content"
 
-    # only rbd volumes can be backed up: a file volume is refused naming its driver
+    # every driver is backed up: a file volume too (carol's, made by a file-driver host config sharing the store,
+    # never started), and its backup restores as an RBD image of this host's driver (across drivers), no boot
     file_cfg = tmp_path / "file-host.json"
     file_cfg.write_text(json.dumps(dict(cloud.config, volume_driver="file")))
     env = dict(cloud.env(), ZJUSCT_CLOUD_CONFIG=str(file_cfg))
     subprocess.run([str(Path(sys.executable).parent / "ansible"), "localhost", "-m", "zjusct.cloud.cloudvm",
                     "-a", "name=carol owner=carol"], cwd=Path(__file__).resolve().parents[3], env=env, check=True,
                    capture_output=True, timeout=300)
-    refused = cloud.playbook("vm_backup", "owner=carol", f"backup_dir={backups}", check=False)
-    assert refused["rc"] != 0 and "driver file; only rbd volumes can be backed up" in failure(refused), \
-        failure(refused)
+    carol = task_result(cloud.playbook("vm_backup", "owner=carol", f"backup_dir={backups}"), BACKUP_TASK)
+    assert (carol["driver"], carol["type"], carol["volume"]) == ("file", "full", "carol-root"), carol
+    doc = cloud.playbook("vm_restore", f"backup={carol['backup_id']}", f"backup_dir={backups}", "name=carol-moved",
+                         "start=false")
+    moved = task_result(doc, "Restore the backup into a new volume and verify every block")
+    assert (moved["driver"], moved["location"]) == ("rbd", "rbd/carol-moved-root"), moved
+    assert volumes(cloud)["carol-moved-root"]["driver"] == "rbd"
+    assert file_at(ceph_cluster, "carol-moved-root", "/etc/debian_version", tmp_path).startswith("12.")
+    assert json.loads(rbd(ceph_cluster, "image-meta", "list", "rbd/carol-moved-root", "--format", "json"))[
+        "cloud.zjusct.io/owner"] == "carol"
 
     # case V2: a stale watcher blocks the start (named, no launcher) and the backup (named)
     watch = subprocess.Popen(["rbd", "-c", str(ceph_cluster.conf), "watch", "rbd/alice-root"],
@@ -181,6 +190,7 @@ def test_backup_restore_journey_on_rbd(rbd_cloud: Cloud, ceph_cluster: Cluster, 
     assert [(r["action"], r["subject"], r["result"]) for r in records] == [
         ("backup", "rbd/rbd/alice-root", "succeeded"),
         ("backup", "rbd/rbd/alice-root", "succeeded"),
+        ("backup", "default/alice", "refused"),  # bob's, refused by the playbook's lookup
         ("restore", "rbd/rbd/alice-r1-root", "succeeded"),
         ("volume-register", "volume/alice-r1-root", "succeeded"),
         ("restore", "rbd/rbd/alice-r2-root", "succeeded"),
@@ -188,10 +198,12 @@ def test_backup_restore_journey_on_rbd(rbd_cloud: Cloud, ceph_cluster: Cluster, 
         ("backup", "rbd/rbd/alice-root", "failed"),  # the watcher
         ("restore", "rbd/rbd/alice-r3-root", "failed"),  # the damaged block
     ], records
-    assert {(r["actor"], r["owner"], r["operator"]) for r in records} == {("alice", "alice", False)}
+    assert {(r["actor"], r["owner"], r["operator"]) for r in records if r["result"] != "refused"} == \
+        {("alice", "alice", False)}
+    assert records[2]["actor"] == "bob"
     done = [r for r in records if r["result"] == "succeeded" and r["action"] != "volume-register"]
     assert [r["data"]["backup_id"] for r in done] == [full["backup_id"], inc["backup_id"]] * 2
     assert records[1]["data"]["type"] == "diff" and records[1]["data"]["vm"] == "default/alice"
-    assert "watchers" in records[6]["message"] and records[6]["reason"] == "BackupError"
-    assert "block" in records[7]["message"]
+    assert "watchers" in records[7]["message"] and records[7]["reason"] == "BackupError"
+    assert "block" in records[8]["message"]
     assert not {"ceph_key", "ceph_keyring", "keyring_path", "rbd"} & {k for r in records for k in r["data"]}

@@ -290,3 +290,93 @@ def test_restore_for_another_owner_is_refused_unless_an_operator_asks(rbd, ceph_
     assert rbd.meta(stolen)["cloud.zjusct.io/owner"] == "bob"
     own = run_backup_module({**params, "target_name": image_name + "-own", "owner": "alice"}, rbd)
     assert own["changed"] and rbd.meta(ImageRef("rbd", image_name + "-own"))["cloud.zjusct.io/owner"] == "alice"
+
+
+def test_a_file_volume_backup_restores_as_an_rbd_image_and_back_into_a_file(rbd, ceph_cluster, image_name,
+                                                                            tmp_path):
+    """Across drivers: a file volume's full + incremental chain (written by file_backup, not by rbd) is restored
+    into a new RBD image by rbd import-diff, every block verified; that image's own RBD backup restores into a new
+    sparse file equal to the original volume."""
+    from ansible_collections.zjusct.cloud.plugins.module_utils.storage import file_backup as fb
+
+    vol = tmp_path / "v.raw"
+    with open(vol, "wb") as f:
+        f.truncate(40 * MiB)
+        f.seek(4 * MiB)
+        f.write(os.urandom(3 * MiB))
+        f.seek(21 * MiB)
+        f.write(b"original file content" * 500)
+    file_dest = str(tmp_path / "file-bk")
+    fb.backup_volume(str(vol), "raw", file_dest, owner="alice")
+    with open(vol, "r+b") as f:
+        f.seek(21 * MiB)
+        f.write(b"CHANGED file content!" * 500)
+        f.seek(36 * MiB)
+        f.write(b"a new block")
+    inc = fb.backup_volume(str(vol), "raw", file_dest, owner="alice")
+    assert inc["plan"]["type"] == "diff"
+    want = vol.read_bytes()
+    moved = ImageRef("rbd", image_name + "-moved")
+    res = bio.restore(rbd, file_dest, moved)
+    assert res["verified_blocks"] == 10 and res["chain"] == inc["backup"]["chain"]
+    assert read_image(ceph_cluster, moved, str(tmp_path / "m")) == want
+    assert rbd.meta(moved)["cloud.zjusct.io/owner"] == "alice"
+    # and back: the image's RBD backup (export-diff) into a file volume
+    rbd_dest = str(tmp_path / "rbd-bk")
+    bio.backup(rbd, moved, rbd_dest)
+    back = fb.restore_volume(rbd_dest, str(tmp_path / "back.raw"))
+    assert back["verified_blocks"] == 10 and (tmp_path / "back.raw").read_bytes() == want
+    qcow = fb.restore_volume(rbd_dest, str(tmp_path / "back.qcow2"), "qcow2")
+    assert qcow["verified_blocks"] == 10
+    subprocess.run(["qemu-img", "convert", "-f", "qcow2", "-O", "raw", str(tmp_path / "back.qcow2"),
+                    str(tmp_path / "seen.raw")], check=True, timeout=300)
+    assert (tmp_path / "seen.raw").read_bytes() == want
+
+
+RESTORE_KILL_SCRIPT = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage import backup_io as bio
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import Connection, ImageRef, Rbd
+bio.restore(Rbd(Connection(conf=sys.argv[2])), sys.argv[3], ImageRef("rbd", sys.argv[4]))
+"""
+
+
+def test_a_restore_killed_during_the_import_leaves_no_image_under_the_targets_name(rbd, ceph_cluster, image_name,
+                                                                                   tmp_path):
+    """SIGKILL while rbd import-diff writes the new image: the target name does not exist (the image is written as
+    <target>.restoring-<random> and renamed only when verified); the next restore removes the leftover."""
+    dest = str(tmp_path / "bk")
+    ref = ImageRef("rbd", image_name)
+    rbd.create(ref, 256)
+    subprocess.run(["rbd", "-c", str(ceph_cluster.conf), "bench", "--io-type", "write", "--io-pattern", "seq",
+                    "--io-size", "4M", "--io-total", "256M", ref.spec], check=True, capture_output=True,
+                   timeout=600, env=ceph_cluster.env())
+    bio.backup(rbd, ref, dest)
+    target = image_name + "-r"
+    proc = subprocess.Popen([sys.executable, "-c", RESTORE_KILL_SCRIPT, os.path.join(REPO, ".collections"),
+                             str(ceph_cluster.conf), dest, target], env=ceph_cluster.env())
+    killed = False
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            temps = [n for n in rbd.ls("rbd") if n.startswith(target + bio.RESTORING)]
+            if temps and rbd.status(ImageRef("rbd", temps[0])):  # rbd import-diff has it open: importing
+                proc.send_signal(signal.SIGKILL)
+                killed = True
+                break
+            time.sleep(0.05)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    assert killed, "the restore finished before it could be interrupted"
+    assert target not in rbd.ls("rbd")
+    [leftover] = [n for n in rbd.ls("rbd") if n.startswith(target + bio.RESTORING)]
+    deadline = time.monotonic() + 90  # the orphaned import-diff's watch goes when it ends (or Ceph expires it)
+    while rbd.status(ImageRef("rbd", leftover)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    done = bio.restore(rbd, dest, ImageRef("rbd", target))
+    assert done["removed_leftovers"] == [leftover] and done["verified_blocks"] == 64
+    assert [n for n in rbd.ls("rbd") if n.startswith(target)] == [target]

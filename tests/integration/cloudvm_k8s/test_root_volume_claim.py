@@ -311,7 +311,7 @@ def test_vm_backup_and_vm_restore_on_kubernetes_round_trip_the_data(
     rc, doc = run_playbook("vm_backup.yml", {"owner": "alice", "name": "web", "vm_namespace": ns,
                                              "backup_dir": str(backups)}, k8s_env, tmp_path)
     assert rc == 0, failure(doc)
-    backup = task_result(doc, "Back up the root volume (refused while the image has watchers)")
+    backup = task_result(doc, "Back up the root volume (refused while it is in use)")
     assert backup["changed"] is True and backup["type"] == "full"
 
     write_at(ceph_cluster, ref, 3 * MiB, b"changed-after-backup!", str(tmp_path))

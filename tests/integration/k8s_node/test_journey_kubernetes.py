@@ -150,7 +150,7 @@ def test_site_then_vm_start_inventory_stop_start_backup_restore_delete_on_kubern
         backup_dir = tmp_path / "backups"
         backed = op.play("vm_backup.yml", {"owner": "alice", "vm_namespace": ns, "stop_if_running": True,
                                            "backup_dir": str(backup_dir)})
-        backup_id = task_result(backed, "Back up the root volume (refused while the image has watchers)")["backup_id"]
+        backup_id = task_result(backed, "Back up the root volume (refused while it is in use)")["backup_id"]
         restore_vars = {k: v for k, v in vm_vars.items() if k != "images_dir"}
         restored = op.play("vm_restore.yml", {**restore_vars, "backup": backup_id, "backup_dir": str(backup_dir),
                                               "name": "alice-restored"})

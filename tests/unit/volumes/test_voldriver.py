@@ -23,7 +23,8 @@ PROTOCOL = [name for name, _ in inspect.getmembers(vd.VolumeDriver, inspect.isfu
 
 def test_the_protocol_has_the_operations_the_host_backend_needs():
     assert sorted(PROTOCOL) == sorted(["check_config", "create", "claim", "release", "claim_mark", "writers",
-                                       "boot_blocker", "delete", "root_disk", "describe"])
+                                       "boot_blocker", "delete", "root_disk", "describe", "backup_source",
+                                       "restore_target"])
 
 
 @pytest.mark.parametrize("name", vd.DRIVER_NAMES)
