@@ -1,19 +1,20 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The host backend's reconcile: one VM's launchers brought to what its spec asks, over injected ports.
+"""The host's reconciler: one VM's launchers brought to what its spec asks, over injected ports - the host's
+counterpart of the Kubernetes controller (controller/zjusct_controller: one launcher Pod per boot).
 
-:class:`HostBackend` has the shape of the Kubernetes backend's ``Backend`` (:mod:`k8s.cloudvm`): the
-lifecycle is written against small ports (:mod:`host.ports`: store, network, launcher supervisor, bandwidth,
-volumes) given to its constructor; :meth:`HostBackend.from_config` wires the real ones from a
+:class:`HostReconciler` is written against small ports (:mod:`host.ports`: store, network, launcher supervisor,
+bandwidth, volumes) given to its constructor; :meth:`HostReconciler.from_config` wires the real ones from a
 :class:`host.config.HostConfig` and the host store, unit tests give in-memory fakes
-(tests/unit/cloudvm/test_host_backend_ports.py). The decisions are the pure modules': whether to stop or start
+(tests/unit/cloudvm/test_host_reconciler_ports.py). The decisions are the pure modules': whether to stop or start
 (:func:`model.lifecycle.host_action`), which observed boot is the current one (:func:`model.phase.current_and_older`),
 the status (:func:`model.phase.derive_status`), placement (:func:`model.placement.check`) and the volume claim rules
 (:mod:`host.volume_claim`).
 
-The module entry points (``cloudvm``, ``cloudvm_info``, the inventory) stay in :mod:`host.cloudvm`, which runs
-each pass under the VM's flock.
+Where a controller runs in the background on Kubernetes, the host's passes run when the module reads a VM: the host
+adapter of the CloudVM API port (:class:`host.cloudvm.HostCloudVMApi`) runs one pass under the VM's flock on every
+read of the one lifecycle (:mod:`cloudvm.lifecycle`).
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ def observed_status(supervisor: Supervisor, vm: dict, paths: sup.LauncherPaths,
     return status
 
 
-class HostBackend:
+class HostReconciler:
     """One host's reconcile of a CloudVM over its ports (see the module docstring).
 
     Callers serialise passes for one VM (:func:`host.cloudvm._vm_lock`); the backend itself holds no state
@@ -164,7 +165,7 @@ class HostBackend:
         self.volumes = volumes
 
     @classmethod
-    def from_config(cls, cfg: HostConfig, store: HostStore) -> "HostBackend":
+    def from_config(cls, cfg: HostConfig, store: HostStore) -> "HostReconciler":
         """The backend with the real adapters (:mod:`host.ports`) of ``cfg`` over the open host ``store``."""
         return cls(cfg, store, HostNetwork(cfg, store), HostSupervisor(cfg), HostBandwidth(cfg, store),
                    HostVolumes(cfg))
