@@ -1,4 +1,4 @@
-"""A start the host's capacity cannot hold (plugins/module_utils/host/backend.py ``HostReconciler.start_boot``), with
+"""A start the host's capacity cannot hold (plugins/module_utils/host/reconciler.py ``HostReconciler.start_boot``), with
 a real SQLite host store: refused naming the dimension, nothing allocated, and the ``InsufficientCapacity`` Warning is
 in the store's events (it used to be written inside the transaction the refusal rolled back)."""
 
