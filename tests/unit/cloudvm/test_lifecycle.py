@@ -446,12 +446,12 @@ def test_a_refusal_of_an_older_generation_or_boot_does_not_end_the_wait() -> Non
     backend(api).ensure(params(power_state="running"), check_mode=False, diff=False)
     obj = api.objects[("ns", "vm1")]
     api.set_status("ns", "vm1", phase="Blocked", reason="Refused", bootID=obj["spec"]["bootID"], message="m")
-    assert k8s.refusal(obj, "Running") == ("Refused", "m")
+    assert lc.refusal(obj, "Running") == ("Refused", "m")
     obj["status"]["observedGeneration"] = obj["metadata"]["generation"] - 1
-    assert k8s.refusal(obj, "Running") is None
+    assert lc.refusal(obj, "Running") is None
     obj["status"].update(observedGeneration=obj["metadata"]["generation"], bootID=obj["spec"]["bootID"] - 1)
-    assert k8s.refusal(obj, "Running") is None
+    assert lc.refusal(obj, "Running") is None
     api.set_status("ns", "vm1", phase="Stopping", reason="Refused", bootID=1, message="delete refused")
-    assert k8s.refusal(api.objects[("ns", "vm1")], "Stopped") == ("Refused", "delete refused")
+    assert lc.refusal(api.objects[("ns", "vm1")], "Stopped") == ("Refused", "delete refused")
     api.set_status("ns", "vm1", phase="Blocked", reason="VolumeInUse", bootID=1, message="x")
-    assert k8s.refusal(api.objects[("ns", "vm1")], "Running") is None  # waits on: it clears by itself
+    assert lc.refusal(api.objects[("ns", "vm1")], "Running") is None  # waits on: it clears by itself
