@@ -19,6 +19,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.launcher_config import Placement
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.launcher_config import (
+    launcher_config as build_launcher_config,
+)
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.names import DNS1123_LABEL_MAX, fit
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.phase import BootObservation, Status, derive_status
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.placement import DEFAULT_RATIOS
@@ -399,29 +403,22 @@ def launcher_config(vm: dict, cfg: Config, rbd: Optional[dict] = None) -> dict:
     :func:`rbd_root_disk`) opened by QEMU's librbd (``/vm`` is then a Pod-local emptyDir); serial log and
     per-boot result file in ``/vm``; the TAP is created by the launcher on the Pod's bridge.
     """
-    md, spec = vm["metadata"], with_defaults(vm.get("spec") or {})
-    boot = int(spec["bootID"])
-    doc = {
-        "apiVersion": "launcher.cloud.zjusct.io/v1", "kind": "LauncherConfig",
-        "vm": {"namespace": md["namespace"], "name": md["name"], "uid": md["uid"], "bootID": boot},
-        "machine": {"vcpus": int(spec["vcpus"]), "memoryMiB": int(spec["memoryMiB"])},
-        "boot": {"kernel": "/images/vmlinuz", "initrd": "/images/initrd.img", "cmdline": cfg.cmdline},
-        "rootDisk": ({"rbd": dict(rbd), "cache": "Writeback"} if rbd
-                     else {"path": "/vm/root.raw", "cache": "Writeback"}),
-        "identity": {"sshAuthorizedKeys": list(spec.get("sshAuthorizedKeys") or [])},
-        "network": {"mode": "tap", "tap": "tap0", "createTap": True, "bridge": "br0", "mac": "52:54:00:0a:00:02",
-                    "ipv4": f"{GUEST_IP}/30", "gateway": POD_SIDE_IP, "dns": []},
-        "hypervisor": {"type": "qemu", "accel": cfg.accel, "tcgTranslationCacheMiB": int(cfg.tcg_cache_mib),
-                       "tcgCPUModel": str(cfg.tcg_cpu_model)},
-        "readiness": {"timeoutSeconds": int(cfg.readiness_timeout_s)},
-        "stopTimeoutSeconds": int(cfg.stop_timeout_s),
-        "runtimeDir": RUNTIME_DIR,
-        "serialLogPath": "/vm/serial.log",
-        "result": {"path": f"/vm/result-{boot}.json", "terminationMessagePath": "/dev/termination-log"},
-    }
-    if cfg.max_concurrent_boots:
-        doc["bootSlots"] = {"directory": BOOT_SLOTS_MOUNT, "count": int(cfg.max_concurrent_boots)}
-    return doc
+    boot = int(with_defaults(vm.get("spec") or {})["bootID"])
+    return build_launcher_config(vm, Placement(
+        boot={"kernel": "/images/vmlinuz", "initrd": "/images/initrd.img", "cmdline": cfg.cmdline},
+        root_disk={"rbd": dict(rbd), "cache": "Writeback"} if rbd else {"path": "/vm/root.raw", "cache": "Writeback"},
+        network={"mode": "tap", "tap": "tap0", "createTap": True, "bridge": "br0", "mac": "52:54:00:0a:00:02",
+                 "ipv4": f"{GUEST_IP}/30", "gateway": POD_SIDE_IP, "dns": []},
+        hypervisor={"type": "qemu", "accel": cfg.accel, "tcgTranslationCacheMiB": int(cfg.tcg_cache_mib),
+                    "tcgCPUModel": str(cfg.tcg_cpu_model)},
+        readiness={"timeoutSeconds": int(cfg.readiness_timeout_s)},
+        stop_timeout_seconds=int(cfg.stop_timeout_s),
+        runtime_dir=RUNTIME_DIR,
+        serial_log_path="/vm/serial.log",
+        result={"path": f"/vm/result-{boot}.json", "terminationMessagePath": "/dev/termination-log"},
+        boot_slots={"directory": BOOT_SLOTS_MOUNT, "count": int(cfg.max_concurrent_boots)}
+        if cfg.max_concurrent_boots else None,
+    ))
 
 
 def owner_reference(vm: dict) -> dict:

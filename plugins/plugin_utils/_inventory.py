@@ -30,6 +30,10 @@ import string
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.selectors import Requirement, SelectorError
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.selectors import (
+    parse_label_selector as _parse_label_selector,
+)
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import PHASES
 
 SOURCES = ("kubernetes", "host")
@@ -43,7 +47,6 @@ DEFAULT_PREFIX = "cloudvm_"
 _GROUP_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
 _VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Label keys: optional DNS-subdomain prefix and a name (Kubernetes "Labels and Selectors").
-_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
 class InventoryOptionError(ValueError):
@@ -176,82 +179,16 @@ def check_format(option: str, fmt: str) -> None:
 # --------------------------------------------------------------------------- label selectors
 
 
-@dataclass(frozen=True)
-class Requirement:
-    """One label selector requirement: ``op`` is ``=``, ``!=``, ``in``, ``notin``, ``exists`` or ``!``."""
-
-    key: str
-    op: str
-    values: frozenset[str] = frozenset()
-
-    def matches(self, labels: dict) -> bool:
-        """Whether a label map satisfies this requirement (Kubernetes semantics: ``!=`` and ``notin``
-        match objects without the key)."""
-        present = self.key in labels
-        value = labels.get(self.key)
-        if self.op == "exists":
-            return present
-        if self.op == "!":
-            return not present
-        if self.op in ("=", "in"):
-            return present and value in self.values
-        return not present or value not in self.values  # != and notin
-
-
-_SET_RE = re.compile(r"^(?P<key>\S+)\s+(?P<op>in|notin)\s*\((?P<values>[^()]*)\)$")
-
-
-def _split_top(text: str) -> list[str]:
-    parts: list[str] = []
-    cur: list[str] = []
-    depth = 0
-    for ch in text:
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    parts.append("".join(cur))
-    return [p.strip() for p in parts]
-
-
 def parse_label_selector(text: str) -> tuple[Requirement, ...]:
-    """Parse a Kubernetes label selector (``a=b,c!=d,e in (f,g),h notin (i),j,!k``).
-
-    The grammar is the one of kube-apiserver (k8s.io/apimachinery/pkg/labels/selector.go); the
-    Kubernetes source sends the text unchanged to the server, the host source evaluates it here.
+    """:func:`model.selectors.parse_label_selector`, its error as an :class:`InventoryOptionError`.
 
     Raises:
         InventoryOptionError: a requirement cannot be parsed (named in the message).
     """
-    if not text or not text.strip():
-        return ()
-    out = []
-    for part in _split_top(text):
-        if not part:
-            raise InventoryOptionError(f"label_selector: {text!r} has an empty requirement")
-        m = _SET_RE.match(part)
-        if m:
-            values = frozenset(v.strip() for v in m.group("values").split(",") if v.strip())
-            req = Requirement(m.group("key"), m.group("op"), values)
-        elif "!=" in part:
-            key, value = (s.strip() for s in part.split("!=", 1))
-            req = Requirement(key, "!=", frozenset({value}))
-        elif "==" in part or "=" in part:
-            key, value = (s.strip() for s in re.split("==?", part, maxsplit=1))
-            req = Requirement(key, "=", frozenset({value}))
-        elif part.startswith("!"):
-            req = Requirement(part[1:].strip(), "!")
-        else:
-            req = Requirement(part, "exists")
-        if not _LABEL_KEY.match(req.key):
-            raise InventoryOptionError(f"label_selector: {part!r} has an invalid label key {req.key!r}")
-        out.append(req)
-    return tuple(out)
+    try:
+        return _parse_label_selector(text)
+    except SelectorError as exc:
+        raise InventoryOptionError(str(exc)) from exc
 
 
 # --------------------------------------------------------------------------- records

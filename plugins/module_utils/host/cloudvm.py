@@ -1,55 +1,54 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The single-host backend of the cloudvm modules: store, volumes, network, launchers.
+"""The host adapter of the CloudVM API port (:mod:`cloudvm.port`): the host store, its volumes and launchers, for the
+one lifecycle of the cloudvm modules (:mod:`cloudvm.lifecycle`).
 
-Every module run reconciles (one pass is :meth:`host.backend.HostBackend.reconcile`, over the ports of
-:mod:`host.ports`): it observes the VM's launcher (:mod:`host.supervisor`), derives the
-status with the same pure function the controller uses (:func:`model.phase.derive_status`), acts
-(start the requested boot, stop a boot no longer wanted, clean up after an ended one) and writes
-the status to the host store. Runs for the same VM are serialised by a per-VM flock; the spec is
-planned and written inside the store's write transaction, so two concurrent ``vm_start`` runs
-request exactly one boot (case L5, docs/architecture.md "Failure cases") and a new boot never starts while an older
-launcher still holds the VM's lock (case L3).
+Its writes do what admission does on Kubernetes: the spec's rules (:func:`model.spec.validate_spec`,
+:func:`model.spec.validate_update`), the root volume (created by the host's driver when missing) and its claim rules
+(:mod:`host.volume_claim`), the owner's quota checked in the very store transaction that writes the spec
+(:func:`_within_quota`), and the audit record of the change in that transaction too (:class:`host.store.AuditTrail`).
+A write is a compare-and-swap on ``metadata.resourceVersion`` (a digest of the stored spec and labels). Its reads run
+one pass of the host's reconciler (:class:`host.reconciler.HostReconciler`, the controller's counterpart) under the
+VM's flock, so the status a read returns is as current as the controller keeps it; nothing reconciles between
+module runs, which is what ``reconciles_in_background = False`` tells the lifecycle. Runs for the same VM are
+serialised by that flock, so two concurrent ``vm_start`` runs request exactly one boot (case L5, docs/architecture.md
+"Failure cases") and a new boot never starts while an older launcher still holds the VM's lock (case L3).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import hashlib
+import json
 import os
 import shutil
-import time
 from typing import Callable, Iterator, Optional
 
+from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm.lifecycle import Lifecycle
+from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm.port import Access, Conflict, RootVolume
 from ansible_collections.zjusct.cloud.plugins.module_utils.common import flock as _flock
+from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
 from ansible_collections.zjusct.cloud.plugins.module_utils.host import supervisor as sup
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.backend import HostBackend
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.backend import (
-    observed_status as host_backend_observed_status,
-)
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import HostConfig, load
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.host_network_module import sync_gateway, sync_isolation
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.ports import HostSupervisor, volume_driver
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.reconciler import HostReconciler
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.reconciler import (
+    observed_status as reconciler_observed_status,
+)
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import AuditTrail, HostStore, StoreError, audited
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.volume_claim import settle as settle_claim
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.watch import ChangeWatch
 from ansible_collections.zjusct.cloud.plugins.module_utils.model import quota
-from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import (
-    CloudVMError,
-    authorize,
-    off_but_failed,
-    params_to_spec,
-    plan_power,
-)
-from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
-    is_dns_label,
-    validate_spec,
-    validate_update,
-)
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import CloudVMError
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.selectors import matches, parse_label_selector
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import validate_spec, validate_update
 from ansible_collections.zjusct.cloud.plugins.module_utils.network import hostnet as net
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.volume import VolumeError, resolve_image
 
-POLL_SECONDS = 1.0  # the longest wait between two passes of _wait; the launcher's events end it sooner
+OFF_PHASES = ("Stopped", "Failed")
 
 
 def _config(params: dict) -> HostConfig:
@@ -72,92 +71,28 @@ def _vm_lock(cfg: HostConfig, namespace: str, name: str) -> Iterator[None]:
         yield
 
 
-# --- reconcile (the pass is host.backend.HostBackend's over the real ports of host.ports) --------------
 def reconcile(cfg: HostConfig, store: HostStore, vm: dict) -> dict:
     """One pass: act on the difference between spec and what runs, then return the new status
-    (:meth:`host.backend.HostBackend.reconcile` over the real ports; the caller holds the VM's lock).
+    (:meth:`host.reconciler.HostReconciler.reconcile` over the real ports; the caller holds the VM's lock).
 
     Raises:
-        CloudVMError: a requested boot cannot start (capacity, volume claim, launcher check).
+        CloudVMError: a requested boot cannot start (capacity, volume claim, launcher check); the status written
+            says why.
     """
-    return HostBackend.from_config(cfg, store).reconcile(vm)
+    return HostReconciler.from_config(cfg, store).reconcile(vm)
 
 
-# --- module entry points -------------------------------------------------------------------------
-def _result(vm: Optional[dict], changed: bool, before: Optional[dict], diff: bool,
-            warnings: Optional[list[str]] = None) -> dict:
-    out: dict = {"changed": changed}
-    if warnings:
-        out["warnings"] = warnings
-    if vm is not None:
-        out.update(cloudvm=vm, phase=vm["status"].get("phase"), boot_id=vm["spec"].get("bootID"))
-    if diff:
-        out["diff"] = {"before": before or {}, "after": vm["spec"] if vm else {}}
+def resource_version(vm: dict) -> str:
+    """The host's ``metadata.resourceVersion``: a digest of what a write replaces (spec and labels), so a write
+    computed from an older read is refused (:class:`cloudvm.port.Conflict`) as kube-apiserver refuses one."""
+    doc = json.dumps({"spec": vm["spec"], "labels": vm["metadata"].get("labels") or {}}, sort_keys=True)
+    return hashlib.sha256(doc.encode()).hexdigest()[:16]
+
+
+def _with_version(vm: dict) -> dict:
+    out = copy.deepcopy(vm)
+    out["metadata"]["resourceVersion"] = resource_version(vm)
     return out
-
-
-def _wait(cfg: HostConfig, store: HostStore, ns: str, name: str, target: str, timeout: int) -> dict:
-    """Reconcile until the VM reaches ``target`` (Running for its current boot, Stopped) or fail.
-
-    Between passes it waits for the launcher's files to change or the launcher to exit
-    (:class:`host.watch.ChangeWatch`), at most :data:`POLL_SECONDS`.
-    """
-    paths = _paths(cfg, ns, name)
-    with ChangeWatch(paths.state_dir) as watch:
-        return _wait_passes(cfg, store, ns, name, target, timeout, paths, watch)
-
-
-def _wait_passes(cfg: HostConfig, store: HostStore, ns: str, name: str, target: str, timeout: int,
-                 paths: sup.LauncherPaths, watch: ChangeWatch) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        with _vm_lock(cfg, ns, name):
-            vm = store.get_vm(ns, name)
-            if vm is None:
-                raise AssertionError("vm unexpectedly missing")
-            status = reconcile(cfg, store, vm)
-        launcher = sup.running_boot(paths)  # (bootID, pid) of the live launcher, read once per pass
-        boot = int(vm["spec"]["bootID"])
-        same_boot = int(status.get("bootID", -1)) == boot
-        if target == "Running" and status["phase"] == "Running" and same_boot:
-            return store.get_vm(ns, name) or vm
-        if target == "Stopped" and status["phase"] in ("Stopped", "Failed") and launcher is None:
-            # Stopped means no launcher (nor VMM) of the VM remains; a boot that failed is off too.
-            return store.get_vm(ns, name) or vm
-        if target == "Running" and status["phase"] == "Blocked" and status["reason"] == "VolumeInUse":
-            raise CloudVMError(f"{ns}/{name} is Blocked (VolumeInUse): {status.get('message', '')}; stop that"
-                               " writer or fence it (docs/backup-restore.md, stale watchers)", status=status)
-        if target == "Running" and same_boot and status["phase"] in ("Failed", "Stopped"):
-            raise CloudVMError(f"boot {boot} of {ns}/{name} ended: phase {status['phase']}, reason"
-                               f" {status['reason']}: {status.get('message', '')}", status=status)
-        if time.monotonic() > deadline:
-            raise CloudVMError(f"timed out after {timeout} s waiting for {ns}/{name} to be {target}: last phase"
-                               f" {status['phase']}, reason {status['reason']}: {status.get('message', '')}",
-                               status=status)
-        watch.wait(min(POLL_SECONDS, max(deadline - time.monotonic(), 0.0)), pid=launcher[1] if launcher else None)
-
-
-def ensure(params: dict, check_mode: bool = False, diff: bool = False) -> dict:
-    """The cloudvm module on the host backend (see the module's documentation)."""
-    cfg = _config(params)
-    ns, name = params["namespace"], params["name"]
-    for field, value in (("name", name), ("namespace", ns)):
-        if not is_dns_label(value):
-            raise CloudVMError(f"metadata.{field}: {value!r} is not a DNS label")
-    store = HostStore(cfg.store_path)
-    try:
-        existing = store.get_vm(ns, name)
-        trail = _trail(store, params, existing)
-
-        def body() -> dict:
-            authorize(existing, params)  # spec.owner is immutable: no lock needed
-            if params["state"] == "absent":
-                return _absent(cfg, store, params, check_mode, diff, trail)
-            return _present(cfg, store, params, check_mode, diff, trail)
-
-        return audited(body, lambda **outcome: _finish(trail, **outcome), check_mode, trail)
-    finally:
-        store.close()
 
 
 def _trail(store: HostStore, params: dict, existing: Optional[dict]) -> AuditTrail:
@@ -237,113 +172,6 @@ def _within_quota(store: HostStore, existing: Optional[dict], planned: dict, new
         raise CloudVMError(refusal.message, **refusal.details())
 
 
-def _present(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, diff: bool,
-             trail: AuditTrail) -> dict:
-    ns, name = params["namespace"], params["name"]
-    restart = bool(params.get("restart"))
-    power = "running" if restart else params.get("power_state")
-    with _vm_lock(cfg, ns, name):
-        existing = store.get_vm(ns, name)
-        if existing is None and not params.get("owner"):
-            raise CloudVMError(f"name: there is no CloudVM {ns}/{name}; owner is required to create one")
-        before = existing["spec"] if existing else None
-        desired = params_to_spec(params, before)
-        errors = validate_spec(desired) + (validate_update(before, desired) if before else [])
-        if errors:
-            raise CloudVMError("; ".join(errors), errors=errors)
-        volume = store.get_volume(desired["rootVolumeClaim"])
-        image = None
-        if volume is None:
-            try:
-                image = resolve_image(cfg.images_dir, params.get("image") or cfg.default_image)
-            except VolumeError as exc:
-                raise CloudVMError(str(exc)) from exc
-        else:
-            # checked at create too, so that a refused create writes no record (docs/runbooks.md, Volume claims)
-            live = sup.running_boot(_paths(cfg, ns, name)) if existing is None else None
-            volume = settle_claim(store, volume, desired["owner"], existing["metadata"]["uid"] if existing else None,
-                                  creating=existing is None, rbd=cfg.rbd, subject=f"{ns}/{name}",
-                                  launcher_alive=f"a launcher of {ns}/{name} (pid {live[1]})" if live else None,
-                                  check_mode=check_mode)
-        status = (existing or {}).get("status") or {}
-        # restart of a VM that runs: stop it first, wait Stopped, then start (below); one that is off just starts
-        stop_first = restart and existing is not None and status.get("phase") not in ("Stopped", "Failed", None)
-        if stop_first:
-            planned = dict(desired, powerState="Stopped")
-        else:
-            planned = plan_power(desired, status, power)
-        labels = dict((existing or {}).get("metadata", {}).get("labels") or {})
-        labels.update(params.get("labels") or {})
-        changed = existing is None or planned != existing["spec"] or \
-            labels != existing["metadata"].get("labels") or restart or volume is None
-        new_volume_mib = _new_volume_mib(image, params.get("volume_size_mib")) if volume is None else 0
-        _within_quota(store, existing, planned, new_volume_mib)  # before creating anything; again when writing
-        if check_mode:
-            preview = existing or {"metadata": {"namespace": ns, "name": name}, "status": {}}
-            return _result(dict(preview, spec=planned), changed, before, diff)
-        new_volume: Optional[dict] = None
-        if volume is None:
-            if image is None:
-                raise AssertionError("image unexpectedly missing")
-            try:
-                created = volume_driver(cfg.volume_driver, "host_config: volume_driver").create(
-                    cfg.volume_settings(), desired["rootVolumeClaim"], image, desired["owner"],
-                    params.get("volume_size_mib"))
-            except VolumeError as exc:
-                raise CloudVMError(str(exc)) from exc
-            new_volume = {"name": desired["rootVolumeClaim"], "driver": cfg.volume_driver, "owner": desired["owner"],
-                          "image": image["dir"], **created}
-        try:
-            with store.transaction():  # the quota check and the writes it admits: one transaction
-                _within_quota(store, existing, planned, int(new_volume["size_mib"]) if new_volume else 0)
-                if new_volume is not None:
-                    store.put_volume(new_volume)
-                    store.record_event("Normal", f"{ns}/{name}", "VolumeCreated", f"volume {new_volume['name']}"
-                                       f" from image {os.path.basename(new_volume['image'])}")
-                if existing is None:
-                    store.create_vm(ns, name, planned, labels)
-                    store.record_event("Normal", f"{ns}/{name}", "Created",
-                                       f"CloudVM created for owner {planned['owner']}")
-                    _intent(trail, planned, f"CloudVM created, powerState {planned['powerState']}")
-                elif changed:
-                    store.update_vm(ns, name, spec=planned if planned != existing["spec"] else None, labels=labels)
-                    _intent(trail, planned, f"spec written, powerState {planned['powerState']}")
-        except (CloudVMError, StoreError):
-            if new_volume is not None:  # refused after the copy (a concurrent run took the quota): leave nothing
-                _remove_volume(cfg, new_volume)
-            raise
-        if existing is not None and changed \
-                and planned.get("sshAuthorizedKeys") != existing["spec"].get("sshAuthorizedKeys"):
-            sync_gateway(cfg, store)  # the gateway's keys follow the spec at once, not at the next boot
-    wait, timeout = params.get("wait", True), int(params.get("wait_timeout") or 600)
-    warnings: list[str] = []
-    if stop_first:
-        off = off_but_failed(ns, name, _wait(cfg, store, ns, name, "Stopped", timeout).get("status"))
-        warnings += [off] if off else []
-        with _vm_lock(cfg, ns, name):
-            with store.transaction():  # the restarted VM counts again: another VM may have taken the quota meanwhile
-                vm = store.get_vm(ns, name)
-                if vm is None:
-                    raise AssertionError("vm unexpectedly missing")
-                again = plan_power(vm["spec"], vm["status"], "running")
-                _within_quota(store, vm, again)
-                store.update_vm(ns, name, spec=again)
-                _intent(trail, again, "started again after the stop")
-    vm = store.get_vm(ns, name)
-    if vm is None:
-        raise AssertionError("vm unexpectedly missing")
-    target = {"Running": "Running", "Stopped": "Stopped"}[vm["spec"]["powerState"]]
-    if wait and (power is not None or restart):
-        vm = _wait(cfg, store, ns, name, target, timeout)
-        off = off_but_failed(ns, name, vm.get("status")) if target == "Stopped" else None
-        warnings += [off] if off else []
-    else:
-        with _vm_lock(cfg, ns, name):
-            reconcile(cfg, store, vm)
-        vm = store.get_vm(ns, name)
-    return _result(vm, changed, before, diff, warnings)
-
-
 def _remove_volume(cfg: HostConfig, volume: dict) -> None:
     """Delete a root volume's data through its driver (file, RBD image, qcow2 overlay); its record is the caller's."""
     try:
@@ -352,47 +180,266 @@ def _remove_volume(cfg: HostConfig, volume: dict) -> None:
         raise CloudVMError(str(exc)) from exc
 
 
-def _absent(cfg: HostConfig, store: HostStore, params: dict, check_mode: bool, diff: bool,
-            trail: AuditTrail) -> dict:
-    ns, name = params["namespace"], params["name"]
-    existing = store.get_vm(ns, name)
-    if existing is None:
-        return _result(None, False, None, diff)
-    if check_mode:
-        return _result(None, True, existing["spec"], diff)
-    with _vm_lock(cfg, ns, name), store.transaction():
-        stopping = dict(existing["spec"], powerState="Stopped")
-        store.update_vm(ns, name, spec=stopping)
-        _intent(trail, stopping, "stopping the VM, then deleting its record")
-    off = off_but_failed(ns, name, _wait(cfg, store, ns, name, "Stopped",
-                                         int(params.get("wait_timeout") or 600)).get("status"))
-    paths = _paths(cfg, ns, name)
-    with _vm_lock(cfg, ns, name):
-        HostBackend.from_config(cfg, store).cleanup_ended(existing)
-        store.delete_vm(ns, name)
-        if net.netns_exists(cfg.netns):
-            sync_isolation(cfg, store)
-        sync_gateway(cfg, store)  # the address is released: no key may open it any more
-        for directory in (paths.state_dir, paths.runtime_dir):
-            shutil.rmtree(directory, ignore_errors=True)
-        claim = existing["spec"]["rootVolumeClaim"]
-        volume = store.get_volume(claim)
-        if params.get("delete_volume") and volume is not None:
-            _remove_volume(cfg, volume)
-            store.delete_volume(claim)
-            kept = "deleted"
-        else:
+class HostCloudVMApi:
+    """:class:`cloudvm.port.CloudVMApi` over the host store (see the module docstring).
+
+    Args:
+        cfg: the host configuration.
+        store: the open host store; None for the reads that open their own, read-only (:meth:`list`) and the
+            refusal record (:meth:`record_refusal`): every other method needs it.
+        trail: the run's audit record (:class:`host.store.AuditTrail`): each write records its intent in its own
+            transaction. None: nothing is recorded (a read-only module).
+    """
+
+    backend = "host"
+    reconciles_in_background = False
+    ignored_options: dict = {}
+
+    def __init__(self, cfg: HostConfig, store: Optional[HostStore], trail: Optional[AuditTrail] = None) -> None:
+        self.cfg, self.trail = cfg, trail
+        self._store = store
+        self._watches: dict[tuple[str, str], ChangeWatch] = {}
+
+    @property
+    def store(self) -> HostStore:
+        if self._store is None:
+            raise AssertionError("HostCloudVMApi: this method needs an open host store")
+        return self._store
+
+    def close(self) -> None:
+        """Close the change watches a wait opened."""
+        for watch in self._watches.values():
+            watch.close()
+        self._watches.clear()
+
+    # ------------------------------------------------------------- reads
+
+    def get(self, namespace: str, name: str) -> Optional[dict]:
+        """One reconcile pass under the VM's lock, then the VM as stored. A status that says Stopped or Failed while
+        a launcher of the VM still runs (its result written, the process not yet gone) reads as Stopping: "off"
+        means no launcher, nor VMM, of the VM remains."""
+        key = (namespace, name)
+        if key not in self._watches:  # opened before the pass, so no launcher event after it is missed
+            self._watches[key] = ChangeWatch(_paths(self.cfg, namespace, name).state_dir).__enter__()
+        with _vm_lock(self.cfg, namespace, name):
+            vm = self.store.get_vm(namespace, name)
+            if vm is None:
+                return None
+            with contextlib.suppress(CloudVMError):  # a refused start: the status written says why
+                reconcile(self.cfg, self.store, vm)
+            vm = self.store.get_vm(namespace, name) or vm
+        status = vm.get("status") or {}
+        if status.get("phase") in OFF_PHASES and sup.running_boot(_paths(self.cfg, namespace, name)) is not None:
+            vm["status"] = dict(status, phase="Stopping", message=f"{status.get('message', '')} (the launcher is"
+                                " still exiting)".lstrip())
+        return _with_version(vm)
+
+    def list(self, namespace: Optional[str], name: Optional[str], owner: Optional[str],
+             label_selector: str) -> list:
+        """:func:`observed_vms` (no pass runs), filtered by name and the label selector."""
+        selector = parse_label_selector(label_selector, "label_selectors")
+        try:
+            found = observed_vms(self.cfg, namespace, owner, where=lambda vm: (
+                (not name or vm["metadata"]["name"] == name) and matches(selector, vm["metadata"]["labels"])))
+        except StoreError as exc:
+            raise CloudVMError(str(exc)) from exc
+        return [_with_version(vm) for vm in found]
+
+    def pause(self, namespace: str, name: str, seconds: float) -> None:
+        """Until the VM's launcher files change or its launcher exits (:class:`host.watch.ChangeWatch`)."""
+        watch = self._watches.get((namespace, name))
+        live = sup.running_boot(_paths(self.cfg, namespace, name))
+        if watch is None:
+            watch = self._watches[(namespace, name)] = ChangeWatch(
+                _paths(self.cfg, namespace, name).state_dir).__enter__()
+        watch.wait(seconds, pid=live[1] if live else None)
+
+    # ------------------------------------------------------------- writes (what admission does)
+
+    def create(self, body: dict, dry_run: bool, root_volume: RootVolume) -> dict:
+        """Admit and store a new CloudVM: the spec's rules, its root volume (created from ``root_volume.image``,
+        default the host's image, when missing; an existing one passes the claim rules), the quota, then in one
+        transaction the quota again, the volume's record, the VM's and the audit intent. Nothing is left behind
+        by a refusal.
+
+        Raises:
+            Conflict: the VM exists. CloudVMError: refused (the message names the field).
+        """
+        meta, desired = body["metadata"], body["spec"]
+        ns, name = meta["namespace"], meta["name"]
+        labels = dict(meta.get("labels") or {})
+        with _vm_lock(self.cfg, ns, name):
+            if self.store.get_vm(ns, name) is not None:
+                raise Conflict(f"CloudVM {ns}/{name} already exists")
+            errors = validate_spec(desired)
+            if errors:
+                raise CloudVMError("; ".join(errors), errors=errors)
+            volume = self.store.get_volume(desired["rootVolumeClaim"])
+            image = None
+            if volume is None:
+                try:
+                    image = resolve_image(self.cfg.images_dir, root_volume.image or self.cfg.default_image)
+                except VolumeError as exc:
+                    raise CloudVMError(str(exc)) from exc
+            else:  # checked at create, so that a refused create writes no record (docs/runbooks.md, Volume claims)
+                live = sup.running_boot(_paths(self.cfg, ns, name))
+                settle_claim(self.store, volume, desired["owner"], None, creating=True, rbd=self.cfg.rbd,
+                             subject=f"{ns}/{name}", check_mode=dry_run,
+                             launcher_alive=f"a launcher of {ns}/{name} (pid {live[1]})" if live else None)
+            new_mib = _new_volume_mib(image, root_volume.size_mib) if volume is None else 0
+            _within_quota(self.store, None, desired, new_mib)  # before creating anything; again when writing
+            if dry_run:
+                return {**body, "status": {}}
+            new_volume = None
+            if volume is None:
+                if image is None:
+                    raise AssertionError("image unexpectedly missing")
+                try:
+                    created = volume_driver(self.cfg.volume_driver, "host_config: volume_driver").create(
+                        self.cfg.volume_settings(), desired["rootVolumeClaim"], image, desired["owner"],
+                        root_volume.size_mib)
+                except VolumeError as exc:
+                    raise CloudVMError(str(exc)) from exc
+                new_volume = {"name": desired["rootVolumeClaim"], "driver": self.cfg.volume_driver,
+                              "owner": desired["owner"], "image": image["dir"], **created}
+            try:
+                with self.store.transaction():  # the quota check and the writes it admits: one transaction
+                    _within_quota(self.store, None, desired, int(new_volume["size_mib"]) if new_volume else 0)
+                    if new_volume is not None:
+                        self.store.put_volume(new_volume)
+                        image_name = os.path.basename(new_volume["image"])
+                        self.store.record_event("Normal", f"{ns}/{name}", "VolumeCreated",
+                                                f"volume {new_volume['name']} from image {image_name}")
+                    self.store.create_vm(ns, name, desired, labels)
+                    self.store.record_event("Normal", f"{ns}/{name}", "Created",
+                                            f"CloudVM created for owner {desired['owner']}")
+                    self._intent(desired, f"CloudVM created, powerState {desired['powerState']}")
+            except (CloudVMError, StoreError):
+                if new_volume is not None:  # refused after the copy (a concurrent run took the quota): leave nothing
+                    _remove_volume(self.cfg, new_volume)
+                raise
+            return _with_version(self.store.get_vm(ns, name) or body)
+
+    def replace(self, body: dict, dry_run: bool) -> dict:
+        """Admit and store ``body`` over the VM it was computed from: the spec's rules and immutable fields, the
+        root volume's claim rules, the quota (in the write transaction, with the audit intent); a key change is
+        handed to the SSH gateway at once (:func:`host.host_network_module.sync_gateway`).
+
+        Raises:
+            Conflict: the stored VM changed since ``body``'s read (``metadata.resourceVersion``) or is gone.
+            CloudVMError: refused (the message names the field).
+        """
+        meta, desired = body["metadata"], body["spec"]
+        ns, name = meta["namespace"], meta["name"]
+        labels = dict(meta.get("labels") or {})
+        with _vm_lock(self.cfg, ns, name):
+            existing = self.store.get_vm(ns, name)
+            if existing is None or resource_version(existing) != meta.get("resourceVersion"):
+                raise Conflict(f"CloudVM {ns}/{name} changed since it was read")
+            before = existing["spec"]
+            errors = validate_spec(desired) + validate_update(before, desired)
+            if errors:
+                raise CloudVMError("; ".join(errors), errors=errors)
+            volume = self.store.get_volume(desired["rootVolumeClaim"])
+            if volume is not None:
+                settle_claim(self.store, volume, desired["owner"], existing["metadata"]["uid"], creating=False,
+                             rbd=self.cfg.rbd, subject=f"{ns}/{name}", check_mode=dry_run)
+            _within_quota(self.store, existing, desired)
+            if dry_run:
+                return {**body, "status": existing.get("status") or {}}
+            with self.store.transaction():  # the quota check and the write it admits: one transaction
+                current = self.store.get_vm(ns, name)
+                if current is None or resource_version(current) != meta.get("resourceVersion"):
+                    raise Conflict(f"CloudVM {ns}/{name} changed since it was read")
+                _within_quota(self.store, current, desired)
+                self.store.update_vm(ns, name, spec=desired if desired != before else None, labels=labels)
+                self._intent(desired, f"spec written, powerState {desired['powerState']}")
+            if desired.get("sshAuthorizedKeys") != before.get("sshAuthorizedKeys"):
+                sync_gateway(self.cfg, self.store)  # the gateway's keys follow the spec at once, not at the next boot
+            return _with_version(self.store.get_vm(ns, name) or body)
+
+    def delete(self, namespace: str, name: str, dry_run: bool, delete_volume: bool) -> None:
+        """Remove an off VM (the lifecycle stopped it and waited): its launcher's leftovers (bandwidth, TAP,
+        allocation), its record and lease, its isolation and gateway entries, its state and runtime directories,
+        and with ``delete_volume`` its root volume (else kept, with its claim, docs/runbooks.md).
+
+        Raises:
+            CloudVMError: a launcher of the VM still runs, or the volume cannot be deleted.
+        """
+        with _vm_lock(self.cfg, namespace, name):
+            existing = self.store.get_vm(namespace, name)
+            if existing is None or dry_run:
+                return
+            paths = _paths(self.cfg, namespace, name)
+            live = sup.running_boot(paths)
+            if live is not None:
+                raise CloudVMError(f"CloudVM {namespace}/{name}: its launcher of boot {live[0]} (pid {live[1]}) still"
+                                   " runs; it is deleted once it is Stopped (run the delete again)")
+            HostReconciler.from_config(self.cfg, self.store).cleanup_ended(existing)
+            self.store.delete_vm(namespace, name)
+            if net.netns_exists(self.cfg.netns):
+                sync_isolation(self.cfg, self.store)
+            sync_gateway(self.cfg, self.store)  # the address is released: no key may open it any more
+            for directory in (paths.state_dir, paths.runtime_dir):
+                shutil.rmtree(directory, ignore_errors=True)
+            claim = existing["spec"]["rootVolumeClaim"]
+            volume = self.store.get_volume(claim)
             kept = "kept"
-        store.record_event("Normal", f"{ns}/{name}", "Deleted", f"CloudVM deleted; volume {claim} {kept}")
-    return _result(None, True, existing["spec"], diff, [off] if off else None)
+            if delete_volume and volume is not None:
+                _remove_volume(self.cfg, volume)
+                self.store.delete_volume(claim)
+                kept = "deleted"
+            self.store.record_event("Normal", f"{namespace}/{name}", "Deleted",
+                                    f"CloudVM deleted; volume {claim} {kept}")
+
+    def _intent(self, spec: dict, what: str) -> None:
+        if self.trail is not None:
+            _intent(self.trail, spec, what)
+
+    # ------------------------------------------------------------- authorization
+
+    def ask_access(self, vm: dict, access: Access) -> None:
+        """Nothing to ask: on the host the owner rule (:func:`model.lifecycle.authorize`) is the authority."""
+
+    def record_refusal(self, vm: dict, access: Access, error: CloudError) -> None:
+        """Write the refusal to the host store's audit trail (docs/security.md, "Audit")."""
+        meta = vm["metadata"]
+        with HostStore(self.cfg.store_path) as store:
+            AuditTrail(store, access.owner, access.action, f"{meta['namespace']}/{meta['name']}",
+                       owner=vm["spec"]["owner"], operator=access.operator,
+                       data={"checked_by": "cloudvm_info authorize"}).finish("refused", str(error), "Forbidden")
+
+
+# --- module entry points -------------------------------------------------------------------------
+@contextlib.contextmanager
+def _lifecycle(params: dict, trail_for: Callable[[HostStore], AuditTrail]) -> Iterator[tuple]:
+    """``(Lifecycle over a HostCloudVMApi, the run's AuditTrail)``; the store and the watches closed after."""
+    cfg = _config(params)
+    store = HostStore(cfg.store_path)
+    trail = trail_for(store)
+    api = HostCloudVMApi(cfg, store, trail)
+    try:
+        yield Lifecycle(api), trail
+    finally:
+        api.close()
+        store.close()
+
+
+def ensure(params: dict, check_mode: bool = False, diff: bool = False) -> dict:
+    """The cloudvm module on the host backend: the one lifecycle over :class:`HostCloudVMApi`, its outcome audited
+    (docs/security.md, "Audit")."""
+    ns, name = params["namespace"], params["name"]
+    with _lifecycle(params, lambda store: _trail(store, params, store.get_vm(ns, name))) as (lifecycle, trail):
+        return audited(lambda: lifecycle.ensure(params, check_mode, diff), lambda **outcome: _finish(trail, **outcome),
+                       check_mode, trail)
 
 
 def observed_status(cfg: HostConfig, vm: dict, locks: Optional[sup.LockTable] = None) -> dict:
     """The status derived from what runs now, without acting (for reads: info, inventory); see
-    :func:`host.backend.observed_status`. ``locks`` is a :func:`host.supervisor.lock_table` read for many VMs at
+    :func:`host.reconciler.observed_status`. ``locks`` is a :func:`host.supervisor.lock_table` read for many VMs at
     once; without it the lock is read now."""
     meta = vm["metadata"]
-    return host_backend_observed_status(HostSupervisor(cfg), vm, _paths(cfg, meta["namespace"], meta["name"]), locks)
+    return reconciler_observed_status(HostSupervisor(cfg), vm, _paths(cfg, meta["namespace"], meta["name"]), locks)
 
 
 def observed_vms(cfg: HostConfig, namespace: Optional[str] = None, owner: Optional[str] = None,
@@ -420,48 +467,21 @@ def observed_vms(cfg: HostConfig, namespace: Optional[str] = None, owner: Option
 
 
 def authorize_found(params: dict, vms: list[dict]) -> None:
-    """``cloudvm_info``'s ``authorize`` on the host backend: refuse a CloudVM of another owner and record the
-    refusal in the host store's audit trail (docs/security.md, "Audit"), as a refusal by the ``cloudvm`` module
-    itself is recorded.
-
-    Args:
-        params: the module's parameters; ``authorize`` is ``{owner, operator, action}``.
-        vms: the CloudVMs the module found.
+    """``cloudvm_info``'s ``authorize`` on the host (:meth:`cloudvm.lifecycle.Lifecycle.authorize_found`): a refusal
+    is written to the host store's audit trail, as a refusal by the ``cloudvm`` module itself is.
 
     Raises:
-        CloudVMError: ``reason: Forbidden`` (:func:`model.lifecycle.authorize`), after the record is written.
+        CloudVMError: ``reason: Forbidden``, after the record is written.
     """
-    auth = params["authorize"]
-    for vm in vms:
-        try:
-            authorize(vm, auth)
-        except CloudVMError as exc:
-            meta = vm["metadata"]
-            with HostStore(_config(params).store_path) as store:
-                AuditTrail(store, auth["owner"], auth["action"], f"{meta['namespace']}/{meta['name']}",
-                           owner=vm["spec"]["owner"], operator=bool(auth.get("operator")),
-                           data={"checked_by": "cloudvm_info authorize"}).finish("refused", str(exc), "Forbidden")
-            raise
+    cfg = _config(params)
+    Lifecycle(HostCloudVMApi(cfg, None)).authorize_found(params, vms)
 
 
 def info(params: dict) -> list[dict]:
-    """The cloudvm_info module on the host backend: records filtered by name/namespace/owner/labels.
+    """The cloudvm_info module on the host backend: records filtered by name / namespace / owner / label selectors,
+    each status re-derived from what runs now (:func:`observed_vms`; no pass acts).
 
-    Each status is re-derived from what runs now (:func:`observed_vms`).
+    Raises:
+        CloudVMError: the store cannot be read, or a label selector cannot be parsed.
     """
-    cfg = _config(params)
-    selectors = []
-    for selector in params.get("label_selectors") or []:
-        negate = "!=" in selector
-        key, _unused, value = selector.partition("!=" if negate else "=")
-        selectors.append((key.strip(), value.strip(), negate))
-
-    def wanted(vm: dict) -> bool:
-        if params.get("name") and vm["metadata"]["name"] != params["name"]:
-            return False
-        return all((vm["metadata"]["labels"].get(key) == value) != negate for key, value, negate in selectors)
-
-    try:
-        return observed_vms(cfg, params.get("namespace"), params.get("owner"), where=wanted)
-    except StoreError as exc:
-        raise CloudVMError(str(exc)) from exc
+    return Lifecycle(HostCloudVMApi(_config(params), None)).info(params)

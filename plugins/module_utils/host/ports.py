@@ -1,10 +1,10 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The host backend's ports: what :class:`host.backend.HostBackend` needs from the world, and the real adapters.
+"""The host backend's ports: what :class:`host.reconciler.HostReconciler` needs from the world, and the real adapters.
 
 Each port is a small :class:`typing.Protocol` holding only the methods the backend calls; the backend gets one
-object per port in its constructor (:meth:`host.backend.HostBackend.from_config` wires the real ones below,
+object per port in its constructor (:meth:`host.reconciler.HostReconciler.from_config` wires the real ones below,
 unit tests pass in-memory fakes). The ports and their real adapters:
 
 * :class:`Store`: the host store's records (VMs, volumes, allocations, leases, events);

@@ -35,7 +35,14 @@ from typing import Any, Callable, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
 from ansible_collections.zjusct.cloud.plugins.module_utils.model import names as _names
-from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import CLAIMED_BY_MARK, OWNER_MARK, is_dns_label
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
+    CLAIMED_BY_MARK,
+    GROUP,
+    OWNER_MARK,
+    PLURAL,
+    VERSION,
+    is_dns_label,
+)
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import (
     META_OWNER,
     Connection,
@@ -296,8 +303,6 @@ class CoreApi:
 
     def cloudvm_named_by_uid(self, ns: str, uid: str) -> Optional[str]:
         """``ns/name`` of the CloudVM of ``uid`` in ``ns``, or None."""
-        from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.cloudvm import GROUP, PLURAL, VERSION
-
         try:
             from kubernetes.client import CustomObjectsApi
         except ImportError as exc:  # pragma: no cover - the module checked it

@@ -11,6 +11,7 @@ import json
 import time
 from pathlib import Path
 
+from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm.lifecycle import Lifecycle
 from ansible_collections.zjusct.cloud.plugins.module_utils.host import cloudvm as host
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import load
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import HostStore
@@ -67,23 +68,26 @@ def test_delete_of_a_vm_whose_boot_crashed_ends_with_a_warning(tmp_path: Path) -
 
 
 def test_restart_of_a_stopped_vm_starts_it_and_never_waits_for_stopped(tmp_path: Path, monkeypatch) -> None:
-    """Restart of a VM that is off: one start (bootID + 1) and a wait for Running only. It used to start the VM
-    and then wait for Stopped, which a booting VM never reaches (seen through the AWX restart job: a 900 s
-    timeout "waiting for default/alice to be Stopped: last phase Running"). The waits are recorded instead of
-    run (no guest here); tests/e2e/awx/test_awx_jobs.py restarts a stopped real guest."""
+    """Restart of a VM that is off: one start (bootID + 1), waited for until Running, and the wait for Stopped only
+    before it (where it ends at once). It used to start the VM and then wait for Stopped, which a booting VM never
+    reaches (seen through the AWX restart job: a 900 s timeout "waiting for default/alice to be Stopped: last phase
+    Running"). The waits are recorded instead of run (no guest here); tests/e2e/awx/test_awx_jobs.py restarts a
+    stopped real guest."""
     config = _cloud_with_a_crashed_boot(tmp_path, "Stopped", "guest powered off")
     cfg = load(str(config))
     with HostStore(cfg.store_path) as store:
         store.update_vm("default", "vm1", spec={"owner": "alice", "rootVolumeClaim": "vm1-root",
                                                 "powerState": "Stopped", "bootID": 1},
                         status={"phase": "Stopped", "reason": "Stopped", "bootID": 1})
-    waited: list[str] = []
+    waited: list[tuple[str, int]] = []
 
-    def fake_wait(cfg, store, ns, name, target, timeout):
-        waited.append(target)
-        return store.get_vm(ns, name)
+    def fake_wait(self, ns, name, target, timeout, changed):
+        with HostStore(cfg.store_path, read_only=True) as store:
+            vm = store.get_vm(ns, name)
+        waited.append((target, vm["spec"]["bootID"]))
+        return vm
 
-    monkeypatch.setattr(host, "_wait", fake_wait)
+    monkeypatch.setattr(Lifecycle, "wait_for", fake_wait)
     result = host.ensure(_params(config, restart=True, owner="alice"))
-    assert waited == ["Running"]
+    assert waited == [("Stopped", 1), ("Running", 2)]
     assert result["cloudvm"]["spec"]["powerState"] == "Running" and result["cloudvm"]["spec"]["bootID"] == 2

@@ -1,4 +1,4 @@
-"""A start the host's capacity cannot hold (plugins/module_utils/host/backend.py ``HostBackend.start_boot``), with
+"""A start the host's capacity cannot hold (plugins/module_utils/host/reconciler.py ``HostReconciler.start_boot``), with
 a real SQLite host store: refused naming the dimension, nothing allocated, and the ``InsufficientCapacity`` Warning is
 in the store's events (it used to be written inside the transaction the refusal rolled back)."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.backend import HostBackend
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import HostConfig
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.reconciler import HostReconciler
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import HostStore
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import CloudVMError
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import with_defaults
@@ -24,7 +24,7 @@ def test_a_start_beyond_capacity_is_refused_allocates_nothing_and_records_why(tm
         vm = store.create_vm("default", "bob", with_defaults({"owner": "bob", "rootVolumeClaim": "bob-root",
                                                               "vcpus": 8, "powerState": "Running", "bootID": 1}))
         with pytest.raises(CloudVMError) as refused:
-            HostBackend.from_config(cfg, store).start_boot(vm)  # 8 vCPUs on 1 CPU x 4.0 overcommit
+            HostReconciler.from_config(cfg, store).start_boot(vm)  # 8 vCPUs on 1 CPU x 4.0 overcommit
         assert refused.value.details["dimension"] == "cpu"
         assert store.allocations(cfg.node) == [] and store.lease_for(vm["metadata"]["uid"]) is None
         assert store.get_volume("bob-root")["claimed_by"] is None

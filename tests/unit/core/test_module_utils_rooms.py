@@ -18,8 +18,9 @@ ALLOWED = {
     "image": {"common", "model"},
     "network": {"common", "model"},
     "storage": {"common", "model"},
-    "host": {"common", "model", "network", "storage"},
-    "k8s": {"common", "model", "storage"},
+    "cloudvm": {"common", "model"},
+    "host": {"common", "model", "cloudvm", "network", "storage"},
+    "k8s": {"common", "model", "cloudvm", "storage"},
     "": {"common", "model", "host", "k8s"},
 }
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import zjusct_launcher.config as launcher_config
-from ansible_collections.zjusct.cloud.plugins.module_utils.host import backend
+from ansible_collections.zjusct.cloud.plugins.module_utils.host import reconciler
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import load
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.ports import volume_driver
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage import rbd_clone as rv
@@ -52,7 +52,7 @@ def test_launcher_config_of_an_rbd_volume_is_valid_for_the_launcher(tmp_path):
     volume = {"name": "alice-root", "driver": "rbd", "location": "rbd/alice-root", "image": str(image)}
     lease = {"tap": "zt0123456789", "mac": "52:54:00:12:34:56", "ipv4": "10.200.0.2"}
     root_disk = volume_driver(volume["driver"]).root_disk(cfg.volume_settings(), volume)
-    doc = backend.launcher_config(cfg, vm, volume, lease, root_disk)
+    doc = reconciler.launcher_config(cfg, vm, volume, lease, root_disk)
     assert doc["rootDisk"] == {"rbd": {"pool": "rbd", "image": "alice-root", "user": "cloud", "conf": str(conf),
                                        "keyringPath": str(keyring)}, "cache": "Writeback"}
     parsed = launcher_config.parse(doc)
@@ -60,7 +60,7 @@ def test_launcher_config_of_an_rbd_volume_is_valid_for_the_launcher(tmp_path):
     assert "bootSlots" not in doc
     assert parsed.hypervisor.tcg_cpu_model == "qemu64,+rdrand" == doc["hypervisor"]["tcgCPUModel"]
     slotted = load(write(tmp_path, **{**json.loads((tmp_path / "host.json").read_text()), "max_concurrent_boots": 3}))
-    parsed = launcher_config.parse(backend.launcher_config(slotted, vm, volume, lease, root_disk))
+    parsed = launcher_config.parse(reconciler.launcher_config(slotted, vm, volume, lease, root_disk))
     assert parsed.boot_slots == launcher_config.BootSlots("/run/lock/zjusct-cloud/boot-slots", 3)
 
 

@@ -1,9 +1,10 @@
-"""The Kubernetes backend's decisions over an in-memory fake of kube-apiserver.
+"""The one CloudVM lifecycle (cloudvm/lifecycle.py) over an in-memory fake of the CloudVM API port, shaped like
+kube-apiserver with a controller in the background.
 
 The fake keeps resourceVersion/generation like the API server, refuses stale writes with a 409
 and applies the same rules as the CRD (through ``model.spec``), so the retry, idempotency and wait
 logic can be proved exhaustively here; tests/integration/cloudvm_k8s/ proves the same against the
-real API server.
+real API server, tests/unit/cloudvm/test_lifecycle_backends.py over both real adapters.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 import pytest
+from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm import lifecycle as lc
+from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm.port import Conflict, RootVolume
 from ansible_collections.zjusct.cloud.plugins.module_utils.k8s import cloudvm as k8s
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import CloudVMError
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
@@ -25,6 +28,10 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
 
 class FakeApi:
     """A CloudVM store with optimistic concurrency, defaults and validation like the real server."""
+
+    backend = "kubernetes"
+    reconciles_in_background = True
+    ignored_options = {"image": "host backend only", "volume_size_mib": "host backend only"}
 
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str], dict] = {}
@@ -52,11 +59,11 @@ class FakeApi:
             hook, self.before_write = self.before_write, None
             hook()
 
-    def create(self, body: dict, dry_run: bool) -> dict:
+    def create(self, body: dict, dry_run: bool, root_volume: Optional[RootVolume] = None) -> dict:
         self._hook()
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         if key in self.objects:
-            raise k8s.Conflict("AlreadyExists")
+            raise Conflict("AlreadyExists")
         obj = copy.deepcopy(body)
         obj["spec"] = self._check(obj["spec"], None)
         obj["metadata"].update(resourceVersion=self._next_rv(), generation=1, uid="u-1")
@@ -72,7 +79,7 @@ class FakeApi:
         if cur is None:
             raise CloudVMError("not found", api_status=404, api_reason="NotFound")
         if body["metadata"].get("resourceVersion") != cur["metadata"]["resourceVersion"]:
-            raise k8s.Conflict("Conflict")
+            raise Conflict("Conflict")
         new = copy.deepcopy(cur)
         new["spec"] = self._check(body["spec"], cur["spec"])
         new["metadata"]["labels"] = dict(body["metadata"].get("labels") or {})
@@ -86,22 +93,34 @@ class FakeApi:
             self.writes += 1
         return copy.deepcopy(new)
 
-    def delete(self, namespace: str, name: str, dry_run: bool) -> None:
+    def delete(self, namespace: str, name: str, dry_run: bool, delete_volume: bool = False) -> None:
         if not dry_run:
             self.objects.pop((namespace, name), None)
 
-    def list(self, namespace: Optional[str], label_selector: str, field_selector: str) -> list[dict]:
+    def list(self, namespace: Optional[str], name: Optional[str], owner: Optional[str],
+             label_selector: str) -> list[dict]:
         out = []
         for (ns, _), obj in self.objects.items():
             if namespace and ns != namespace:
                 continue
-            fields = dict(f.split("=", 1) for f in field_selector.split(",") if f)
-            if "spec.owner" in fields and obj["spec"]["owner"] != fields["spec.owner"]:
+            if owner and obj["spec"]["owner"] != owner:
                 continue
-            if "metadata.name" in fields and obj["metadata"]["name"] != fields["metadata.name"]:
+            if name and obj["metadata"]["name"] != name:
                 continue
             out.append(copy.deepcopy(obj))
         return out
+
+    clock: Optional[Clock] = None
+
+    def pause(self, namespace: str, name: str, seconds: float) -> None:
+        assert self.clock is not None, "a wait needs the test's clock"
+        self.clock.sleep(min(lc.POLL_INTERVAL, seconds))
+
+    def ask_access(self, vm: dict, access: Any) -> None:
+        pass
+
+    def record_refusal(self, vm: dict, access: Any, error: Any) -> None:
+        pass
 
     # what the controller does -------------------------------------------------------------
     def set_status(self, namespace: str, name: str, **status: Any) -> None:
@@ -153,9 +172,9 @@ def obedient_controller(api: FakeApi, ns: str = "ns", name: str = "vm1") -> Call
     return act
 
 
-def backend(api: FakeApi, clock: Optional[Clock] = None) -> k8s.Backend:
-    clock = clock or Clock()
-    return k8s.Backend(api, sleep=clock.sleep, monotonic=clock.monotonic)
+def backend(api: FakeApi, clock: Optional[Clock] = None) -> lc.Lifecycle:
+    api.clock = clock or Clock()
+    return lc.Lifecycle(api, monotonic=api.clock.monotonic)
 
 
 def test_create_fills_defaults_and_second_run_changes_nothing() -> None:
@@ -308,9 +327,9 @@ def test_stale_status_from_an_older_generation_does_not_satisfy_a_stop_wait() ->
     api.set_status("ns", "vm1", phase="Stopped", reason="NeverStarted", bootID=0)  # observed generation 1 ...
     obj = api.objects[("ns", "vm1")]
     obj["status"]["observedGeneration"] = obj["metadata"]["generation"] - 1  # ... is older than the spec
-    assert k8s.target_reached(obj, "Stopped") is False
+    assert lc.target_reached(obj, "Stopped") is False
     obj["status"]["observedGeneration"] = obj["metadata"]["generation"]
-    assert k8s.target_reached(obj, "Stopped") is True
+    assert lc.target_reached(obj, "Stopped") is True
 
 
 def test_absent_deletes_and_second_run_changes_nothing() -> None:
@@ -427,12 +446,12 @@ def test_a_refusal_of_an_older_generation_or_boot_does_not_end_the_wait() -> Non
     backend(api).ensure(params(power_state="running"), check_mode=False, diff=False)
     obj = api.objects[("ns", "vm1")]
     api.set_status("ns", "vm1", phase="Blocked", reason="Refused", bootID=obj["spec"]["bootID"], message="m")
-    assert k8s.refusal(obj, "Running") == ("Refused", "m")
+    assert lc.refusal(obj, "Running") == ("Refused", "m")
     obj["status"]["observedGeneration"] = obj["metadata"]["generation"] - 1
-    assert k8s.refusal(obj, "Running") is None
+    assert lc.refusal(obj, "Running") is None
     obj["status"].update(observedGeneration=obj["metadata"]["generation"], bootID=obj["spec"]["bootID"] - 1)
-    assert k8s.refusal(obj, "Running") is None
+    assert lc.refusal(obj, "Running") is None
     api.set_status("ns", "vm1", phase="Stopping", reason="Refused", bootID=1, message="delete refused")
-    assert k8s.refusal(api.objects[("ns", "vm1")], "Stopped") == ("Refused", "delete refused")
+    assert lc.refusal(api.objects[("ns", "vm1")], "Stopped") == ("Refused", "delete refused")
     api.set_status("ns", "vm1", phase="Blocked", reason="VolumeInUse", bootID=1, message="x")
-    assert k8s.refusal(api.objects[("ns", "vm1")], "Running") is None  # waits on: it clears by itself
+    assert lc.refusal(api.objects[("ns", "vm1")], "Running") is None  # waits on: it clears by itself

@@ -1,4 +1,4 @@
-"""HostBackend.reconcile (plugins/module_utils/host/backend.py) driven through in-memory fakes of its ports
+"""HostReconciler.reconcile (plugins/module_utils/host/reconciler.py) driven through in-memory fakes of its ports
 (plugins/module_utils/host/ports.py): what one pass starts, stops, cleans up and leaves behind after a failure.
 
 These are in addition to the real tests of the host backend (tests/e2e/host/test_host_backend.py and
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.backend import HostBackend
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import HostConfig
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.reconciler import HostReconciler
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.supervisor import LauncherError, LauncherPaths
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import CloudVMError, host_action
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.phase import BootObservation
@@ -221,7 +221,7 @@ class World:
                               physical={"cpu": 4, "memory": 8192, "disk": 102400})
         self.store, self.network, self.supervisor = FakeStore(), FakeNetwork(), FakeSupervisor()
         self.bandwidth, self.volumes = FakeBandwidth(), FakeVolumes()
-        self.backend = HostBackend(self.cfg, self.store, self.network, self.supervisor, self.bandwidth,
+        self.backend = HostReconciler(self.cfg, self.store, self.network, self.supervisor, self.bandwidth,
                                    self.volumes)
         self.store.put_volume({"name": "vm1-root", "driver": "fake", "location": str(tmp_path / "vm1-root.raw"),
                                "size_mib": 1024, "owner": "alice", "claimed_by": None, "image": str(image)})

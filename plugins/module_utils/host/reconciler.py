@@ -1,19 +1,20 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The host backend's reconcile: one VM's launchers brought to what its spec asks, over injected ports.
+"""The host's reconciler: one VM's launchers brought to what its spec asks, over injected ports - the host's
+counterpart of the Kubernetes controller (controller/zjusct_controller: one launcher Pod per boot).
 
-:class:`HostBackend` has the shape of the Kubernetes backend's ``Backend`` (:mod:`k8s.cloudvm`): the
-lifecycle is written against small ports (:mod:`host.ports`: store, network, launcher supervisor, bandwidth,
-volumes) given to its constructor; :meth:`HostBackend.from_config` wires the real ones from a
+:class:`HostReconciler` is written against small ports (:mod:`host.ports`: store, network, launcher supervisor,
+bandwidth, volumes) given to its constructor; :meth:`HostReconciler.from_config` wires the real ones from a
 :class:`host.config.HostConfig` and the host store, unit tests give in-memory fakes
-(tests/unit/cloudvm/test_host_backend_ports.py). The decisions are the pure modules': whether to stop or start
+(tests/unit/cloudvm/test_host_reconciler_ports.py). The decisions are the pure modules': whether to stop or start
 (:func:`model.lifecycle.host_action`), which observed boot is the current one (:func:`model.phase.current_and_older`),
 the status (:func:`model.phase.derive_status`), placement (:func:`model.placement.check`) and the volume claim rules
 (:mod:`host.volume_claim`).
 
-The module entry points (``cloudvm``, ``cloudvm_info``, the inventory) stay in :mod:`host.cloudvm`, which runs
-each pass under the VM's flock.
+Where a controller runs in the background on Kubernetes, the host's passes run when the module reads a VM: the host
+adapter of the CloudVM API port (:class:`host.cloudvm.HostCloudVMApi`) runs one pass under the VM's flock on every
+read of the one lifecycle (:mod:`cloudvm.lifecycle`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.host.ports import (
 )
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import HostStore, StoreError, now
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.volume_claim import settle as settle_claim
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.launcher_config import Placement
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.launcher_config import (
+    launcher_config as build_launcher_config,
+)
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import CloudVMError, host_action
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.phase import (
     BootObservation,
@@ -47,8 +52,6 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.placement impor
 from ansible_collections.zjusct.cloud.plugins.module_utils.network import gateway as gw
 from ansible_collections.zjusct.cloud.plugins.module_utils.network import hostnet as net
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.volume import VolumeError
-
-LAUNCHER_API = "launcher.cloud.zjusct.io/v1"
 
 START_ERRORS = (CloudVMError, VolumeError, net.NetworkError, sup.LauncherError, StoreError, gw.GatewayError)
 """What a failed start raises through the ports; reconcile records it as the status and raises it as CloudVMError."""
@@ -85,40 +88,28 @@ def launcher_config(cfg: HostConfig, vm: dict, volume: dict, lease: dict, root_d
         OSError: the image set's manifest cannot be read.
     """
     meta, spec = vm["metadata"], vm["spec"]
-    ns, name, boot = meta["namespace"], meta["name"], int(spec["bootID"])
-    paths = cfg.launcher_paths(ns, name)
+    boot = int(spec["bootID"])
+    paths = cfg.launcher_paths(meta["namespace"], meta["name"])
     with open(os.path.join(volume["image"], "manifest.json"), encoding="utf-8") as fh:
         manifest = json.load(fh)
-    prefix = net.prefix_length(cfg.subnet)
-    doc = {
-        "apiVersion": LAUNCHER_API,
-        "kind": "LauncherConfig",
-        "vm": {"namespace": ns, "name": name, "uid": meta["uid"], "bootID": boot},
-        "machine": {"vcpus": spec["vcpus"], "memoryMiB": spec["memoryMiB"]},
-        "boot": {"kernel": os.path.join(volume["image"], "vmlinuz"),
-                 "initrd": os.path.join(volume["image"], "initrd.img"),
-                 "cmdline": manifest["defaultCmdline"]},
-        "rootDisk": root_disk,
-        "identity": {"hostname": name, "instanceID": meta["uid"],
-                     "sshAuthorizedKeys": list(spec.get("sshAuthorizedKeys") or [])},
-        "network": {"mode": "tap", "tap": lease["tap"], "createTap": False, "mac": lease["mac"],
-                    "ipv4": f"{lease['ipv4']}/{prefix}", "gateway": net.gateway(cfg.subnet),
-                    "dns": list(cfg.dns) or net.host_resolvers()},
-        "hypervisor": {"type": cfg.hypervisor, "accel": cfg.accel, "allowTCG": cfg.allow_tcg,
-                       "kvmProbeTimeoutSeconds": 5, "tcgTranslationCacheMiB": cfg.tcg_translation_cache_mib,
-                       "tcgCPUModel": cfg.tcg_cpu_model,
-                       **cfg.hypervisor_sandbox(lease["ipv4"])},
-        "readiness": {"host": lease["ipv4"], "port": 22, "timeoutSeconds": cfg.readiness_timeout_seconds},
-        "stopTimeoutSeconds": cfg.stop_timeout_seconds,
-        "runtimeDir": paths.runtime_dir,
-        "serialLogPath": paths.serial_log,
-        "result": {"path": paths.result(boot)},
-        "readyMarkerPath": paths.ready(boot),
-    }
-    slots = cfg.boot_slots()
-    if slots is not None:
-        doc["bootSlots"] = slots
-    return doc
+    return build_launcher_config(vm, Placement(
+        boot={"kernel": os.path.join(volume["image"], "vmlinuz"), "initrd": os.path.join(volume["image"], "initrd.img"),
+              "cmdline": manifest["defaultCmdline"]},
+        root_disk=root_disk,
+        network={"mode": "tap", "tap": lease["tap"], "createTap": False, "mac": lease["mac"],
+                 "ipv4": f"{lease['ipv4']}/{net.prefix_length(cfg.subnet)}", "gateway": net.gateway(cfg.subnet),
+                 "dns": list(cfg.dns) or net.host_resolvers()},
+        hypervisor={"type": cfg.hypervisor, "accel": cfg.accel, "allowTCG": cfg.allow_tcg,
+                    "kvmProbeTimeoutSeconds": 5, "tcgTranslationCacheMiB": cfg.tcg_translation_cache_mib,
+                    "tcgCPUModel": cfg.tcg_cpu_model, **cfg.hypervisor_sandbox(lease["ipv4"])},
+        readiness={"host": lease["ipv4"], "port": 22, "timeoutSeconds": cfg.readiness_timeout_seconds},
+        stop_timeout_seconds=cfg.stop_timeout_seconds,
+        runtime_dir=paths.runtime_dir,
+        serial_log_path=paths.serial_log,
+        result={"path": paths.result(boot)},
+        ready_marker_path=paths.ready(boot),
+        boot_slots=cfg.boot_slots(),
+    ))
 
 
 def observed_status(supervisor: Supervisor, vm: dict, paths: sup.LauncherPaths,
@@ -147,7 +138,7 @@ def observed_status(supervisor: Supervisor, vm: dict, paths: sup.LauncherPaths,
     return status
 
 
-class HostBackend:
+class HostReconciler:
     """One host's reconcile of a CloudVM over its ports (see the module docstring).
 
     Callers serialise passes for one VM (:func:`host.cloudvm._vm_lock`); the backend itself holds no state
@@ -164,7 +155,7 @@ class HostBackend:
         self.volumes = volumes
 
     @classmethod
-    def from_config(cls, cfg: HostConfig, store: HostStore) -> "HostBackend":
+    def from_config(cls, cfg: HostConfig, store: HostStore) -> "HostReconciler":
         """The backend with the real adapters (:mod:`host.ports`) of ``cfg`` over the open host ``store``."""
         return cls(cfg, store, HostNetwork(cfg, store), HostSupervisor(cfg), HostBandwidth(cfg, store),
                    HostVolumes(cfg))

@@ -1,0 +1,50 @@
+"""One LauncherConfig builder (model/launcher_config.py) for both backends: what the host reconciler and the
+controller hand the launcher is built by the same function, carries the same guest identity, and is a document the
+launcher itself accepts (its own parser, zjusct_launcher.config.parse)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import zjusct_launcher
+import zjusct_launcher.config as launcher_config
+from ansible_collections.zjusct.cloud.plugins.module_utils.host import reconciler
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import load
+from ansible_collections.zjusct.cloud.plugins.module_utils.model import launcher_config as builder
+from zjusct_controller.decide import Config
+from zjusct_controller.decide import launcher_config as pod_launcher_config
+
+VM = {"metadata": {"namespace": "default", "name": "web", "uid": "0f6c1e2a-7d3b-4c59-9a0e-4b8f2d1c3e5a"},
+      "spec": {"owner": "alice", "rootVolumeClaim": "web-root", "vcpus": 2, "memoryMiB": 768, "powerState": "Running",
+               "bootID": 3, "sshAuthorizedKeys": ["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGm1uC8Zg7yF3 a@b"]}}
+
+
+def _host_doc(tmp_path: Path) -> dict:
+    image = tmp_path / "images" / "tiny-1"
+    image.mkdir(parents=True)
+    (image / "manifest.json").write_text(json.dumps({"name": "tiny", "defaultCmdline": "console=ttyS0"}))
+    (tmp_path / "host.json").write_text(json.dumps({"state_dir": str(tmp_path / "state"), "netns": "",
+                                                     "runtime_dir": str(tmp_path / "run"), "dns": ["192.0.2.53"]}))
+    cfg = load(str(tmp_path / "host.json"))
+    volume = {"name": "web-root", "driver": "file", "image": str(image), "location": str(tmp_path / "web-root.raw")}
+    lease = {"tap": "zjt0123456789a", "mac": "52:54:00:12:34:56", "ipv4": "10.200.0.7"}
+    return reconciler.launcher_config(cfg, VM, volume, lease, {"path": volume["location"], "cache": "Writeback"})
+
+
+def test_both_backends_give_the_guest_the_same_identity_and_the_launcher_accepts_both(tmp_path: Path) -> None:
+    host = _host_doc(tmp_path)
+    pod = pod_launcher_config(VM, Config(launcher_image="localhost/zjusct/launcher:1", image_dir="/images",
+                                         cmdline="console=ttyS0"))
+    for doc in (host, pod):
+        assert (doc["apiVersion"], doc["kind"]) == (zjusct_launcher.API_VERSION, "LauncherConfig")
+        assert doc["identity"] == {"hostname": "web", "instanceID": VM["metadata"]["uid"],
+                                   "sshAuthorizedKeys": VM["spec"]["sshAuthorizedKeys"]}
+        assert doc["vm"] == {"namespace": "default", "name": "web", "uid": VM["metadata"]["uid"], "bootID": 3}
+        assert doc["machine"] == {"vcpus": 2, "memoryMiB": 768}
+        parsed = launcher_config.parse(doc)
+        assert (parsed.identity.hostname, parsed.vm.boot_id) == ("web", 3)
+    assert builder.API_VERSION == zjusct_launcher.API_VERSION
+    # what differs is only what each backend places: paths, network, root disk
+    assert host["network"]["createTap"] is False and pod["network"]["createTap"] is True
+    assert pod["result"]["terminationMessagePath"] == "/dev/termination-log" and "readyMarkerPath" in host
