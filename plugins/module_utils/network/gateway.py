@@ -13,11 +13,13 @@ Design (docs/security.md, "Tenants reach their own VMs: the SSH gateway"):
 * One system account per owner (:func:`account_name`, ``zc-<owner>``), primary group
   :data:`GROUP`, shell ``/usr/sbin/nologin``, no password, created with ``useradd`` argv.
 * The accounts' keys are ``<gateway_dir>/keys/<account>`` (root:GROUP, 0640), written by the cloud from the
-  VMs' specs and leases: one line per distinct public key of the owner's VMs, ``restrict,port-forwarding``
-  and one ``permitopen="<ip>:22"`` per VM of that owner whose spec lists the key (:func:`authorized_keys`).
+  VMs' keys and leases: one line per distinct public key of the owner's VMs, ``restrict,port-forwarding``
+  and one ``permitopen="<ip>:22"`` per VM of that owner whose keys list it (:func:`authorized_keys`).
+  A VM's keys are those of the boot its guest runs, else its spec's (:func:`keys_in_effect`): a change of
+  ``spec.sshAuthorizedKeys`` takes effect at the next boot, on the gateway as in the guest.
   They are rewritten atomically (temporary file + rename) under a host flock whenever a VM gets its
-  address, changes its keys or is deleted (:func:`sync_keys`), so a deleted VM's address is gone before
-  a later VM can lease it again.
+  address, starts a boot, changes its keys or is deleted (:func:`sync_keys`), so a deleted VM's address is
+  gone before a later VM can lease it again.
 * sshd reads ``keys/<account>`` as that account (OpenSSH ``user_key_allowed2``: ``temporarily_use_uid`` takes
   the user's uid, primary group and groups before ``auth_openkeyfile``, and with ``StrictModes`` every directory
   from the file up to ``/`` must be owned by root (or the user) and not group or world writable). So every
@@ -25,7 +27,7 @@ Design (docs/security.md, "Tenants reach their own VMs: the SSH gateway"):
   and not group/world writable: :func:`path_problems` decides it and :func:`ensure_gateway` refuses a path
   that fails, naming the directory, instead of installing a gateway that refuses every tenant.
 
-Pure functions (:func:`account_name`, :func:`key_identity`, :func:`key_grants`,
+Pure functions (:func:`account_name`, :func:`key_identity`, :func:`keys_in_effect`, :func:`key_grants`,
 :func:`authorized_keys`, :func:`sshd_config`, :func:`path_problems`) decide; the rest write files and run
 ``useradd``/``groupadd``/``ssh-keygen`` with argument lists.
 """
@@ -70,6 +72,25 @@ def key_identity(line: str) -> Optional[str]:
         return None
     kind, blob = line.strip().split()[:2]
     return f"{kind} {blob}"
+
+
+def keys_in_effect(spec_keys: Optional[list], boot_keys: Optional[list]) -> list:
+    """The keys the gateway grants for one VM: those its guest has.
+
+    The rule (docs/security.md, "Tenants reach their own VMs"; docs/api/cloudvm.md, ``sshAuthorizedKeys`` is
+    "mutable, next boot"): the guest installs the keys of its boot's config disk at boot and keeps them until
+    that boot ends, so a running boot's keys are the ones that log in; while no boot runs, the spec's keys are
+    the ones its next boot will get.
+
+    Args:
+        spec_keys: ``spec.sshAuthorizedKeys`` (None = none).
+        boot_keys: ``identity.sshAuthorizedKeys`` of the LauncherConfig of the boot that runs (or is starting),
+            None when no boot runs.
+
+    Returns:
+        A new list of OpenSSH public key lines.
+    """
+    return list(boot_keys if boot_keys is not None else spec_keys or [])
 
 
 def key_grants(vms: Iterable[dict]) -> dict:

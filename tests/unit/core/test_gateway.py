@@ -1,4 +1,4 @@
-"""The SSH gateway's pure parts: account names, which key opens which guest, authorized_keys and
+"""The SSH gateway's pure parts: account names, which key opens which guest, the keys in effect, authorized_keys and
 sshd_config, the directories sshd can read keys below, the guard rules that let the gateway (and only it) open
 guests' port 22, and the host config's gateway keys."""
 
@@ -102,6 +102,13 @@ def test_host_config_gateway_keys(tmp_path):
         path.write_text(json.dumps(bad))
         with pytest.raises(ValueError, match=named):
             _hostconfig.load(str(path))
+
+
+def test_keys_in_effect_are_the_running_boots_else_the_specs():
+    assert gw.keys_in_effect([ALICE2], [ALICE1]) == [ALICE1]  # a boot runs: its keys, not the newer spec's
+    assert gw.keys_in_effect([ALICE2], None) == [ALICE2]  # none runs: the keys its next boot gets
+    assert gw.keys_in_effect(None, None) == []
+    assert gw.keys_in_effect([ALICE2], []) == []  # a boot without keys grants none, whatever the spec says now
 
 
 GID = 997  # the gateway group's gid in these cases
