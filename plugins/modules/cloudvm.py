@@ -85,7 +85,14 @@ options:
     type: bool
     default: false
   ssh_authorized_keys:
-    description: OpenSSH public keys injected into the guest at boot (at most 16).
+    description:
+      - OpenSSH public keys injected into the guest at boot (at most 16); given, they replace the VM's keys.
+      - A change takes effect at the next boot (C(bootID + 1)), the same in the guest and, on the host backend, on
+        the SSH gateway (docs/security.md). A guest installs the keys of its boot at that boot and keeps them
+        until the boot ends, and the gateway grants the keys of the boot that runs, so until the VM is restarted
+        the new keys do not log in and removed ones still do. A VM that is not running takes them at its next
+        start (the gateway at once). RV(ssh_authorized_keys_boot_id) names that boot, and the task warns when a
+        boot with the old keys keeps running; use O(restart=true) (playbook C(vm_restart)) to apply them now.
     type: list
     elements: str
   bandwidth:
@@ -190,6 +197,14 @@ EXAMPLES = r"""
     name: alice
     power_state: stopped
 
+- name: Replace alice's keys and restart so that the new boot (bootID + 1) and the SSH gateway use them now
+  zjusct.cloud.cloudvm:
+    name: alice
+    owner: alice
+    ssh_authorized_keys:
+      - "{{ lookup('ansible.builtin.file', '~/.ssh/id_ed25519_new.pub') }}"
+    restart: true
+
 - name: Restart on Kubernetes (stop, wait Stopped, start with bootID + 1)
   zjusct.cloud.cloudvm:
     backend: kubernetes
@@ -247,6 +262,14 @@ boot_id:
   returned: success
   type: int
   sample: 1
+ssh_authorized_keys_boot_id:
+  description:
+    - The first bootID whose guest (and, on the host backend, SSH gateway) uses the C(spec.sshAuthorizedKeys) this
+      task wrote; the running boot keeps the keys it booted with. RV(boot_id) + 1 after a re-key of a running VM,
+      which also warns C(spec.sshAuthorizedKeys change takes effect at the next boot (bootID N+1)...).
+  returned: success, when the task changed the keys of an existing VM
+  type: int
+  sample: 2
 reason:
   description: Why the task was refused; C(Forbidden) when the VM belongs to another owner than O(owner).
   returned: failure, when the owner check refused

@@ -13,7 +13,8 @@ what makes ``power_state: running`` bump ``bootID`` exactly once when two runs r
 
 Shapes: ``params`` is the module's parameter dict (``cloudvm_module.cloudvm_argument_spec``); objects are CloudVM
 dicts in the API's shape; times in seconds. The result: ``changed``, ``cloudvm`` (absent after a delete), ``phase``,
-``boot_id``, ``diff`` {before, after} (the spec) when asked, ``warnings``.
+``boot_id``, ``ssh_authorized_keys_boot_id`` when the task changed an existing VM's keys, ``diff`` {before, after}
+(the spec) when asked, ``warnings``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm.port import A
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import (
     CloudVMError,
     authorize,
+    keys_change,
     off_but_failed,
     params_to_spec,
     plan_power,
@@ -183,13 +185,19 @@ def timeout_message(namespace: str, name: str, target: str, timeout: float, obj:
     return f"CloudVM {namespace}/{name}: timed out after {timeout:g} s waiting until {want}; last {last}"
 
 
-def result(obj: Optional[dict], changed: bool, before: Optional[dict], diff: bool, warnings: list) -> dict:
-    """The module result (see the module docstring); ``diff`` is the spec before and after."""
+def result(obj: Optional[dict], changed: bool, before: Optional[dict], diff: bool, warnings: list,
+           keys: Optional[tuple] = None) -> dict:
+    """The module result (see the module docstring); ``diff`` is the spec before and after; ``keys`` the
+    :func:`model.lifecycle.keys_change` of the task (its boot in ``ssh_authorized_keys_boot_id``, its warning
+    appended)."""
     out: dict[str, Any] = {"changed": changed}
     if obj is not None:
         out["cloudvm"] = obj
         out["phase"] = (obj.get("status") or {}).get("phase")
         out["boot_id"] = (obj.get("spec") or {}).get("bootID")
+    if keys is not None:
+        out["ssh_authorized_keys_boot_id"] = keys[0]
+        warnings = warnings + ([keys[1]] if keys[1] else [])
     if diff:
         out["diff"] = {"before": view(before).get("spec", {}), "after": view(obj).get("spec", {})}
     if warnings:
@@ -209,6 +217,23 @@ class Lifecycle:
         self.monotonic = monotonic
 
     # ------------------------------------------------------------- writes
+
+    def launched(self, before: Optional[dict], after: Optional[dict]) -> Optional[int]:
+        """:meth:`cloudvm.port.CloudVMApi.launched_boot` of ``before`` (the object a write replaced), asked only
+        when the write changed its ``spec.sshAuthorizedKeys`` (None otherwise, and for a create)."""
+        if before is None or after is None:
+            return None
+        if (before.get("spec") or {}).get("sshAuthorizedKeys") == (after.get("spec") or {}).get("sshAuthorizedKeys"):
+            return None
+        return self.api.launched_boot(before)
+
+    def keys_notice(self, before: Optional[dict], after: Optional[dict], launched: Optional[int]) -> Optional[tuple]:
+        """:func:`model.lifecycle.keys_change` of a task that turned ``before`` into ``after`` (objects; ``after``
+        with the status after the task's waits), ``launched`` from :meth:`launched` at the write."""
+        if before is None or after is None:
+            return None
+        return keys_change(before.get("spec"), after.get("spec") or {}, launched, after.get("status"),
+                           self.api.ssh_gateway)
 
     def apply(self, params: dict, power_state: Optional[str], check_mode: bool) -> tuple:
         """Create or update the CloudVM; returns ``(before, after, changed)``.
@@ -281,8 +306,9 @@ class Lifecycle:
         ns, name = params["namespace"], params["name"]
         power = params.get("power_state")
         before, after, changed = self.apply(params, power, check_mode)
+        launched = self.launched(before, after)
         if check_mode:
-            return result(after, changed, before, diff, warnings)
+            return result(after, changed, before, diff, warnings, self.keys_notice(before, after, launched))
         if params.get("wait", True) and power is not None:
             target = "Running" if power == "running" else "Stopped"
             after = self.wait_for(ns, name, target, float(params.get("wait_timeout") or 0), changed) or after
@@ -290,17 +316,20 @@ class Lifecycle:
             warnings += [off] if off else []
         elif changed:
             after = self.api.get(ns, name) or after  # the status after the write (the host: one pass acts on it)
-        return result(after, changed, before, diff, warnings)
+        return result(after, changed, before, diff, warnings, self.keys_notice(before, after, launched))
 
     def restart(self, params: dict, check_mode: bool, diff: bool, warnings: list) -> dict:
         """Stop, wait Stopped (always, bounded by wait_timeout), start with bootID + 1, wait Running if asked."""
         ns, name = params["namespace"], params["name"]
         timeout = float(params.get("wait_timeout") or 0)
         before, stopped, _changed = self.apply(params, "stopped", check_mode)
+        launched = self.launched(before, stopped)
         if check_mode:  # predict the start on top of the predicted stop; nothing is written
             predicted = desired_object(params, {**stopped, "status": {}}, "running")
             predicted["status"] = (before or {}).get("status", {})
-            return result(predicted, True, before, diff, warnings)
+            keys = self.keys_notice(before, predicted, launched)
+            # the restart ends the boot that keeps the old keys: nothing to warn of
+            return result(predicted, True, before, diff, warnings, (keys[0], None) if keys else None)
         off = off_but_failed(ns, name, (self.wait_for(ns, name, "Stopped", timeout, changed=True) or {}).get("status"))
         warnings += [off] if off else []
         _before, after, _changed = self.apply(params, "running", check_mode=False)
@@ -308,7 +337,7 @@ class Lifecycle:
             after = self.wait_for(ns, name, "Running", timeout, changed=True) or after
         else:
             after = self.api.get(ns, name) or after
-        return result(after, True, before, diff, warnings)
+        return result(after, True, before, diff, warnings, self.keys_notice(before, after, launched))
 
     def absent(self, params: dict, check_mode: bool, diff: bool, warnings: list) -> dict:
         """Delete the CloudVM and wait until it is gone (its root volume kept unless ``delete_volume``).

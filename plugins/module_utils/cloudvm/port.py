@@ -57,11 +57,14 @@ class CloudVMApi(Protocol):
             completes on its own. False (the host): the module's reads are the only reconcile passes, so such a
             boot fails the wait at once, and a delete waits for the VM to be off and then removes it.
         ignored_options: module options this backend does not use -> why (each one given gets a warning).
+        ssh_gateway: True when the backend's SSH gateway grants each VM the keys of the boot its guest runs
+            (the host with ``gateway_dir`` set): the key-change warning names it too.
     """
 
     backend: str
     reconciles_in_background: bool
     ignored_options: dict
+    ssh_gateway: bool
 
     def get(self, namespace: str, name: str) -> Optional[dict]:
         """The CloudVM with a current status, or None when it does not exist."""
@@ -79,6 +82,10 @@ class CloudVMApi(Protocol):
     def list(self, namespace: Optional[str], name: Optional[str], owner: Optional[str],
              label_selector: str) -> list:
         """The CloudVMs matching every filter given (``label_selector`` in the Kubernetes grammar), without acting."""
+
+    def launched_boot(self, vm: dict) -> Optional[int]:
+        """The newest bootID of ``vm`` (as just read) whose launcher was made, so whose guest's keys are fixed
+        (host: the newest boot config on disk; Kubernetes: the boot its status describes), None when none was."""
 
     def pause(self, namespace: str, name: str, seconds: float) -> None:
         """Wait until the CloudVM may have changed, at most ``seconds`` (between two reads of a wait)."""

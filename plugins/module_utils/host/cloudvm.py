@@ -201,6 +201,12 @@ class HostCloudVMApi:
         self._watches: dict[tuple[str, str], ChangeWatch] = {}
 
     @property
+    def ssh_gateway(self) -> bool:
+        """The host runs the SSH gateway (``gateway_dir`` set, with its uplink): it grants each VM the keys of the
+        boot its guest runs (:func:`host.host_network_module.gateway_vms`)."""
+        return self.cfg.gateway_source() is not None
+
+    @property
     def store(self) -> HostStore:
         if self._store is None:
             raise AssertionError("HostCloudVMApi: this method needs an open host store")
@@ -244,6 +250,11 @@ class HostCloudVMApi:
         except StoreError as exc:
             raise CloudVMError(str(exc)) from exc
         return [_with_version(vm) for vm in found]
+
+    def launched_boot(self, vm: dict) -> Optional[int]:
+        """The newest boot whose LauncherConfig (with the guest's keys) is on disk, None when the VM never booted."""
+        known = sup.boots(_paths(self.cfg, vm["metadata"]["namespace"], vm["metadata"]["name"]))
+        return known[-1] if known else None
 
     def pause(self, namespace: str, name: str, seconds: float) -> None:
         """Until the VM's launcher files change or its launcher exits (:class:`host.watch.ChangeWatch`)."""
@@ -323,7 +334,8 @@ class HostCloudVMApi:
     def replace(self, body: dict, dry_run: bool) -> dict:
         """Admit and store ``body`` over the VM it was computed from: the spec's rules and immutable fields, the
         root volume's claim rules, the quota (in the write transaction, with the audit intent); a key change is
-        handed to the SSH gateway at once (:func:`host.host_network_module.sync_gateway`).
+        handed to the SSH gateway (:func:`host.host_network_module.sync_gateway`), which grants the VM's keys in
+        effect: the new ones at once when no boot runs, the running boot's own until its next boot starts.
 
         Raises:
             Conflict: the stored VM changed since ``body``'s read (``metadata.resourceVersion``) or is gone.
@@ -355,7 +367,9 @@ class HostCloudVMApi:
                 self.store.update_vm(ns, name, spec=desired if desired != before else None, labels=labels)
                 self._intent(desired, f"spec written, powerState {desired['powerState']}")
             if desired.get("sshAuthorizedKeys") != before.get("sshAuthorizedKeys"):
-                sync_gateway(self.cfg, self.store)  # the gateway's keys follow the spec at once, not at the next boot
+                # a VM that is off gets its new keys on the gateway now; one whose boot runs keeps that boot's keys
+                # until its next boot starts (host_network_module.gateway_vms), as its guest does
+                sync_gateway(self.cfg, self.store)
             return _with_version(self.store.get_vm(ns, name) or body)
 
     def delete(self, namespace: str, name: str, dry_run: bool, delete_volume: bool) -> None:

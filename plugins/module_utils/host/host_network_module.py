@@ -6,6 +6,7 @@ orphan TAP sweep."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from typing import Optional
@@ -94,19 +95,55 @@ def ensure_network(cfg: HostConfig) -> bool:
     return changed
 
 
-def gateway_vms(store: HostStore) -> list[dict]:
-    """``{"owner", "ipv4", "keys"}`` of every VM in ``store`` holding an address lease (network.gateway.key_grants)."""
+def running_boot_keys(paths: sup.LauncherPaths, locks: Optional[sup.LockTable] = None) -> Optional[list]:
+    """``identity.sshAuthorizedKeys`` of the LauncherConfig of the boot this VM's guest runs, None when none runs.
+
+    The boot that runs is the one whose launcher holds the VM's lock (:func:`host.supervisor.running_boot`), else
+    the newest boot on disk while it is starting (spawned, lock not taken yet: :func:`host.supervisor.observe`).
+    A config that cannot be read counts as no boot (the spec's keys then apply).
+    """
+    live = sup.running_boot(paths, locks)
+    known = sup.boots(paths)
+    boot: Optional[int] = None
+    if live is not None:
+        boot = live[0] if live[0] >= 0 else (known[-1] if known else None)
+    elif known and sup.observe(paths, known[-1], locks=locks).state == "starting":
+        boot = known[-1]
+    if boot is None:
+        return None
+    try:
+        with open(paths.config(boot), encoding="utf-8") as fh:
+            keys = (json.load(fh).get("identity") or {}).get("sshAuthorizedKeys")
+    except (OSError, ValueError):
+        return None
+    return list(keys) if isinstance(keys, list) else None
+
+
+def gateway_vms(cfg: HostConfig, store: HostStore) -> list[dict]:
+    """``{"owner", "ipv4", "keys"}`` of every VM in ``store`` holding an address lease (network.gateway.key_grants).
+
+    ``keys`` are the VM's keys in effect (:func:`network.gateway.keys_in_effect`): those of the boot its guest
+    runs (:func:`running_boot_keys`), else its spec's. The kernel's lock table is read once for all VMs.
+    """
     vms = {vm["metadata"]["uid"]: vm for vm in store.list_vms()}
-    return [{"owner": vms[lease["vm_uid"]]["spec"]["owner"], "ipv4": lease["ipv4"],
-             "keys": list(vms[lease["vm_uid"]]["spec"].get("sshAuthorizedKeys") or [])}
-            for lease in store.leases() if lease["vm_uid"] in vms]
+    leases = [lease for lease in store.leases() if lease["vm_uid"] in vms]
+    locks = sup.lock_table() if leases else None
+    out = []
+    for lease in leases:
+        vm = vms[lease["vm_uid"]]
+        paths = cfg.launcher_paths(vm["metadata"]["namespace"], vm["metadata"]["name"])
+        keys = gw.keys_in_effect(vm["spec"].get("sshAuthorizedKeys"), running_boot_keys(paths, locks))
+        out.append({"owner": vm["spec"]["owner"], "ipv4": lease["ipv4"], "keys": keys})
+    return out
 
 
 def sync_gateway(cfg: HostConfig, store: Optional[HostStore] = None, check_mode: bool = False) -> bool:
-    """Rewrite the SSH gateway's keys files from the VMs' specs and leases (no-op without a gateway).
+    """Rewrite the SSH gateway's keys files from the VMs' keys in effect and leases (no-op without a gateway).
 
-    Call it after committing a lease, a key change or a deletion (network.gateway.sync_keys: atomic, under
-    ``<state_dir>/locks/gateway.lock``). ``store``: an open store; None opens ``cfg.store_path``.
+    Call it after committing a lease, a key change or a deletion, and when a boot starts or is seen to have ended
+    (host.ports.HostNetwork attach/detach; network.gateway.sync_keys: atomic, under
+    ``<state_dir>/locks/gateway.lock``). A key change of a VM whose boot runs changes nothing here: that boot's keys
+    stay until it ends (:func:`gateway_vms`). ``store``: an open store; None opens ``cfg.store_path``.
     ``check_mode``: only report whether a file would change.
 
     Returns whether a keys file changed. Raises GatewayError.
@@ -115,11 +152,11 @@ def sync_gateway(cfg: HostConfig, store: Optional[HostStore] = None, check_mode:
         return False
     lock_dir = os.path.join(cfg.state_dir, "locks")
     if store is not None:
-        return gw.sync_keys(cfg.gateway_dir, lock_dir, gateway_vms(store), check_mode)
+        return gw.sync_keys(cfg.gateway_dir, lock_dir, gateway_vms(cfg, store), check_mode)
     if not os.path.exists(cfg.store_path):
         return gw.sync_keys(cfg.gateway_dir, lock_dir, [], check_mode)
     with HostStore(cfg.store_path, read_only=check_mode) as opened:
-        return gw.sync_keys(cfg.gateway_dir, lock_dir, gateway_vms(opened), check_mode)
+        return gw.sync_keys(cfg.gateway_dir, lock_dir, gateway_vms(cfg, opened), check_mode)
 
 
 def forwarding_warning(cfg: HostConfig) -> list[str]:

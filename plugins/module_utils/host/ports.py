@@ -116,7 +116,8 @@ class Network(Protocol):
         bridge, uplink, guard table) made first when its bridge is missing."""
 
     def detach(self, lease: dict) -> None:
-        """Remove the lease's TAP (a missing one is no error); the lease itself stays."""
+        """Remove the lease's TAP (a missing one is no error) and sync the gateway (the boot that ended no longer
+        holds the VM's keys there: its spec's apply, which its next boot gets); the lease itself stays."""
 
 
 class Supervisor(Protocol):
@@ -208,6 +209,7 @@ class HostNetwork:
 
     def detach(self, lease: dict) -> None:
         net.remove_tap(self.cfg.netns, lease["tap"])
+        sync_gateway(self.cfg, self.store)  # keys changed during the boot that ended take effect now
 
 
 class HostSupervisor:

@@ -81,6 +81,7 @@ class KubernetesCloudVMApi:
     backend = "kubernetes"
     reconciles_in_background = True
     ignored_options = {"image": "host backend only", "volume_size_mib": "host backend only"}
+    ssh_gateway = False
 
     def __init__(self, custom_objects: Any, sleep: Callable[[float], None] = time.sleep) -> None:
         self._api = custom_objects
@@ -106,6 +107,12 @@ class KubernetesCloudVMApi:
             if exc.details.get("api_status") == 404 and NO_SUCH_RESOURCE not in str(exc):
                 return None  # no such object (a missing CRD is an error, not an absent VM)
             raise
+
+    def launched_boot(self, vm: dict) -> Optional[int]:
+        """``status.bootID`` when the status names that boot's launcher Pod (``status.pod``: the controller writes
+        it in the pass that creates the Pod, whose LauncherConfig holds the guest's keys), else None."""
+        status = vm.get("status") or {}
+        return int(status["bootID"]) if status.get("pod") and status.get("bootID") is not None else None
 
     def create(self, body: dict, dry_run: bool, root_volume: RootVolume) -> dict:
         ns = body["metadata"]["namespace"]

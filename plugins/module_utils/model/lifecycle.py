@@ -85,6 +85,43 @@ def off_but_failed(namespace: str, name: str, status: Optional[dict]) -> Optiona
             f" {status.get('reason', '-')}): {status.get('message', '')}").rstrip(": ")
 
 
+def keys_change(before: Optional[dict], after: dict, launched_boot: Optional[int], status: Optional[dict],
+                gateway: bool = False) -> Optional[tuple[int, Optional[str]]]:
+    """When a task's change of ``spec.sshAuthorizedKeys`` takes effect, and a warning if a guest keeps the old keys.
+
+    The rule (docs/api/cloudvm.md "Boot semantics", docs/security.md): a guest installs the keys of its boot's
+    config at boot and keeps them until that boot ends, and the host's SSH gateway grants the keys of the boot
+    that runs; so a change takes effect at the next boot, on both. A boot that is requested but not launched yet
+    gets the new keys.
+
+    Args:
+        before: the spec before the task (None: the task created the VM, whose first boot gets its keys).
+        after: the spec after the task.
+        launched_boot: the newest bootID whose launcher was made, so whose keys are fixed
+            (:meth:`cloudvm.port.CloudVMApi.launched_boot`), None when none was.
+        status: the status after the task (``phase``, ``bootID``).
+        gateway: the host runs the SSH gateway (the warning says so).
+
+    Returns:
+        None when the keys did not change (or the VM was created); else ``(boot, warning)``: ``boot`` is the first
+        bootID whose guest has the new keys, ``warning`` a message when a boot older than that is still up after
+        the task (None when nothing runs the old keys, e.g. after ``restart``).
+    """
+    if before is None or list(before.get("sshAuthorizedKeys") or []) == list(after.get("sshAuthorizedKeys") or []):
+        return None
+    boot = int(before.get("bootID", 0))
+    requested_not_launched = before.get("powerState") == "Running" and (launched_boot is None or launched_boot < boot)
+    first = boot if requested_not_launched else boot + 1
+    status = status or {}
+    running = status.get("bootID")
+    if running is None or status.get("phase") in (None, "Stopped", "Failed") or int(running) >= first:
+        return first, None
+    where = "in the guest and on the host's SSH gateway" if gateway else "in the guest"
+    return first, (f"spec.sshAuthorizedKeys change takes effect at the next boot (bootID {first}): boot {running}"
+                   f" keeps its keys {where} until it ends, so the new keys do not log in yet and the removed ones"
+                   " still do; restart the VM (restart: true, playbook vm_restart) to apply the change now")
+
+
 def plan_power(spec: dict, status: Optional[dict], power_state: Optional[str]) -> dict:
     """The spec after a power-state request (``running``, ``stopped`` or None for unchanged).
 

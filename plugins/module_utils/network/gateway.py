@@ -13,15 +13,23 @@ Design (docs/security.md, "Tenants reach their own VMs: the SSH gateway"):
 * One system account per owner (:func:`account_name`, ``zc-<owner>``), primary group
   :data:`GROUP`, shell ``/usr/sbin/nologin``, no password, created with ``useradd`` argv.
 * The accounts' keys are ``<gateway_dir>/keys/<account>`` (root:GROUP, 0640), written by the cloud from the
-  VMs' specs and leases: one line per distinct public key of the owner's VMs, ``restrict,port-forwarding``
-  and one ``permitopen="<ip>:22"`` per VM of that owner whose spec lists the key (:func:`authorized_keys`).
+  VMs' keys and leases: one line per distinct public key of the owner's VMs, ``restrict,port-forwarding``
+  and one ``permitopen="<ip>:22"`` per VM of that owner whose keys list it (:func:`authorized_keys`).
+  A VM's keys are those of the boot its guest runs, else its spec's (:func:`keys_in_effect`): a change of
+  ``spec.sshAuthorizedKeys`` takes effect at the next boot, on the gateway as in the guest.
   They are rewritten atomically (temporary file + rename) under a host flock whenever a VM gets its
-  address, changes its keys or is deleted (:func:`sync_keys`), so a deleted VM's address is gone before
-  a later VM can lease it again.
+  address, starts a boot, changes its keys or is deleted (:func:`sync_keys`), so a deleted VM's address is
+  gone before a later VM can lease it again.
+* sshd reads ``keys/<account>`` as that account (OpenSSH ``user_key_allowed2``: ``temporarily_use_uid`` takes
+  the user's uid, primary group and groups before ``auth_openkeyfile``, and with ``StrictModes`` every directory
+  from the file up to ``/`` must be owned by root (or the user) and not group or world writable). So every
+  directory above ``gateway_dir`` must let the group :data:`GROUP` pass (search permission) and be root-owned
+  and not group/world writable: :func:`path_problems` decides it and :func:`ensure_gateway` refuses a path
+  that fails, naming the directory, instead of installing a gateway that refuses every tenant.
 
-Pure functions (:func:`account_name`, :func:`key_identity`, :func:`key_grants`, :func:`authorized_keys`,
-:func:`sshd_config`) decide; the rest write files and run ``useradd``/``groupadd``/``ssh-keygen`` with
-argument lists.
+Pure functions (:func:`account_name`, :func:`key_identity`, :func:`keys_in_effect`, :func:`key_grants`,
+:func:`authorized_keys`, :func:`sshd_config`, :func:`path_problems`) decide; the rest write files and run
+``useradd``/``groupadd``/``ssh-keygen`` with argument lists.
 """
 
 from __future__ import annotations
@@ -64,6 +72,25 @@ def key_identity(line: str) -> Optional[str]:
         return None
     kind, blob = line.strip().split()[:2]
     return f"{kind} {blob}"
+
+
+def keys_in_effect(spec_keys: Optional[list], boot_keys: Optional[list]) -> list:
+    """The keys the gateway grants for one VM: those its guest has.
+
+    The rule (docs/security.md, "Tenants reach their own VMs"; docs/api/cloudvm.md, ``sshAuthorizedKeys`` is
+    "mutable, next boot"): the guest installs the keys of its boot's config disk at boot and keeps them until
+    that boot ends, so a running boot's keys are the ones that log in; while no boot runs, the spec's keys are
+    the ones its next boot will get.
+
+    Args:
+        spec_keys: ``spec.sshAuthorizedKeys`` (None = none).
+        boot_keys: ``identity.sshAuthorizedKeys`` of the LauncherConfig of the boot that runs (or is starting),
+            None when no boot runs.
+
+    Returns:
+        A new list of OpenSSH public key lines.
+    """
+    return list(boot_keys if boot_keys is not None else spec_keys or [])
 
 
 def key_grants(vms: Iterable[dict]) -> dict:
@@ -149,6 +176,34 @@ def sshd_config(directory: str, port: int) -> str:
         "LogLevel VERBOSE",
         "",
     ])
+
+
+def path_problems(ancestors: Iterable[tuple], gid: Optional[int]) -> list:
+    """Why sshd, as a gateway account, could not read its keys file below these directories ([] = it can).
+
+    Args:
+        ancestors: ``(path, uid, gid, mode)`` of each existing directory above the gateway's directory, from
+            ``/`` down (``mode`` the permission bits, e.g. ``0o700``).
+        gid: the gid of :data:`GROUP` (the accounts' primary group), None if it does not exist yet (then only
+            the "other" bits count).
+
+    Returns:
+        One message per directory that fails, naming it, its owner:group and mode and what is wrong: not
+        searchable by the accounts (no ``x`` for others, nor for the group when it is :data:`GROUP`), or what
+        sshd's ``StrictModes`` refuses (not owned by root; group or world writable).
+    """
+    problems = []
+    for path, uid, dir_gid, mode in ancestors:
+        wrong = []
+        if not (mode & 0o001 or (gid is not None and dir_gid == gid and mode & 0o010)):
+            wrong.append(f"the gateway's accounts (group {GROUP}) cannot pass through it")
+        if uid != 0:
+            wrong.append("sshd's StrictModes wants it owned by root")
+        if mode & 0o022:
+            wrong.append("sshd's StrictModes refuses a group or world writable directory")
+        if wrong:
+            problems.append(f"{path} (uid {uid}, gid {dir_gid}, mode {mode:04o}): " + " and ".join(wrong))
+    return problems
 
 
 # --- effects --------------------------------------------------------------------------------------
@@ -247,15 +302,47 @@ def _ensure_dir(path: str, mode: int, gid: int = 0) -> bool:
     return changed
 
 
+def _ancestors(directory: str) -> tuple[list, list]:
+    """``(path, uid, gid, mode)`` of each existing directory above ``directory`` (from ``/`` down), and the
+    missing ones (from the top down)."""
+    parts = os.path.normpath(directory).split(os.sep)[1:-1]
+    found: list = []
+    missing: list = []
+    for depth in range(len(parts) + 1):
+        path = os.sep + os.sep.join(parts[:depth])
+        try:
+            st = None if missing else os.stat(path)
+        except FileNotFoundError:
+            st = None
+        if st is None:
+            missing.append(path)
+        else:
+            found.append((path, st.st_uid, st.st_gid, st.st_mode & 0o7777))
+    return found, missing
+
+
+def check_path(directory: str, gid: Optional[int]) -> list:
+    """:func:`path_problems` of the directories above ``directory`` as they are now (missing ones are created
+    root 0755 by :func:`ensure_gateway`, which passes)."""
+    return path_problems(_ancestors(directory)[0], gid)
+
+
 def ensure_gateway(directory: str, port: int, check_mode: bool = False) -> bool:
-    """Install the gateway's files: ``<directory>`` (0755), its host key, ``sshd_config`` (0644) and the
-    keys directory (root:GROUP 0750); create :data:`GROUP`. Starting sshd is the role's (or the test's).
+    """Install the gateway's files: ``<directory>`` (0755, and any missing directory above it root 0755), its
+    host key, ``sshd_config`` (0644) and the keys directory (root:GROUP 0750); create :data:`GROUP`. Starting
+    sshd is the role's (or the test's).
+
+    The directories above ``<directory>`` must let sshd read the keys as each account (:func:`path_problems`);
+    the hypervisor role makes its config directory (the default ``gateway_dir``'s parent) root:GROUP 0710 for
+    this. A path that fails is refused before anything is written.
 
     Returns:
-        whether anything changed (in check mode: would change).
+        whether anything changed (in check mode: would change; a path that fails counts as a change, since the
+        role's own tasks before this one may fix it).
 
     Raises:
-        GatewayError: ssh-keygen or groupadd failed.
+        GatewayError: a directory above ``<directory>`` fails :func:`path_problems` (each one named, with the
+            host config key and the role variable), or ssh-keygen or groupadd failed.
     """
     config = sshd_config(directory, port)
     keys_dir = os.path.join(directory, "keys")
@@ -266,9 +353,21 @@ def ensure_gateway(directory: str, port: int, check_mode: bool = False) -> bool:
                 same = fh.read() == config
         except OSError:
             same = False
-        return not (same and os.path.isdir(keys_dir) and os.path.exists(host_key) and existing_group_id() is not None)
+        return not (same and os.path.isdir(keys_dir) and os.path.exists(host_key) and existing_group_id() is not None
+                    and not check_path(directory, existing_group_id()))
     gid = group_id()
-    changed = _ensure_dir(directory, 0o755)
+    problems = check_path(directory, gid)
+    if problems:
+        raise GatewayError(
+            f"gateway_dir (hypervisor_ssh_gateway_dir): {directory}: sshd reads each tenant's keys file"
+            f" {keys_dir}/zc-<owner> as that account (group {GROUP}), so every directory above it must be"
+            " searchable by that group, owned by root and not group or world writable (sshd's StrictModes); "
+            + "; ".join(problems) + f". Make it root:{GROUP} 0710 (or 0711), or choose another"
+            " hypervisor_ssh_gateway_dir; none of the gateway's files was written")
+    changed = False
+    for missing in _ancestors(directory)[1]:  # root 0755 whatever the umask is (it passes path_problems)
+        changed |= _ensure_dir(missing, 0o755)
+    changed |= _ensure_dir(directory, 0o755)
     changed |= _ensure_dir(keys_dir, 0o750, gid)
     if not os.path.exists(host_key):
         _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "zjusct-cloud-gateway", "-f", host_key])

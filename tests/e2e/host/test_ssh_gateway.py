@@ -233,7 +233,10 @@ def test_a_deleted_vms_port_is_closed(site: Site):
 
 
 def test_keys_follow_the_vm_spec_at_once(site: Site, tmp_path: Path):
-    """A key added to bob's (stopped) VM spec authenticates as zc-bob right away; removed again, it is refused."""
+    """A key added to bob's (stopped) VM spec authenticates as zc-bob right away; removed again, it is refused.
+
+    No boot of bob's VM runs, so the gateway grants its spec's keys, the ones its next boot gets (a running VM keeps
+    its boot's keys until the next boot: tests/e2e/host/test_gateway_site_layout.py)."""
     extra = tmp_path / "extra_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(extra)], check=True)
     bob_key = Path(f"{site.keys['bob']}.pub").read_text().strip()

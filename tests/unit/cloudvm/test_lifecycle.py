@@ -32,6 +32,8 @@ class FakeApi:
     backend = "kubernetes"
     reconciles_in_background = True
     ignored_options = {"image": "host backend only", "volume_size_mib": "host backend only"}
+    ssh_gateway = False
+    launched_boot = k8s.KubernetesCloudVMApi.launched_boot  # a pure read of the status, as the adapter's
 
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str], dict] = {}
@@ -164,10 +166,12 @@ def obedient_controller(api: FakeApi, ns: str = "ns", name: str = "vm1") -> Call
             return
         spec = obj["spec"]
         if spec["powerState"] == "Running":
-            api.set_status(ns, name, phase="Running", reason="SSHReady", bootID=spec["bootID"])
+            api.set_status(ns, name, phase="Running", reason="SSHReady", bootID=spec["bootID"],
+                           pod=f"{name}-boot-{spec['bootID']}")
         else:
+            prev = obj.get("status") or {}
             api.set_status(ns, name, phase="Stopped", reason="StopRequested",
-                           bootID=(obj.get("status") or {}).get("bootID", spec["bootID"]))
+                           bootID=prev.get("bootID", spec["bootID"]), **({"pod": prev["pod"]} if "pod" in prev else {}))
 
     return act
 
@@ -288,6 +292,65 @@ def test_restart_in_check_mode_predicts_next_boot_and_writes_nothing() -> None:
     assert (result["changed"], result["boot_id"]) == (True, 2)
     assert result["diff"]["before"]["bootID"] == 1
     assert api.writes == writes
+
+
+OLD_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOld0000000000000000000000000000000000000000 old"
+NEW_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAINew0000000000000000000000000000000000000000 new"
+
+
+def test_rekeying_a_running_vm_says_the_keys_take_effect_at_the_next_boot() -> None:
+    """The launcher Pod of boot 1 keeps the keys it was made with: the result names boot 2 and warns; a restart
+    then boots 2 with them and warns of nothing."""
+    api = FakeApi()
+    clock = Clock(obedient_controller(api))
+    backend(api, clock).ensure(params(power_state="running", wait=True, ssh_authorized_keys=[OLD_KEY]),
+                               check_mode=False, diff=False)
+    rekeyed = backend(api, clock).ensure(params(power_state="running", wait=True, ssh_authorized_keys=[NEW_KEY]),
+                                         check_mode=False, diff=False)
+    assert (rekeyed["changed"], rekeyed["boot_id"], rekeyed["ssh_authorized_keys_boot_id"]) == (True, 1, 2)
+    (warning,) = rekeyed["warnings"]
+    assert warning.startswith("spec.sshAuthorizedKeys change takes effect at the next boot (bootID 2): boot 1 keeps"
+                              " its keys in the guest until it ends")
+    restarted = backend(api, clock).ensure(params(restart=True, wait=True, ssh_authorized_keys=[OLD_KEY]),
+                                           check_mode=False, diff=False)
+    assert (restarted["boot_id"], restarted["ssh_authorized_keys_boot_id"]) == (2, 2)
+    assert "warnings" not in restarted
+    unchanged = backend(api, clock).ensure(params(power_state="running", wait=True, ssh_authorized_keys=[OLD_KEY]),
+                                           check_mode=False, diff=False)
+    assert "ssh_authorized_keys_boot_id" not in unchanged and "warnings" not in unchanged
+
+
+def test_rekeying_in_check_mode_predicts_the_same_and_a_checked_restart_warns_of_nothing() -> None:
+    api = FakeApi()
+    clock = Clock(obedient_controller(api))
+    backend(api, clock).ensure(params(power_state="running", wait=True, ssh_authorized_keys=[OLD_KEY]),
+                               check_mode=False, diff=False)
+    writes = api.writes
+    checked = backend(api, clock).ensure(params(ssh_authorized_keys=[NEW_KEY]), check_mode=True, diff=False)
+    assert (checked["changed"], checked["ssh_authorized_keys_boot_id"]) == (True, 2)
+    (warning,) = checked["warnings"]
+    assert warning.startswith("spec.sshAuthorizedKeys change takes effect at the next boot (bootID 2): boot 1")
+    restart = backend(api, clock).ensure(params(restart=True, ssh_authorized_keys=[NEW_KEY]), check_mode=True,
+                                         diff=False)
+    assert (restart["boot_id"], restart["ssh_authorized_keys_boot_id"]) == (2, 2) and "warnings" not in restart
+    assert api.writes == writes
+
+
+def test_a_requested_boot_whose_pod_is_not_made_yet_gets_the_new_keys() -> None:
+    """The controller has not created boot 1's launcher Pod (no ``status.pod``): that boot is built from the spec
+    the re-key writes, so it is the one with the new keys and nothing warns."""
+    api = FakeApi()
+    backend(api).ensure(params(power_state="running", ssh_authorized_keys=[OLD_KEY]), check_mode=False, diff=False)
+    api.set_status("ns", "vm1", phase="Pending", reason="Starting", message="boot 1 requested", bootID=1)
+    rekeyed = backend(api).ensure(params(ssh_authorized_keys=[NEW_KEY]), check_mode=False, diff=False)
+    assert (rekeyed["boot_id"], rekeyed["ssh_authorized_keys_boot_id"]) == (1, 1)
+    assert "warnings" not in rekeyed
+    api.set_status("ns", "vm1", phase="Pending", reason="Starting", message="boot 1 requested", bootID=1,
+                   pod="vm1-boot-1")  # now made: its Pod keeps the keys it was made with
+    again = backend(api).ensure(params(ssh_authorized_keys=[OLD_KEY]), check_mode=False, diff=False)
+    assert again["ssh_authorized_keys_boot_id"] == 2
+    (warning,) = again["warnings"]
+    assert warning.startswith("spec.sshAuthorizedKeys change takes effect at the next boot (bootID 2): boot 1 keeps")
 
 
 def test_wait_timeout_names_last_phase_and_reason() -> None:

@@ -1,15 +1,19 @@
-"""The SSH gateway's pure parts: account names, which key opens which guest, authorized_keys and sshd_config,
-the guard rules that let the gateway (and only it) open guests' port 22, and the host config's gateway keys."""
+"""The SSH gateway's pure parts: account names, which key opens which guest, the keys in effect, authorized_keys and
+sshd_config, the directories sshd can read keys below, the guard rules that let the gateway (and only it) open
+guests' port 22, and the host config's gateway keys."""
 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils.host import config as _hostconfig
 from ansible_collections.zjusct.cloud.plugins.module_utils.network import gateway as gw
 from ansible_collections.zjusct.cloud.plugins.module_utils.network.hostnet import guard_ruleset, uplink_outer_ruleset
 
+REPO = Path(__file__).resolve().parents[3]
 ALICE1 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAlice1111111111111111111111111111111111111 alice@laptop"
 ALICE2 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAlice2222222222222222222222222222222222222 alice@desk"
 BOB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBob33333333333333333333333333333333333333333 bob@laptop"
@@ -98,3 +102,64 @@ def test_host_config_gateway_keys(tmp_path):
         path.write_text(json.dumps(bad))
         with pytest.raises(ValueError, match=named):
             _hostconfig.load(str(path))
+
+
+def test_keys_in_effect_are_the_running_boots_else_the_specs():
+    assert gw.keys_in_effect([ALICE2], [ALICE1]) == [ALICE1]  # a boot runs: its keys, not the newer spec's
+    assert gw.keys_in_effect([ALICE2], None) == [ALICE2]  # none runs: the keys its next boot gets
+    assert gw.keys_in_effect(None, None) == []
+    assert gw.keys_in_effect([ALICE2], []) == []  # a boot without keys grants none, whatever the spec says now
+
+
+GID = 997  # the gateway group's gid in these cases
+
+
+@pytest.mark.parametrize(("uid", "gid", "mode", "wrong"), [
+    (0, 0, 0o700, "cannot pass through it"),  # the hypervisor role's config directory on main
+    (0, 0, 0o750, "cannot pass through it"),  # the group may pass, but it is root's, not the gateway's
+    (0, GID, 0o700, "cannot pass through it"),
+    (0, 0, 0o1777, "group or world writable"),  # /tmp
+    (0, GID, 0o770, "group or world writable"),
+    (1000, 0, 0o755, "owned by root"),
+])
+def test_path_problems_name_a_directory_sshd_cannot_read_keys_below(uid, gid, mode, wrong):
+    (problem,) = gw.path_problems([("/", 0, 0, 0o755), ("/etc/zc", uid, gid, mode)], GID)
+    assert problem.startswith(f"/etc/zc (uid {uid}, gid {gid}, mode {mode:04o}): ") and wrong in problem
+
+
+@pytest.mark.parametrize(("gid", "mode"), [(0, 0o711), (0, 0o755), (GID, 0o710), (GID, 0o750)])
+def test_path_problems_accept_what_the_gateway_group_may_pass(gid, mode):
+    assert gw.path_problems([("/", 0, 0, 0o755), ("/etc/zc", 0, gid, mode)], GID) == []
+
+
+def test_path_problems_without_the_group_count_only_other_bits():
+    assert gw.path_problems([("/etc/zc", 0, GID, 0o710)], None) != []
+    assert gw.path_problems([("/etc/zc", 0, GID, 0o711)], None) == []
+
+
+def test_the_roles_gateway_group_is_the_modules():
+    """roles/hypervisor gives its config directory to the group the host_network module makes its accounts in."""
+    import yaml
+
+    role_vars = yaml.safe_load((REPO / "roles" / "hypervisor" / "vars" / "main.yml").read_text())
+    assert role_vars["hypervisor_ssh_gateway_group"] == gw.GROUP
+
+
+def test_ensure_gateway_refuses_a_parent_the_accounts_cannot_pass_and_writes_nothing(tmp_path, monkeypatch):
+    """A gateway_dir under a root-only directory (the role's 0700 config directory) fails naming that directory;
+    none of the gateway's files is written. (The group lookup is stubbed: no host group is made here.)"""
+    monkeypatch.setattr(gw, "group_id", lambda: GID)
+    parent = tmp_path / "etc"
+    parent.mkdir(mode=0o700)
+    parent.chmod(0o700)
+    directory = parent / "gateway"
+    with pytest.raises(gw.GatewayError) as caught:
+        gw.ensure_gateway(str(directory), 2222)
+    message = str(caught.value)
+    assert message.startswith(f"gateway_dir (hypervisor_ssh_gateway_dir): {directory}: ")
+    assert (f"{parent} (uid {os.getuid()}, gid {os.getgid()}, mode 0700): the gateway's accounts (group"
+            " zjusct-gateway) cannot pass through it") in message
+    assert "none of the gateway's files was written" in message
+    assert not directory.exists()
+    assert gw.ensure_gateway(str(directory), 2222, check_mode=True) is True  # check mode predicts, never raises
+    assert not directory.exists()

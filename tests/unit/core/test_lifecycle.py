@@ -7,6 +7,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle impor
     CloudVMError,
     authorize,
     current_boot_live,
+    keys_change,
     params_to_spec,
     plan_power,
 )
@@ -119,3 +120,44 @@ def test_one_rule_decides_whether_a_start_requests_a_new_boot(spec, status, new_
     assert out["powerState"] == "Running"
     assert out["bootID"] == spec["bootID"] + (1 if new_boot else 0)
 
+
+
+OLD_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOld0000000000000000000000000000000000000000 old"
+NEW_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAINew0000000000000000000000000000000000000000 new"
+
+
+def _rekeyed(spec: dict) -> dict:
+    return dict(spec, sshAuthorizedKeys=[NEW_KEY])
+
+
+def test_rekeying_a_running_boot_takes_effect_at_the_next_boot_with_a_warning():
+    before = dict(BASE, powerState="Running", bootID=3, sshAuthorizedKeys=[OLD_KEY])
+    boot, warning = keys_change(before, _rekeyed(before), 3, {"phase": "Running", "bootID": 3}, gateway=True)
+    assert boot == 4
+    assert warning is not None and warning.startswith(
+        "spec.sshAuthorizedKeys change takes effect at the next boot (bootID 4): boot 3 keeps its keys in the guest"
+        " and on the host's SSH gateway until it ends")
+    assert "restart: true, playbook vm_restart" in warning
+    _, k8s_warning = keys_change(before, _rekeyed(before), 3, {"phase": "Running", "bootID": 3})
+    assert k8s_warning is not None and "gateway" not in k8s_warning
+
+
+def test_rekeying_with_a_restart_or_while_off_warns_of_nothing():
+    before = dict(BASE, powerState="Running", bootID=3, sshAuthorizedKeys=[OLD_KEY])
+    restarted = dict(_rekeyed(before), bootID=4)
+    assert keys_change(before, restarted, 3, {"phase": "Running", "bootID": 4}) == (4, None)
+    stopped = dict(BASE, powerState="Stopped", bootID=3, sshAuthorizedKeys=[OLD_KEY])
+    assert keys_change(stopped, _rekeyed(stopped), 3, {"phase": "Stopped", "bootID": 3}) == (4, None)
+    never = dict(BASE, powerState="Stopped", bootID=0)
+    assert keys_change(never, _rekeyed(never), None, {}) == (1, None)
+
+
+def test_a_requested_boot_not_launched_yet_gets_the_new_keys():
+    before = dict(BASE, powerState="Running", bootID=5, sshAuthorizedKeys=[OLD_KEY])
+    assert keys_change(before, _rekeyed(before), 4, {"phase": "Stopped", "bootID": 4}) == (5, None)
+
+
+def test_no_key_change_or_a_create_is_no_notice():
+    before = dict(BASE, powerState="Running", bootID=3, sshAuthorizedKeys=[OLD_KEY])
+    assert keys_change(before, dict(before, vcpus=2), 3, {"phase": "Running", "bootID": 3}) is None
+    assert keys_change(None, before, None, {}) is None
