@@ -320,7 +320,7 @@ class Runner:
         if self.watchdog_sock is not None:
             if self.pidfd is None:
                 raise RunFailed("LauncherError", "pidfd_open failed: the VMM watchdog cannot be armed (Linux >= 5.3 "
-                                             "is needed with hypervisor.runAs)")
+                                "is needed with hypervisor.runAs)")
             socket.send_fds(self.watchdog_sock, [b"p"], [self.pidfd])
         log.info("vmm started", pid=self.proc.pid, accel=accel, argv=argv, launcherCpuSecondsBeforeVmm=round(cpu, 4),
                  launcherMaxRssKiB=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)

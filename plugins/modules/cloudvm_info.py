@@ -14,8 +14,8 @@ description:
   - Returns CloudVM objects (spec and status) from the host store or the Kubernetes API, filtered by name,
     namespace, owner and labels. Never changes a CloudVM.
   - With O(authorize), it is also the owner check a playbook makes before it acts on a VM it looked up (the
-    C(vm_stop), C(vm_restart) and C(vm_backup) playbooks do): it fails with C(reason=Forbidden) when a CloudVM
-    found belongs to another owner, and that refusal is recorded like any other (docs/security.md, "Audit").
+    C(vm_stop), C(vm_restart) and C(vm_backup) playbooks do), and fails with C(reason=Forbidden) when a CloudVM
+    found belongs to another owner; and that refusal is recorded like any other (docs/security.md, "Audit").
 extends_documentation_fragment:
   - zjusct.cloud.cloudvm_backend
   - kubernetes.core.k8s_auth_options
@@ -52,7 +52,7 @@ options:
         type: str
         required: true
       operator:
-        description: The operator switch (docs/security.md): any owner's VM may be acted on.
+        description: The operator switch (docs/security.md); any owner's VM may be acted on.
         type: bool
         default: false
       action:

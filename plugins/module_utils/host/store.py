@@ -38,6 +38,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.quota import us
 
 DEFAULT_PATH = "/var/lib/zjusct-cloud/cloud.db"
 
+
 class AddColumn(tuple):
     """A migration step ``ALTER TABLE <table> ADD COLUMN <column> <decl>``, skipped when the column exists (so a
     step that was applied before its ``user_version`` was written, or a store whose version was set back, migrates

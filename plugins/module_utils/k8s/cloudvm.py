@@ -211,8 +211,6 @@ def api_client(params: dict) -> Any:
     return _api_client(params, lambda message: CloudVMError(f"backend kubernetes: {message}"))
 
 
-
-
 # --------------------------------------------------------------------------- module entry points
 
 

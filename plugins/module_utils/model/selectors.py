@@ -107,4 +107,3 @@ def parse_label_selector(text: str, option: str = "label_selector") -> tuple[Req
 def matches(requirements: tuple[Requirement, ...], labels: dict) -> bool:
     """Whether a label map satisfies every requirement (an empty selector matches everything)."""
     return all(req.matches(labels) for req in requirements)
-

@@ -4,7 +4,7 @@ kube-apiserver with a controller in the background.
 The fake keeps resourceVersion/generation like the API server, refuses stale writes with a 409
 and applies the same rules as the CRD (through ``model.spec``), so the retry, idempotency and wait
 logic can be proved exhaustively here; tests/integration/cloudvm_k8s/ proves the same against the
-real API server, tests/unit/cloudvm/test_lifecycle_backends.py over both real adapters.
+real API server, tests/integration/cloudvm_k8s/test_lifecycle_backends.py over both real adapters.
 """
 
 from __future__ import annotations
