@@ -255,7 +255,7 @@ phases:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.backup_audit import audit_argument_spec
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.volume_backup_module import run_rbd_backup
+from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import run_rbd_backup
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
 from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.backup_events import event_argument_spec
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import connection_argument_spec

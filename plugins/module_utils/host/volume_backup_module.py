@@ -19,8 +19,7 @@ owner marks and the ``disk_mib`` quota checked on this receiving host, docs/secu
 or ``target_pool``/``target_name`` (unregistered).
 
 Audit (with ``host_config``): each backup and restore is a record (:mod:`host.backup_audit`), the registration of a
-restored volume a ``volume-register`` record as ``host_volume`` writes. On Kubernetes (with ``event``): each backup
-and restore is an Event of the CloudVM (:mod:`k8s.backup_events`).
+restored volume a ``volume-register`` record as ``host_volume`` writes.
 """
 
 from __future__ import annotations
@@ -37,7 +36,6 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.host.host_volume_modu
     within_disk_quota,
 )
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import AuditTrail, HostStore, audited
-from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.backup_events import run_with_events
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import is_dns_label
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage import backup_io as bio
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage import file_backup as fb
@@ -294,7 +292,6 @@ def volume_backup_argument_spec() -> Dict[str, Any]:
     """volume_backup's options (documented in plugins/modules/volume_backup.py): rbd_backup's, the host store
     forms (``volume``, ``target_volume``), the file forms (``path``, ``target_path``) and the drivers."""
     from ansible_collections.zjusct.cloud.plugins.module_utils.host.backup_audit import audit_argument_spec
-    from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.backup_events import event_argument_spec
     from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import connection_argument_spec
 
     drivers = list(DRIVER_NAMES)
@@ -324,18 +321,16 @@ def volume_backup_argument_spec() -> Dict[str, Any]:
         verify=dict(type="bool", default=True),
         **audit_argument_spec(),
         **connection_argument_spec(),
-        **event_argument_spec(),
     )
 
 
 def run_volume_backup(params: Dict[str, Any], check_mode: bool) -> Dict[str, Any]:
     """The ``zjusct.cloud.volume_backup`` module (module docstring): dispatch on ``state``, audited in the host
-    store of ``host_config`` (:func:`host.backup_audit.run_audited`) and, with ``event``, recorded as an Event of
-    that CloudVM on Kubernetes (:func:`k8s.backup_events.run_with_events`).
+    store of ``host_config`` (:func:`host.backup_audit.run_audited`).
 
     Raises:
         BackupError (its ``problems`` in the failure result), VolumeQuotaError (``reason: QuotaExceeded``), RbdError,
-        or CloudError naming the option for a bad parameter, destination, ``host_config`` or ``event``.
+        or CloudError naming the option for a bad parameter, destination or ``host_config``.
     """
     _ranges(params)
     state = params.get("state") or "present"
@@ -345,33 +340,26 @@ def run_volume_backup(params: Dict[str, Any], check_mode: bool) -> Dict[str, Any
             return bio.verify_result(params["dest"], params.get("backup_id"))
         if state == "present":
             src = _source(params)
-            return run_with_events(params, lambda: run_audited(
-                dict(params, volume=src["volume"], driver=src["driver"]), lambda: _backup(params, src, check_mode),
-                check_mode, subject=src["subject"]), check_mode, src["subject"])
+            return run_audited(dict(params, volume=src["volume"], driver=src["driver"]),
+                               lambda: _backup(params, src, check_mode), check_mode, subject=src["subject"])
         tgt = _target(params)
-        return run_with_events(params, lambda: _restore_registered(params, tgt, check_mode), check_mode,
-                               tgt["subject"])
+        audit_params = dict(params, target_volume=tgt["volume"], target_driver=tgt["driver"])
+        res = run_audited(audit_params, lambda: _restore(params, tgt, check_mode), check_mode,
+                          subject=tgt["subject"])
+        if tgt["volume"] and not check_mode:
+            if tgt["driver"] == "rbd":
+                adopted = adopt_volume({"name": tgt["volume"], "owner": res.get("owner") or params.get("owner"),
+                                        "rbd_image": tgt["ref"].spec, "image": params.get("image"),
+                                        "actor": params.get("actor"), "host_config": params.get("host_config")})
+                res["volume"] = adopted["volume"]
+                res["changed"] = bool(res.get("changed") or adopted["changed"])
+            elif res.get("changed"):
+                res["volume"] = _register(params, tgt, res)
+        return res
     except CloudError:
         raise
     except ValueError as exc:
         raise CloudError(str(exc)) from exc
-
-
-def _restore_registered(params: Dict[str, Any], tgt: Dict[str, Any], check_mode: bool) -> Dict[str, Any]:
-    """One restore, audited with ``host_config``; with ``target_volume`` the new volume registered in the host
-    store."""
-    audit_params = dict(params, target_volume=tgt["volume"], target_driver=tgt["driver"])
-    res = run_audited(audit_params, lambda: _restore(params, tgt, check_mode), check_mode, subject=tgt["subject"])
-    if tgt["volume"] and not check_mode:
-        if tgt["driver"] == "rbd":
-            adopted = adopt_volume({"name": tgt["volume"], "owner": res.get("owner") or params.get("owner"),
-                                    "rbd_image": tgt["ref"].spec, "image": params.get("image"),
-                                    "actor": params.get("actor"), "host_config": params.get("host_config")})
-            res["volume"] = adopted["volume"]
-            res["changed"] = bool(res.get("changed") or adopted["changed"])
-        elif res.get("changed"):
-            res["volume"] = _register(params, tgt, res)
-    return res
 
 
 def run_rbd_backup(params: Dict[str, Any], check_mode: bool) -> Dict[str, Any]:

@@ -122,17 +122,33 @@ def _label(value: Any) -> Optional[str]:
     return text if ok and text.isascii() else None
 
 
-def run_with_events(params: Dict[str, Any], body: Callable[[], Dict[str, Any]], check_mode: bool,
-                    subject: str) -> Dict[str, Any]:
-    """Run ``body`` (one backup or restore, ``params["state"]``) and record it as an Event of the CloudVM
-    ``params["event"]`` (module docstring); without ``event``, in check mode and for ``state: verified`` it is
-    ``body()``.
+def _what(params: Dict[str, Any], state: str) -> str:
+    """The volume backed up (``present``) or restored into (``restored``), as the message names it: ``<pool>/<image>``,
+    ``volume <name>`` (a host store volume) or ``<driver>:<absolute path>``."""
+    import os
+
+    if state == "present":
+        if params.get("volume"):
+            return f"volume {params['volume']}"
+        if params.get("path"):
+            return f"{params.get('driver') or 'file'}:{os.path.abspath(params['path'])}"
+        return f"{params.get('pool') or 'rbd'}/{params.get('name')}"
+    if params.get("target_volume"):
+        return f"volume {params['target_volume']}"
+    if params.get("target_path"):
+        return f"{params.get('target_driver') or 'file'}:{os.path.abspath(params['target_path'])}"
+    return f"{params.get('target_pool') or params.get('pool') or 'rbd'}/{params.get('target_name')}"
+
+
+def run_with_events(params: Dict[str, Any], body: Callable[[], Dict[str, Any]], check_mode: bool) -> Dict[str, Any]:
+    """Run ``body`` (the host body of one backup or restore, ``params["state"]``) and record it as an Event of the
+    CloudVM ``params["event"]`` (module docstring); without ``event``, in check mode and for ``state: verified`` it
+    is ``body()``.
 
     Args:
         params: the module parameters (state, event, dest, backup_id, owner, actor, the connection options).
         body: returns the module result (``changed``, ``backup_id``, ``owner``, ``type``...) or raises.
         check_mode: nothing is written.
-        subject: what was backed up or restored into (``rbd/<pool>/<image>``, ``volume/<name>``, ``file:<path>``).
 
     Returns:
         ``body()``'s result, with ``event`` (the Event written: namespace, name, reason, type) when one was.
@@ -151,8 +167,7 @@ def run_with_events(params: Dict[str, Any], body: Callable[[], Dict[str, Any]], 
     events.check()
     actor = str(params.get("actor") or params.get("owner") or "operator")
     dest = params.get("dest")
-    kind, _sep, rest = subject.partition("/")
-    what = {"rbd": rest, "volume": f"volume {rest}"}.get(kind, subject) if rest else subject
+    what = _what(params, state)
     try:
         result = body()
     except Exception as exc:
