@@ -119,8 +119,8 @@ options:
     default: false
   actor:
     description:
-      - Who acts, for the audit record written with O(host_config) (the launching user under AWX). Defaults to
-        O(owner), else C(operator).
+      - Who acts, for the audit record written with O(host_config) and the Event written with O(event) (the
+        launching user under AWX). Defaults to O(owner), else C(operator).
     type: str
   operator:
     description:

@@ -161,8 +161,8 @@ options:
     type: bool
     default: false
   actor:
-    description: Who acts, for the audit records written with O(host_config). Defaults to O(owner), else
-      C(operator).
+    description: Who acts, for the audit records written with O(host_config) and the Event written with O(event).
+      Defaults to O(owner), else C(operator).
     type: str
   operator:
     description:
