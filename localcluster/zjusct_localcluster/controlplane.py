@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .binaries import Binaries
+from .binaries import REPO, Binaries
 from .pki import PKI, KeyPair, write_kubeconfig
 from .virtualnodes import DEFAULT_NODES, Heartbeat, Kubelet, NodeSpec, node_manifest, pause_marker
 
@@ -41,6 +41,10 @@ STATE_FILE = "state.json"
 TENANT_USER = "alice"
 TENANT_NAMESPACE = "tenant-alice"
 KUBELET_CLIENT_USER = "kube-apiserver-kubelet-client"
+# The collection's kube-apiserver audit policy (docs/security.md, "Audit"); every control plane started here logs
+# with it into <state_dir>/logs/audit.log, rotated at AUDIT_LOG_LIMITS so a long-lived cluster's log stays bounded.
+AUDIT_POLICY = REPO / "config" / "audit" / "policy.yaml"
+AUDIT_LOG_LIMITS = {"maxage": 7, "maxbackup": 3, "maxsize": 100}  # days, rotated files kept, MiB per file
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 LIFECYCLE_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
 # Seconds a test waits for a control-plane controller (scheduler, node lifecycle, garbage collector) to act on a
@@ -188,6 +192,8 @@ class Cluster:
             is then also the ``kubernetes`` Service's endpoint (the lease endpoint reconciler publishes it, which
             kube-proxy turns into the 10.96.0.1 rules) and a SAN of the serving certificate.
         apiserver_port: kube-apiserver's ``--secure-port`` (default: a free ephemeral port).
+        audit_policy: the audit policy kube-apiserver logs with (default the collection's
+            config/audit/policy.yaml); copied into the state dir at start, the log is :attr:`audit_log`.
     """
 
     def __init__(
@@ -201,7 +207,9 @@ class Cluster:
         keep_state: bool = False,
         bind_address: str = "127.0.0.1",
         apiserver_port: int | None = None,
+        audit_policy: Path = AUDIT_POLICY,
     ) -> None:
+        self.audit_policy = Path(audit_policy)
         self.bind_address = bind_address
         self.apiserver_port = apiserver_port
         self.binaries = binaries or Binaries.pinned()
@@ -232,6 +240,12 @@ class Cluster:
     def tenant_kubeconfig(self) -> Path:
         """The limited user's kubeconfig (user ``alice``, ``edit`` rights only in ``tenant-alice``)."""
         return self.kubeconfigs[TENANT_USER]
+
+    @property
+    def audit_log(self) -> Path:
+        """kube-apiserver's audit log (one JSON ``audit.k8s.io/v1`` Event a line, :attr:`audit_policy`'s rules);
+        rotated files beside it are ``audit-<timestamp>.log``."""
+        return self.state_dir / "logs" / "audit.log"
 
     def api_client(self, user: str = "admin") -> Any:
         """A new ``kubernetes.client.ApiClient`` for ``user`` (``admin``, ``alice``, or a node name).
@@ -386,6 +400,8 @@ class Cluster:
                 shutil.rmtree(path, ignore_errors=True)
             path.mkdir(parents=True, exist_ok=True)
         (self.state_dir / "etcd").chmod(0o700)
+        # a copy: the running kube-apiserver (and restart_apiserver) never sees an edit of the checkout's file
+        shutil.copyfile(self.audit_policy, self.state_dir / "audit-policy.yaml")
         names = ("etcd-client", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
         self.ports = dict(zip(names, free_ports(len(names)), strict=True))
         if self.apiserver_port:
@@ -500,6 +516,10 @@ class Cluster:
                 f"--kubelet-client-certificate={d / 'kube-apiserver-kubelet-client.crt'}",
                 f"--kubelet-client-key={d / 'kube-apiserver-kubelet-client.key'}",
                 f"--kubelet-certificate-authority={pki.ca.cert}",
+                # audit: who changed which CloudVM, claim, PV, launcher Pod, Event (config/audit/policy.yaml)
+                f"--audit-policy-file={self.state_dir / 'audit-policy.yaml'}",
+                f"--audit-log-path={self.audit_log}",
+                *(f"--audit-log-{key}={value}" for key, value in AUDIT_LOG_LIMITS.items()),
             ]
         common = [
             f"--kubeconfig={self.kubeconfigs[name]}",
@@ -668,6 +688,7 @@ class Cluster:
             "ports": self.ports,
             "pids": {**self.pids(), "supervisor": os.getpid()},
             "kubeconfigs": {k: str(v) for k, v in self.kubeconfigs.items()},
+            "audit_log": str(self.audit_log),
             "nodes": [{"name": n.name, "address": n.address} for n in self.nodes],
             "heartbeat_interval": self.heartbeat_interval,
             "timings": self.timings,

@@ -1,8 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Argument specs of the cloudvm modules (and of owner_quota, which has both backends too) and the dispatch to a
-backend.
+"""Argument specs of the cloudvm modules (and of owner_quota, volume_backup and rbd_backup, which have both backends
+too) and the dispatch to a backend.
 
 Each backend module exposes ``ensure(params, check_mode, diff) -> dict`` (the module result:
 ``changed``, ``cloudvm``, ``phase``, ``boot_id``, optional ``diff``) and
@@ -173,3 +173,36 @@ def run_owner_quota(params: dict, check_mode: bool, diff: bool) -> dict:
     from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.quota import run_owner_quota as k8s_quota
 
     return k8s_quota(params, check_mode, diff)
+
+
+def volume_backup_argument_spec() -> dict:
+    """The ``zjusct.cloud.volume_backup`` module's argument spec: the host body's options
+    (``host.volume_backup_module.volume_backup_argument_spec``) and ``event`` with kubernetes.core's connection
+    options (``k8s.backup_events.event_argument_spec``)."""
+    from ansible_collections.zjusct.cloud.plugins.module_utils.host.volume_backup_module import (
+        volume_backup_argument_spec as host_spec,
+    )
+    from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.backup_events import event_argument_spec
+
+    return dict(host_spec(), **event_argument_spec())
+
+
+def run_volume_backup(params: dict, check_mode: bool) -> dict:
+    """The ``zjusct.cloud.volume_backup`` module: the backup, verification or restore
+    (``host.volume_backup_module.run_volume_backup``, audited in a host store with ``host_config``), recorded as an
+    Event of a CloudVM with ``event`` (``k8s.backup_events.run_with_events``, the Kubernetes backend)."""
+    from ansible_collections.zjusct.cloud.plugins.module_utils.host.volume_backup_module import (
+        run_volume_backup as host_run,
+    )
+    from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.backup_events import run_with_events
+
+    return run_with_events(params, lambda: host_run(params, check_mode), check_mode)
+
+
+def run_rbd_backup(params: dict, check_mode: bool) -> dict:
+    """The ``zjusct.cloud.rbd_backup`` module: ``host.volume_backup_module.run_rbd_backup``, recorded as an Event of
+    a CloudVM with ``event`` as :func:`run_volume_backup`."""
+    from ansible_collections.zjusct.cloud.plugins.module_utils.host.volume_backup_module import run_rbd_backup as host
+    from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.backup_events import run_with_events
+
+    return run_with_events(params, lambda: host(params, check_mode), check_mode)

@@ -39,11 +39,15 @@ description:
     record in that host's store (action C(backup) or C(restore), the backup's owner, the actor, the result, the
     backup id, chain and pruned backups; never a connection setting), listed by M(zjusct.cloud.audit_info).
     Verification, an unchanged restore and check mode record nothing. See docs/security.md, "Audit".
+  - On Kubernetes, with O(event), each backup and restore that changed something or failed is an Event of the
+    CloudVM (C(BackupCompleted), C(BackupFailed), C(RestoreCompleted), C(RestoreFailed)); see O(event).
 requirements:
   - google-crc32c >= 1.5 (optional; CRC32C checksums, needed to verify or restore a CRC32C backup)
 extends_documentation_fragment:
   - zjusct.cloud.ceph
   - zjusct.cloud.host_config
+  - zjusct.cloud.backup_event
+  - kubernetes.core.k8s_auth_options
 options:
   state:
     description: V(present) backs up, V(verified) checks a stored backup, V(restored) restores one.
@@ -115,8 +119,8 @@ options:
     default: false
   actor:
     description:
-      - Who acts, for the audit record written with O(host_config) (the launching user under AWX). Defaults to
-        O(owner), else C(operator).
+      - Who acts, for the audit record written with O(host_config) and the Event written with O(event) (the
+        launching user under AWX). Defaults to O(owner), else C(operator).
     type: str
   operator:
     description:
@@ -226,6 +230,12 @@ verified_blocks:
   description: Number of 4 MiB blocks read back and matched (state V(restored)).
   returned: state=restored
   type: int
+event:
+  description: The Event written with O(event) for a backup or restore that changed something (its namespace,
+    generated name, reason and type).
+  returned: with event, when a backup or restore was done
+  type: dict
+  sample: {"namespace": "tenant-alice", "name": "alice.7xk2p", "reason": "BackupCompleted", "type": "Normal"}
 seconds:
   description: Wall time of the operation in seconds.
   returned: when something was done
@@ -245,8 +255,9 @@ phases:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.backup_audit import audit_argument_spec
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.volume_backup_module import run_rbd_backup
+from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import run_rbd_backup
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
+from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.backup_events import event_argument_spec
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import connection_argument_spec
 
 ARGUMENT_SPEC: dict = dict(
@@ -268,6 +279,7 @@ ARGUMENT_SPEC: dict = dict(
     verify=dict(type="bool", default=True),
     **audit_argument_spec(),
     **connection_argument_spec(),
+    **event_argument_spec(),
 )
 REQUIRED_IF = [("state", "present", ["name"]), ("state", "restored", ["target_name"])]
 

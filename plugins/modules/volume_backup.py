@@ -45,12 +45,17 @@ description:
   - With O(host_config), each backup and restore that changed something or failed is an audit record in that
     host's store (C(backup) / C(restore), subject C(rbd/<pool>/<image>) or C(volume/<name>)), and each
     registration a C(volume-register) record, listed by M(zjusct.cloud.audit_info). See docs/security.md, "Audit".
+  - On Kubernetes, with O(event), each backup and restore that changed something or failed is an Event of the
+    CloudVM (C(BackupCompleted), C(BackupFailed), C(RestoreCompleted), C(RestoreFailed)) that its namespace's users
+    list with C(kubectl get events); see O(event).
 requirements:
   - google-crc32c >= 1.5 (optional; CRC32C checksums, needed to verify or restore a CRC32C backup)
   - C(qemu-img) on the managed node for qcow2 volumes; C(rbd) (ceph-common) for RBD images.
 extends_documentation_fragment:
   - zjusct.cloud.ceph
   - zjusct.cloud.host_config
+  - zjusct.cloud.backup_event
+  - kubernetes.core.k8s_auth_options
 options:
   state:
     description: V(present) backs up, V(verified) checks a stored backup, V(restored) restores one.
@@ -156,8 +161,8 @@ options:
     type: bool
     default: false
   actor:
-    description: Who acts, for the audit records written with O(host_config). Defaults to O(owner), else
-      C(operator).
+    description: Who acts, for the audit records written with O(host_config) and the Event written with O(event).
+      Defaults to O(owner), else C(operator).
     type: str
   operator:
     description:
@@ -214,6 +219,20 @@ EXAMPLES = r"""
     dest: /var/lib/zjusct-cloud/backups/default_alice
     target_name: alice-moved-root
     target_pool: rbd
+
+- name: On Kubernetes, back up a CloudVM's RBD image and record it as an Event of the CloudVM
+  zjusct.cloud.volume_backup:
+    pool: rbd
+    name: tenant-alice.alice-root
+    driver: rbd
+    dest: /var/lib/zjusct-cloud/backups/tenant-alice_alice
+    owner: alice
+    vm: tenant-alice/alice
+    actor: alice
+    event:
+      namespace: tenant-alice
+      cloudvm: alice
+    # Kubernetes credentials: kubeconfig/context or the K8S_AUTH_* environment, as kubernetes.core.k8s
 
 - name: Back up a qcow2 file that is no host store volume
   zjusct.cloud.volume_backup:
@@ -312,6 +331,12 @@ reason_code:
     and C(requested) as M(zjusct.cloud.host_volume) does.
   returned: never
   type: str
+event:
+  description: The Event written with O(event) for a backup or restore that changed something (its namespace,
+    generated name, reason and type).
+  returned: with event, when a backup or restore was done
+  type: dict
+  sample: {"namespace": "tenant-alice", "name": "alice.7xk2p", "reason": "BackupCompleted", "type": "Normal"}
 seconds:
   description: Wall time of the operation in seconds.
   returned: when something was done
@@ -329,9 +354,9 @@ phases:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import run_volume_backup
+from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import volume_backup_argument_spec
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.volume_backup_module import run_volume_backup
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.volume_backup_module import volume_backup_argument_spec
 
 ARGUMENT_SPEC: dict = volume_backup_argument_spec()
 

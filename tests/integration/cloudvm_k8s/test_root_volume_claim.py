@@ -313,6 +313,12 @@ def test_vm_backup_and_vm_restore_on_kubernetes_round_trip_the_data(
     assert rc == 0, failure(doc)
     backup = task_result(doc, "Back up the root volume (refused while it is in use)")
     assert backup["changed"] is True and backup["type"] == "full"
+    # recorded as an Event of the CloudVM (there is no host store on Kubernetes)
+    (event,) = core.list_namespaced_event(ns, field_selector="involvedObject.name=web").items
+    assert (event.type, event.reason, event.involved_object.kind, event.involved_object.uid) == (
+        "Normal", "BackupCompleted", "CloudVM", cvm_api.get(ns, "web")["metadata"]["uid"])
+    assert event.message == (f"backup {backup['backup_id']} (full) of rbd/{ns}.web-root into {backups}/{ns}_web by "
+                             "alice for owner alice")
 
     write_at(ceph_cluster, ref, 3 * MiB, b"changed-after-backup!", str(tmp_path))
     rc, doc = run_playbook("vm_restore.yml", {"backup": backup["backup_id"], "backup_dir": str(backups),
@@ -329,3 +335,6 @@ def test_vm_backup_and_vm_restore_on_kubernetes_round_trip_the_data(
         f"{ns}.web2-root", "Bound", "alice")
     vm = cvm_api.get(ns, "web2")
     assert vm is not None and (vm["spec"]["owner"], vm["spec"]["rootVolumeClaim"]) == ("alice", "web2-root")
+    (event,) = core.list_namespaced_event(ns, field_selector="involvedObject.name=web2").items
+    assert (event.type, event.reason, event.involved_object.uid) == ("Normal", "RestoreCompleted", None)
+    assert event.message == f"backup {backup['backup_id']} restored into rbd/{ns}.web2-root by alice for owner alice"
