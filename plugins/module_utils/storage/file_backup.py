@@ -271,8 +271,8 @@ class _Job:
         removed: List[str] = []
         if self.fmt == "qcow2":  # this destination's bitmaps other than the new diff base (never another's)
             names = list((qcow2_bitmap.read_bitmaps(self.path) or {}))
-            removed = qcow2_bitmap.remove(self.path, stale_snapshots(names, m, self.tag,
-                                                                      [x.snapshot for x in complete]))
+            stale = stale_snapshots(names, m, self.tag, [x.snapshot for x in complete])
+            removed = qcow2_bitmap.remove(self.path, stale)
         return {"plan": {"type": plan.type, "parent": plan.parent, "reason": _reason(plan, dirty, note)},
                 "ignored": bad, "dest_tag": self.tag, "removed_snapshots": removed, "removed_partials": partial,
                 "backup": m.to_dict(), "bytes_written": size, "phases": phases, "read_blocks": read}
