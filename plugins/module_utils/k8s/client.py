@@ -101,3 +101,22 @@ def api_client(params: dict, error: Callable[[str], Exception]) -> Any:
             "cannot configure the API client"
         raise error(f"{what}: {type(exc).__name__}: {exc}") from exc
     return k8s.client.client
+
+
+NO_SUCH_RESOURCE = "could not find the requested resource"  # a 404 Status for an unknown resource type
+
+
+def api_missing(status: Any, body: Any) -> bool:
+    """Whether an API error says the resource type itself is not served (its CRD is not installed), as opposed to
+    one absent object. ``status`` is the HTTP code, ``body`` the decoded response body (None when it was not JSON).
+
+    kube-apiserver answers a path it does not serve - an unregistered group or resource, as for a CRD that is not
+    installed - with a plain-text ``404 page not found`` for get, list and create alike (measured on v1.31), and an
+    absent object of a served resource with a ``Status`` of reason ``NotFound``; older servers answered the unknown
+    type with a Status naming :data:`NO_SUCH_RESOURCE`.
+    """
+    if status != 404:
+        return False
+    if not isinstance(body, dict) or body.get("kind") != "Status":
+        return True
+    return NO_SUCH_RESOURCE in str(body.get("message") or "")

@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm.lifecycle import Lifecycle
 from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm.port import Access, Conflict, RootVolume
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
-from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import ApiException
+from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import ApiException, api_missing
 from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import api_client as _api_client
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import CloudVMError, authorize
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import GROUP, PLURAL, VERSION
@@ -32,7 +32,9 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import GRO
 FIELD_MANAGER = "zjusct.cloud.cloudvm"
 REQUEST_TIMEOUT = 30  # seconds, every API call
 POLL_INTERVAL = 1.0  # seconds between GETs while waiting
-NO_SUCH_RESOURCE = "could not find the requested resource"  # kube-apiserver's 404 for an unknown resource type
+API_MISSING_HINT = ("the CloudVM API is not installed on this cluster (no CRD cloudvms.cloud.zjusct.io): "
+                    "ansible-playbook site.yml -e zjusct_cloud_backend=kubernetes -e cluster_kubeconfig=<kubeconfig> "
+                    "installs it (docs/kubernetes.md)")
 AUTHORIZE_LABEL = f"{GROUP}/authorized-for"  # the label of the dry-run access question (KubernetesCloudVMApi)
 
 
@@ -42,7 +44,8 @@ def api_error(exc: ApiException, action: str) -> CloudVMError:
     The server's Status ``message`` already names the field path (for CEL and schema refusals:
     ``spec.owner: Forbidden: is immutable (was alice, requested bob)``); it is kept
     verbatim. Details: ``api_status`` (HTTP code), ``api_reason`` (Status reason such as Invalid,
-    Forbidden, NotFound) and ``field_errors`` (list of ``{field, message}``).
+    Forbidden, NotFound), ``field_errors`` (list of ``{field, message}``) and ``api_missing`` (True: the 404 says
+    the CloudVM API itself is not served, not that one object is absent; the message then says how to install it).
     """
     import json
 
@@ -51,7 +54,7 @@ def api_error(exc: ApiException, action: str) -> CloudVMError:
     try:
         body = json.loads(exc.body or "{}")
     except (TypeError, ValueError):
-        body = {}
+        body = None
     if isinstance(body, dict):
         message = body.get("message") or ""
         reason = body.get("reason") or reason
@@ -59,9 +62,11 @@ def api_error(exc: ApiException, action: str) -> CloudVMError:
             causes.append({"field": cause.get("field", ""), "message": cause.get("message", "")})
     if not message:
         message = f"HTTP {status} {reason}".strip()
-    if status == 404 and NO_SUCH_RESOURCE in message:
-        message += " (is the CloudVM CRD installed? kubectl apply -f config/crd/)"
-    return CloudVMError(f"{action}: {message}", api_status=status, api_reason=reason, field_errors=causes)
+    missing = api_missing(status, body)  # k8s.client.api_missing: the CRD is not installed
+    if missing:
+        message += f"; {API_MISSING_HINT}"
+    return CloudVMError(f"{action}: {message}", api_status=status, api_reason=reason, field_errors=causes,
+                        api_missing=missing)
 
 
 def _clean(obj: Any) -> dict:
@@ -104,7 +109,7 @@ class KubernetesCloudVMApi:
         try:
             return _clean(self._call("get", self._api.get_namespaced_custom_object, namespace, PLURAL, name))
         except CloudVMError as exc:
-            if exc.details.get("api_status") == 404 and NO_SUCH_RESOURCE not in str(exc):
+            if exc.details.get("api_status") == 404 and not exc.details.get("api_missing"):
                 return None  # no such object (a missing CRD is an error, not an absent VM)
             raise
 

@@ -22,13 +22,12 @@ import json
 from typing import Any, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
-from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import ApiException, api_client
+from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import ApiException, api_client, api_missing
 from ansible_collections.zjusct.cloud.plugins.module_utils.model import quota
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import GROUP, PLURAL, VERSION, is_dns_label
 
 REQUEST_TIMEOUT = 30  # seconds, every API call
 CONFLICT_RETRIES = 5
-NO_SUCH_RESOURCE = "could not find the requested resource"
 
 
 class QuotaError(CloudError):
@@ -38,14 +37,16 @@ class QuotaError(CloudError):
 def _api_error(exc: Any, what: str) -> QuotaError:
     status = getattr(exc, "status", None)
     try:
-        message = str((json.loads(exc.body or "{}") or {}).get("message") or "")
-    except (TypeError, ValueError, AttributeError):
-        message = ""
+        body = json.loads(exc.body or "{}")
+    except (TypeError, ValueError):
+        body = None
+    message = str(body.get("message") or "") if isinstance(body, dict) else ""
     message = message or f"HTTP {status} {getattr(exc, 'reason', '') or ''}".strip()
-    if status == 404 and NO_SUCH_RESOURCE in message:
-        message += (" (is the CloudQuota CRD installed? site.yml's cluster role applies"
-                    " config/crd/cloudquotas.cloud.zjusct.io.yaml)")
-    return QuotaError(f"{what}: {message}", api_status=status)
+    missing = api_missing(status, body)
+    if missing:
+        message += ("; the CloudQuota API is not installed on this cluster (no CRD cloudquotas.cloud.zjusct.io): "
+                    "site.yml's cluster role applies config/crd/cloudquotas.cloud.zjusct.io.yaml")
+    return QuotaError(f"{what}: {message}", api_status=status, api_missing=missing)
 
 
 class Conflict(CloudError):
@@ -73,7 +74,7 @@ class KubernetesQuotaApi:
             return dict(self._call(f"get CloudQuota {owner}", self.custom.get_cluster_custom_object, GROUP,
                                    VERSION, quota.CRD_PLURAL, owner))
         except QuotaError as exc:
-            if exc.details.get("api_status") == 404 and NO_SUCH_RESOURCE not in str(exc):
+            if exc.details.get("api_status") == 404 and not exc.details.get("api_missing"):
                 return None
             raise
 
