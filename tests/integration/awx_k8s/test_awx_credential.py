@@ -70,7 +70,7 @@ def test_job_authenticates_with_the_injected_token_and_ca(k8s_cluster, k8s_api, 
                        env=_base_env(tmp_path), verbosity=3)
 
     # the view role's CloudVM rules are aggregated asynchronously: wait for the refusal itself
-    result = wait_for(lambda: (lambda j: j if "which belongs to owner alice" in " ".join(j.failed_messages())
+    result = wait_for(lambda: (lambda j: j if "which belongs to owner 'alice'" in " ".join(j.failed_messages())
                                else None)(job()), 90, "bob's job refused after reading alice's VM")
     assert result.status == "failed" and result.stats["failures"] == {"localhost": 1}
     (msg,) = result.failed_messages()
