@@ -12,10 +12,14 @@ the ingress redirect of the ``ingress`` direction. Requires pyroute2 (>=0.9,<0.1
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import struct
-from typing import Any, Iterable, Sequence
+import threading
+import types
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.network.tc import (
     DEFAULT_MINOR,
@@ -185,6 +189,121 @@ def _decode_u32_keys(sel: Any) -> tuple[tuple[int, int, int], ...]:
     return tuple(out)
 
 
+CLONE_NEWNET = 0x40000000
+REQUEST_TIMEOUT = 30.0  # seconds a netlink request of an IPRoute may wait for its answer (BoundedIPRoute)
+
+
+def netns_socket(netns: str, family: int, kind: int, proto: int) -> socket.socket:
+    """A socket created inside the network namespace ``netns`` (a name under /run/netns, as ``ip netns add``
+    makes), by a short-lived thread that enters it with setns(2): a socket stays in the namespace it was made in,
+    and only that thread ever changes namespace (setns with CLONE_NEWNET acts on the calling thread alone).
+
+    pyroute2's ``netns.create_socket`` forks a child process for this, next to the open IPRoute and its asyncio
+    event loop; this needs no process.
+
+    Raises:
+        OSError: the namespace does not exist, setns or socket failed (errno kept).
+    """
+    import ctypes
+
+    out: dict[str, Any] = {}
+
+    def make() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            with open(os.path.join("/run/netns", netns), "rb") as ns:
+                if libc.setns(ns.fileno(), CLONE_NEWNET) != 0:
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"setns into network namespace {netns!r}: {os.strerror(err)}")
+            out["sock"] = socket.socket(family, kind, proto)
+        except BaseException as exc:  # handed to the caller's thread
+            out["error"] = exc
+
+    thread = threading.Thread(target=make, name=f"netns-socket-{netns}", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in out:
+        raise out["error"]
+    return out["sock"]
+
+
+class NoAnswer(TcError):
+    """A netlink request's deadline passed (raised by the SIGALRM handler of :func:`_deadline`; BoundedIPRoute
+    turns it into a TcError naming the request)."""
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float) -> Iterator[None]:
+    """Raise :class:`NoAnswer` in the block once ``seconds`` have passed (SIGALRM; in the main thread only: in any
+    other thread, or with an alarm already set, the block runs unbounded)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getitimer(signal.ITIMER_REAL)[0]:
+        yield
+        return
+
+    def expired(_signum: int, _frame: Any) -> None:
+        raise NoAnswer()
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+class BoundedIPRoute:
+    """A pyroute2 IPRoute whose every request has a deadline (:data:`REQUEST_TIMEOUT`).
+
+    pyroute2's synchronous API waits for a netlink answer without a timeout, and one request of a cloudvm stop (a
+    ``link_lookup`` right after its tc tree was removed) was seen waiting for ever, inside the host store's write
+    transaction. A read (``link_lookup``, ``get_links``, ``get_qdiscs``, ``get_classes``, ``get_filters``) that
+    gets no answer in time is retried once on a newly opened IPRoute; a write (``link``, ``nlm_request_batch``) is
+    not retried (it may have been carried out). ``open`` makes the IPRoute; ``where`` names its namespace in the
+    errors.
+
+    Raises:
+        TcError: the namespace cannot be opened, or a request got no answer in time (naming it and the namespace).
+    """
+
+    READS = frozenset({"link_lookup", "get_links", "get_qdiscs", "get_classes", "get_filters"})
+    WRITES = frozenset({"link", "nlm_request_batch"})
+
+    def __init__(self, open_: Callable[[], Any], where: str) -> None:
+        self._open, self.where = open_, where
+        self._ipr = self._connect()
+
+    def _connect(self) -> Any:
+        try:
+            return self._open()
+        except Exception as e:
+            raise TcError(f"netns: cannot open network namespace ({self.where}): {e}") from e
+
+    def close(self) -> None:
+        self._ipr.close()
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in self.READS | self.WRITES:
+            return getattr(self._ipr, name)
+
+        def call(*argv: Any, **kwarg: Any) -> Any:
+            for attempt in (1, 2):
+                try:
+                    with _deadline(REQUEST_TIMEOUT):
+                        out = getattr(self._ipr, name)(*argv, **kwarg)
+                        return list(out) if isinstance(out, types.GeneratorType) else out
+                except NoAnswer:
+                    with contextlib.suppress(Exception):
+                        self._ipr.close()
+                    self._ipr = self._connect()
+                    if name in self.WRITES or attempt == 2:
+                        raise TcError(f"netlink: {name} in {self.where} got no answer within {REQUEST_TIMEOUT:g} s"
+                                      + (" (twice)" if attempt == 2 else "")) from None
+            raise AssertionError("unreachable")
+
+        return call
+
+
 class RtnlWriter:
     """A raw NETLINK_ROUTE socket (inside ``netns`` when given) that sends many requests in one ``send`` and reads
     their acks, with extended acks on: kernel error and warning strings (e.g. HTB's "quantum of class ... is
@@ -196,9 +315,7 @@ class RtnlWriter:
 
     def __init__(self, netns: str | None) -> None:
         if netns:
-            from pyroute2 import netns as pnetns
-
-            self.sock = pnetns.create_socket(netns, socket.AF_NETLINK, socket.SOCK_RAW, 0)
+            self.sock = netns_socket(netns, socket.AF_NETLINK, socket.SOCK_RAW, 0)
         else:
             self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
@@ -263,10 +380,8 @@ class NetlinkTc:
         pyroute2 = _import_pyroute2()
         self.device = device
         self.netns = netns
-        try:
-            self.ipr = pyroute2.IPRoute(netns=netns) if netns else pyroute2.IPRoute()
-        except Exception as e:
-            raise TcError(f"netns: cannot open network namespace {netns!r}: {e}") from e
+        self.ipr: Any = BoundedIPRoute(lambda: pyroute2.IPRoute(netns=netns) if netns else pyroute2.IPRoute(),
+                                       f"netns {netns}" if netns else "the host's network namespace")
         self.tick_in_usec = read_tick_in_usec()
         self._writer: RtnlWriter | None = None
 
