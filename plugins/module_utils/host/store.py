@@ -328,7 +328,9 @@ class HostStore:
 
     Args:
         path: database file path.
-        busy_timeout: seconds to wait for another writer's lock before failing.
+        busy_timeout: seconds to wait for another writer's lock before failing (default 120: a boot's write
+            transaction holds the bandwidth's kernel work, whose netns socket creation in pyroute2 was measured
+            taking 60 s under load; a concurrent run waits for it instead of failing "database is locked").
         read_only: open for reading only (``cloudvm_info``, the inventory): SQLite URI ``mode=ro``,
             no directory or file is created, no migration runs and no write lock is ever taken, so a
             listing succeeds while another process holds a write transaction (WAL readers never wait
@@ -340,7 +342,7 @@ class HostStore:
             ``site.yml`` migrates it).
     """
 
-    def __init__(self, path: str = DEFAULT_PATH, busy_timeout: float = 30.0, read_only: bool = False) -> None:
+    def __init__(self, path: str = DEFAULT_PATH, busy_timeout: float = 120.0, read_only: bool = False) -> None:
         self.path = path
         self.read_only = read_only
         if read_only:

@@ -190,7 +190,8 @@ def _decode_u32_keys(sel: Any) -> tuple[tuple[int, int, int], ...]:
 
 
 CLONE_NEWNET = 0x40000000
-REQUEST_TIMEOUT = 30.0  # seconds a netlink request of an IPRoute may wait for its answer (BoundedIPRoute)
+REQUEST_TIMEOUT = 5.0  # seconds a netlink request of an IPRoute may wait for its answer (BoundedIPRoute); the
+# kernel answers in milliseconds, and a read retried once must stay well inside the host store's busy timeout
 
 
 def netns_socket(netns: str, family: int, kind: int, proto: int) -> socket.socket:
