@@ -233,8 +233,15 @@ class Interrupted(CloudError):
 @contextlib.contextmanager
 def _sigterm_raises() -> Iterator[None]:
     """Turn SIGTERM into :class:`Interrupted` while the block runs, so that a stopped run still records its outcome
-    (a write transaction it was in rolls back). Only in the main thread (elsewhere: unchanged)."""
+    (a write transaction it was in rolls back). Only in the main thread (elsewhere: unchanged).
+
+    A process forked meanwhile without exec (a library's helper child) inherits the handler; there SIGTERM ends
+    the child at once (``os._exit``) instead of raising into its copy of this run's stack."""
+    installer = os.getpid()
+
     def interrupted(signum: int, frame: Any) -> None:
+        if os.getpid() != installer:
+            os._exit(128 + signum)
         raise Interrupted("the run was stopped by SIGTERM before it ended; what it had changed stays in the store"
                           " (docs/security.md, \"Audit\")", reason="Interrupted")
 
@@ -329,8 +336,8 @@ class HostStore:
     Args:
         path: database file path.
         busy_timeout: seconds to wait for another writer's lock before failing (default 120: a boot's write
-            transaction holds the bandwidth's kernel work, whose netns socket creation in pyroute2 was measured
-            taking 60 s under load; a concurrent run waits for it instead of failing "database is locked").
+            transaction holds the bandwidth's kernel work, milliseconds when idle but seconds on a loaded host;
+            a concurrent run waits for it instead of failing "database is locked").
         read_only: open for reading only (``cloudvm_info``, the inventory): SQLite URI ``mode=ro``,
             no directory or file is created, no migration runs and no write lock is ever taken, so a
             listing succeeds while another process holds a write transaction (WAL readers never wait

@@ -190,6 +190,7 @@ def _decode_u32_keys(sel: Any) -> tuple[tuple[int, int, int], ...]:
 
 
 CLONE_NEWNET = 0x40000000
+NETLINK_ROUTE = 0  # linux/netlink.h
 REQUEST_TIMEOUT = 5.0  # seconds a netlink request of an IPRoute may wait for its answer (BoundedIPRoute); the
 # kernel answers in milliseconds, and a read retried once must stay well inside the host store's busy timeout
 
@@ -226,6 +227,29 @@ def netns_socket(netns: str, family: int, kind: int, proto: int) -> socket.socke
     if "error" in out:
         raise out["error"]
     return out["sock"]
+
+
+def open_iproute(pyroute2: Any, netns: str | None) -> Any:
+    """A pyroute2 ``IPRoute`` on a NETLINK_ROUTE socket of ``netns`` (None: the host's namespace).
+
+    The socket is made by :func:`netns_socket` and handed over with ``IPRoute(fileno=...)``, never through
+    ``IPRoute(netns=...)``: pyroute2 (0.9) makes that socket in a forked child, which it gives 2 s to answer and
+    SIGTERMs when the caller is interrupted; under load a child got SIGTERM while it ran, the module's own SIGTERM
+    handler (inherited across fork) raised in it, and the child went on running the module's code beside its
+    parent, on the same store connection (two runs of one cloudvm stop, the host store locked for minutes).
+
+    Raises:
+        OSError: the namespace does not exist, setns or socket failed.
+    """
+    if not netns:
+        return pyroute2.IPRoute()
+    fd = netns_socket(netns, socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_ROUTE).detach()
+    try:
+        return pyroute2.IPRoute(fileno=fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        raise
 
 
 class NoAnswer(TcError):
@@ -381,7 +405,7 @@ class NetlinkTc:
         pyroute2 = _import_pyroute2()
         self.device = device
         self.netns = netns
-        self.ipr: Any = BoundedIPRoute(lambda: pyroute2.IPRoute(netns=netns) if netns else pyroute2.IPRoute(),
+        self.ipr: Any = BoundedIPRoute(lambda: open_iproute(pyroute2, netns),
                                        f"netns {netns}" if netns else "the host's network namespace")
         self.tick_in_usec = read_tick_in_usec()
         self._writer: RtnlWriter | None = None

@@ -67,7 +67,7 @@ class Cloud:
         doc["rc"] = proc.returncode
         doc["stderr"] = proc.stderr
         if check:
-            assert proc.returncode == 0, f"{name} failed: {proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
+            assert proc.returncode == 0, failure(name, doc)
         return doc
 
     def vm(self, name: str) -> dict:
@@ -111,6 +111,15 @@ def wait_listening(server: subprocess.Popen, netns: str, port: int, timeout: flo
         assert server.poll() is None, f"the server for port {port} exited with {server.returncode}"
         assert time.monotonic() < deadline, f"nothing listens on port {port} in {netns} after {timeout} s"
         time.sleep(0.1)
+
+
+def failure(name: str, doc: dict) -> str:
+    """What a failed playbook run printed, for an assertion message: the exit code and stderr's last line first
+    (pytest's summary shows only an assertion's first line), then stdout's and stderr's tails."""
+    stderr = doc.get("stderr", "")
+    last = next((line for line in reversed(stderr.splitlines()) if line.strip()), "")
+    stdout = doc.get("raw") or json.dumps(doc.get("plays", ""))
+    return f"{name} exit {doc.get('rc')}, stderr: {last[-300:]}\n{stdout[-4000:]}\n{stderr[-2000:]}"
 
 
 def launcher_pids(cloud: Cloud, vm: str, namespace: str = "default") -> list[int]:

@@ -25,7 +25,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import Ho
 from tests.e2e.playbook_results import task_result
 from tests.integration.inventory_host.inventory_host_helpers import ping_via_inventory
 
-from .conftest import Cloud, launcher_pids, wait_listening
+from .conftest import Cloud, failure, launcher_pids, wait_listening
 
 pytestmark = [pytest.mark.guest, pytest.mark.netns, pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -136,7 +136,7 @@ def test_concurrent_starts_boot_once(cloud: Cloud):
     while any(t.is_alive() for t in threads):
         seen_max = max(seen_max, len(launcher_pids(cloud, "bob")))
         time.sleep(0.2)
-    assert all(r["rc"] == 0 for r in results), [r.get("raw", "")[-2000:] for r in results]
+    assert all(r["rc"] == 0 for r in results), " | ".join(failure("vm_start", r) for r in results if r["rc"])
     boot_ids = {task_result(r, START)["boot_id"] for r in results}
     assert boot_ids == {boot}
     assert seen_max == 1

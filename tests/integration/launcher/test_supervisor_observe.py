@@ -136,7 +136,10 @@ def test_stop_start_cycles_polled_never_show_lost(tmp_path: Path, busybox_guest:
             cfg = base_config(tmp_path, "cycle", kernel=kernel, initrd=initrd, disk=disk,
                               cmdline="console=ttyS0 panic=-1 quiet zjtest.acpi=1", port=port, boot_id=boot)
             cfg.update(runtimeDir=paths.runtime_dir, serialLogPath=paths.serial_log,
-                       readyMarkerPath=paths.ready(boot), result={"path": paths.result(boot)})
+                       readyMarkerPath=paths.ready(boot), result={"path": paths.result(boot)},
+                       # the guest's ACPI shutdown took over 30 s in a loaded CI run; this test is about
+                       # observation while stopping, not about the stop timeout
+                       stopTimeoutSeconds=240)
             sup.write_config(paths, cfg)
             sup.spawn(paths, boot, command, env)
             deadline = time.monotonic() + 400
@@ -146,7 +149,7 @@ def test_stop_start_cycles_polled_never_show_lost(tmp_path: Path, busybox_guest:
                 time.sleep(0.2)
             assert sup.request_stop(paths), f"boot {boot}: no live launcher to stop"
             spec = {"powerState": "Stopped", "bootID": boot}
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + 300
             while True:
                 obs = sup.observe(paths, boot)
                 status = derive_status(spec, obs)
@@ -156,7 +159,7 @@ def test_stop_start_cycles_polled_never_show_lost(tmp_path: Path, busybox_guest:
                 assert status.phase in ("Stopping", "Stopped"), f"boot {boot} while stopping: {status}"
                 if obs.state == "exited" and sup.lock_holder(paths.lock) is None:
                     break
-                assert time.monotonic() < deadline, f"boot {boot} not stopped within 120 s\n{_tail(paths)}"
+                assert time.monotonic() < deadline, f"boot {boot} not stopped within 300 s\n{_tail(paths)}"
                 time.sleep(0.003)
             assert (status.phase, status.reason) == ("Stopped", "StopRequested"), status
     finally:

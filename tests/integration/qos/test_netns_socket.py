@@ -55,3 +55,18 @@ def test_a_missing_namespace_is_an_oserror_naming_it():
     with pytest.raises(OSError) as err:
         tc_netlink.netns_socket("zjt-no-such-ns", socket.AF_INET, socket.SOCK_DGRAM, 0)
     assert "zjt-no-such-ns" in str(err.value)
+
+
+def test_netlink_tc_in_a_namespace_forks_no_process(netns):
+    """NetlinkTc's IPRoute gets its socket from netns_socket: pyroute2's IPRoute(netns=...) forked a child for it,
+    and a child SIGTERMed while it ran went on running the module's code beside its parent."""
+    forks = []
+    os.register_at_fork(before=lambda: forks.append(1))
+    subprocess.run(["ip", "-n", netns, "link", "add", "zjt-d0", "type", "veth", "peer", "name", "zjt-d1"], check=True)
+    before = len(forks)
+    with tc_netlink.NetlinkTc("zjt-d0", netns) as tc:
+        inside = tc.ipr.link_lookup(ifname="zjt-d0")
+    assert len(forks) == before, "opening the namespace's IPRoute forked a process"
+    assert inside, "the IPRoute does not see the namespace's device"
+    with pyroute2.IPRoute() as host:
+        assert not host.link_lookup(ifname="zjt-d0"), "the device was looked up in the host's namespace"
