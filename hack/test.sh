@@ -142,18 +142,23 @@ else
   logs=$(mktemp -d)
   lanes=(guests node rest)
   declare -A pid rc
-  pytest "${common[@]}" "$@" "${guest_lane[@]}" > >(sed -u 's/^/[guests] /' | tee "$logs/guests") 2>&1 &
+  ZJUSCT_TEST_TIMES=$checks_dir/times-guests pytest "${common[@]}" "$@" "${guest_lane[@]}" \
+    > >(sed -u 's/^/[guests] /' | tee "$logs/guests") 2>&1 &
   pid[guests]=$!
-  pytest "${common[@]}" "$@" "${node_lane[@]}" > >(sed -u 's/^/[node] /' | tee "$logs/node") 2>&1 &
+  ZJUSCT_TEST_TIMES=$checks_dir/times-node pytest "${common[@]}" "$@" "${node_lane[@]}" \
+    > >(sed -u 's/^/[node] /' | tee "$logs/node") 2>&1 &
   pid[node]=$!
-  pytest "${common[@]}" "$@" "${ignores[@]}" tests > >(sed -u 's/^/[rest] /' | tee "$logs/rest") 2>&1 &
+  ZJUSCT_TEST_TIMES=$checks_dir/times-rest pytest "${common[@]}" "$@" "${ignores[@]}" tests \
+    > >(sed -u 's/^/[rest] /' | tee "$logs/rest") 2>&1 &
   pid[rest]=$!
   molecule_job "molecule guest_image hypervisor" molecule_guest_scenarios
   # The Molecule scenarios (below) start as soon as lane node has ended (it built the images `images` imports and
   # its real node is gone), next to the tails of the other lanes rather than after them.
-  wait "${pid[node]}"; rc[node]=$?
+  declare -A ended
+  wait "${pid[node]}"; rc[node]=$?; ended[node]=$((SECONDS - t0))
   molecule_job "molecule cluster images" hack/molecule.sh cluster images
-  for lane in guests rest; do wait "${pid[$lane]}"; rc[$lane]=$?; done
+  for lane in guests rest; do wait "${pid[$lane]}"; rc[$lane]=$?; ended[$lane]=$((SECONDS - t0)); done
+  lane_times="lanes ended after (min): guests $((ended[guests] / 60)), node $((ended[node] / 60)), rest $((ended[rest] / 60))"
   sleep 1  # let the output filters drain
   # a lane whose tests were all deselected (-k, -m) collected nothing: only every lane empty is a failure
   all_empty=1
@@ -168,6 +173,7 @@ else
   for lane in "${lanes[@]}"; do grep -E "^\[$lane\] (FAILED|ERROR) " "$logs/$lane"; done >"$checks_dir/pytest-failures"
   rm -rf "$logs"
 fi
+pytest_end=$SECONDS
 echo "==> pytest: $((SECONDS - t0)) s"
 
 # The Molecule jobs' output follows pytest's (their verdicts are read with the static checks' below).
@@ -182,6 +188,15 @@ if [ -s "$checks_dir/failed" ]; then
   while IFS= read -r name; do failed+=("$name"); done <"$checks_dir/failed"
 fi
 
+# where the time went, near the end (CI keeps only the tail): lanes, Molecule and static checks, slowest modules
+echo "==> times: total $((SECONDS / 60)) min; pytest $(( (pytest_end - t0) / 60 )) min; ${lane_times:-one session}"
+grep -hE "^==> (molecule [a-z_]+|ruff|mypy|ansible-lint|ansible-test sanity): (ok|FAILED)" \
+  "$checks_dir"/molecule-*.log "$checks_dir/log" 2>/dev/null | tr '\n' ';' | sed 's/==> //g; s/;$/\n/'
+if compgen -G "$checks_dir/times-*" >/dev/null; then
+  echo "==> slowest test modules (s, lane):"
+  for f in "$checks_dir"/times-*; do sed "s|\$| ${f##*/times-}|" "$f"; done | sort -rn | head -n 12 | tr '\n' ';'
+  echo
+fi
 if [ -s "$checks_dir/pytest-failures" ]; then
   echo "==> pytest failures (seed $seed):"
   cut -c1-300 "$checks_dir/pytest-failures"

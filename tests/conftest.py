@@ -103,4 +103,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         items[:] = first + [i for i in items if not str(i.path).startswith(LOCAL_CLUSTER_TESTS)]
 
 
+# Seconds spent per test module (setup + call + teardown of its tests), written by pytest_terminal_summary to the
+# file named by ZJUSCT_TEST_TIMES when set (hack/test.sh prints the slowest modules of all lanes at the end of a run).
+_MODULE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    module = report.nodeid.split("::", 1)[0]
+    _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    path = os.environ.get("ZJUSCT_TEST_TIMES")
+    if path and _MODULE_SECONDS:
+        with open(path, "w", encoding="utf-8") as fh:
+            for module, seconds in sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1]):
+                fh.write(f"{seconds:.0f} {module}\n")
+
+
 from tests.guest_image_fixture import guest_image  # noqa: E402,F401
