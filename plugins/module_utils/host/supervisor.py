@@ -143,15 +143,18 @@ def lock_table() -> LockTable:
     return LockTable(holders, taken)
 
 
-def _cmdline_boot(pid: int) -> Optional[int]:
+def _cmdline_boot(pid: int, state_dir: Optional[str] = None) -> Optional[int]:
+    """The bootID in the ``boot-<N>.json`` config argument of process ``pid`` (only one under ``state_dir`` when
+    given), or None: gone, another process, or the VMM holding the lock after its launcher died."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             args = fh.read().split(b"\0")
     except OSError:
         return None
+    prefix = os.path.join(state_dir, "").encode() if state_dir else b""
     for arg in args:
         m = re.search(rb"boot-(\d+)\.json$", arg)
-        if m:
+        if m and arg.startswith(prefix):
             return int(m.group(1))
     return None
 
@@ -393,7 +396,10 @@ def request_stop(paths: LauncherPaths) -> bool:
     Returns True when a launcher was signalled.
     """
     live = running_boot(paths)
-    if live is None:
+    # /proc/locks names the process that took the flock: once a SIGKILLed launcher's VMM (which inherited the lock)
+    # holds it until the watchdog kills it, that pid is gone and may already be another process's (pid_max is
+    # 32768 here); only the VM's own launcher, by its config path, is signalled
+    if live is None or _cmdline_boot(live[1], paths.state_dir) is None:
         return False
     try:
         os.kill(live[1], signal.SIGTERM)
