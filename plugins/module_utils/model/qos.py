@@ -153,9 +153,6 @@ class State:
         """Sum of ceilings (guaranteed + granted) of the pool's VMs."""
         return sum(g.ceil_mbps for g in self.grants.values() if g.request.pool == pool)
 
-    def pool_guaranteed_mbps(self, pool: str) -> int:
-        return sum(g.rate_mbps for g in self.grants.values() if g.request.pool == pool)
-
     def node_guaranteed_mbps(self) -> int:
         return sum(g.rate_mbps for g in self.grants.values())
 

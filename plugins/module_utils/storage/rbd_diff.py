@@ -43,7 +43,6 @@ _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _U64x2 = struct.Struct("<QQ")
 _ZERO_BLOCK = bytes(BLOCK_SIZE)
-ZERO_BLOCK_SHA256 = hashlib.sha256(_ZERO_BLOCK).hexdigest()
 
 
 #: checksum kinds a manifest may name: ``sha256`` (64 hex digits; backups made before crc32c, and new ones on a
@@ -113,13 +112,6 @@ def zero_digest(length: int, kind: str = "sha256") -> str:
     if key not in _ZERO_DIGESTS:
         _ZERO_DIGESTS[key] = digest_fn(kind)(_ZERO_BLOCK[:length])
     return _ZERO_DIGESTS[key]
-
-
-def zero_sha256(length: int) -> str:
-    """sha256 (hex) of ``length`` zero bytes (``length`` <= BLOCK_SIZE)."""
-    if length == BLOCK_SIZE:
-        return ZERO_BLOCK_SHA256
-    return hashlib.sha256(_ZERO_BLOCK[:length]).hexdigest()
 
 
 def is_zero(data: bytes) -> bool:
