@@ -135,7 +135,9 @@ def test_audit_trail_survives_a_reopened_store_and_names_the_operator_switch(clo
     owner = "audit-own"
     try:
         create_stopped(cloud, "au1", owner)
-        forbidden = module(cloud, "cloudvm", {"name": "au1", "owner": "mallory", "state": "absent"})
+        # an actor of this test's own: test_a_refusal_by_a_playbooks_lookup_is_audited's mallory acts in the same
+        # store (the module's cloud), and audit_info by actor below must list only this test's records
+        forbidden = module(cloud, "cloudvm", {"name": "au1", "owner": "mallory-au", "state": "absent"})
         assert forbidden.get("failed") and forbidden["reason"] == "Forbidden", forbidden
         deleted = module(cloud, "cloudvm", {"name": "au1", "owner": "ops", "operator": True, "state": "absent",
                                              "delete_volume": True})
@@ -143,11 +145,12 @@ def test_audit_trail_survives_a_reopened_store_and_names_the_operator_switch(clo
         with HostStore(cloud.config["store_path"], read_only=True) as store:  # a fresh connection: what is on disk
             records = store.audit(subject="default/au1")
         seen = [(r["actor"], r["operator"], r["action"], r["result"], r["owner"]) for r in records]
-        assert seen == [(owner, False, "create", "succeeded", owner), ("mallory", False, "delete", "refused", owner),
+        assert seen == [(owner, False, "create", "succeeded", owner), ("mallory-au", False, "delete", "refused", owner),
                         ("ops", True, "delete", "succeeded", owner)], seen
         assert records[-1]["data"]["delete_volume"] is True
         assert "belongs to owner 'audit-own'" in records[1]["message"]
-        assert [r["subject"] for r in module(cloud, "audit_info", {"actor": "mallory"})["records"]] == ["default/au1"]
+        assert [r["subject"] for r in module(cloud, "audit_info", {"actor": "mallory-au"})["records"]] == \
+            ["default/au1"]
     finally:
         delete_all(cloud, owner, "au1")
 
