@@ -60,9 +60,14 @@ def boot_id(cloud: Cloud, owner: str) -> int:
     return int((cloud.vm(owner).get("spec") or {}).get("bootID", 0))
 
 
+def vmm_pid(cloud: Cloud, owner: str) -> int:
+    """The pid of the VMM serving the owner's guest (its launcher's pid file)."""
+    return int((Path(cloud.config["runtime_dir"]) / "vms" / f"default_{owner}" / "vmm.pid").read_text())
+
+
 def assert_sandboxed(cloud: Cloud, owner: str, ip: str) -> None:
     """The VMM serving the guest runs as its own uid (vmm_uid_base + the address's offset), under seccomp."""
-    pid = int((Path(cloud.config["runtime_dir"]) / "vms" / f"default_{owner}" / "vmm.pid").read_text())
+    pid = vmm_pid(cloud, owner)
     status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
     expected = str(HostConfig().vmm_uid_base + int(ip.rsplit(".", 1)[1]))
     assert status["Uid"].split() == [expected] * 4 and status["Gid"].split() == [expected] * 4, status["Uid"]
@@ -226,6 +231,30 @@ def test_case_L2_killed_launcher_is_not_running(cloud: Cloud, bob: dict):
     stopped = task_result(cloud.playbook("vm_stop", "owner=bob"), "Stop the VM and wait until it is Stopped")
     assert stopped["phase"] == "Failed", stopped
     assert any("ended in phase Failed (reason LauncherLost)" in w for w in stopped.get("warnings", [])), stopped
+
+
+@pytest.mark.parametrize("killed", ["launcher", "vmm"])
+def test_a_vm_whose_launcher_or_vmm_was_killed_starts_again_in_one_run(cloud: Cloud, alice: dict, killed: str):
+    """kill -9 of the launcher or of QEMU leaves the VM Failed; the very next vm_start boots bootID + 1 (a
+    newcomer's first vm_start after such a kill used to end "boot N ended in phase Failed" and start nothing)."""
+    boot = int(alice["spec"]["bootID"])
+    old_vmm = vmm_pid(cloud, "alice")
+    victims = launcher_pids(cloud, "alice") if killed == "launcher" else [old_vmm]
+    assert victims
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    status: dict = {}
+    while time.monotonic() < deadline:
+        status = cloud.vm("alice")["status"]
+        if status["phase"] == "Failed":
+            break
+        time.sleep(0.5)
+    assert status["phase"] == "Failed" and status["bootID"] == boot, status
+    started = task_result(cloud.playbook("vm_start", "owner=alice"), START)
+    assert started["phase"] == "Running" and started["boot_id"] == boot + 1, started
+    assert len(launcher_pids(cloud, "alice")) == 1
+    assert vmm_pid(cloud, "alice") != old_vmm and not Path(f"/proc/{old_vmm}").exists()
 
 
 def test_case_L3_stop_then_immediate_start_never_overlaps(cloud: Cloud, alice: dict):
