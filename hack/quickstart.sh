@@ -40,8 +40,17 @@ debootstrap_progress() {
 debootstrap_progress &
 progress=$!
 trap 'kill $progress 2>/dev/null || true' EXIT
-# Image sets are kept in the cache so the quickstart and the tests share one build.
-ansible-playbook site.yml -e "hypervisor_images_dir=$ZJUSCT_CACHE/images" "$@"
+# Image sets are kept in the cache so the quickstart and the tests share one build. The choice is written where
+# every later `ansible-playbook site.yml` from this checkout reads it (host variables next to site.yml, not in git):
+# a plain site.yml run, such as the README's SSH gateway command, keeps the image directory instead of building the
+# image again elsewhere and pointing the host configuration there.
+mkdir -p host_vars/localhost
+cat >host_vars/localhost/quickstart.yml <<EOF
+---
+# Written by hack/quickstart.sh (make quickstart): the image directory this host's site.yml runs use.
+hypervisor_images_dir: $ZJUSCT_CACHE/images
+EOF
+ansible-playbook site.yml "$@"
 kill "$progress" 2>/dev/null || true
 wait "$progress" || true
 trap - EXIT

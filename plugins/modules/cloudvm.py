@@ -133,6 +133,9 @@ options:
     description:
       - Host backend only, with O(state=absent). Also delete the root volume (file and record) once the VM is
         stopped and deleted. Without it the volume and its ownership mark are kept.
+      - When the VM no longer exists (an earlier delete kept its volume), delete the kept volume C(<name>-root)
+        instead, if it belongs to O(owner) (or O(operator) is set) and no CloudVM holds or names it and no process
+        writes it; RV(volume_deleted) names it. No such volume changes nothing.
     type: bool
     default: false
   wait:
@@ -270,6 +273,12 @@ ssh_authorized_keys_boot_id:
   returned: success, when the task changed the keys of an existing VM
   type: int
   sample: 2
+volume_deleted:
+  description: The kept root volume a O(state=absent) task with O(delete_volume) deleted for a VM that no longer
+    existed (host backend).
+  returned: success, when such a volume was deleted
+  type: str
+  sample: alice-root
 reason:
   description: Why the task was refused; C(Forbidden) when the VM belongs to another owner than O(owner).
   returned: failure, when the owner check refused

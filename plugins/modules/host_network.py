@@ -55,6 +55,13 @@ removed_taps:
   type: list
   elements: str
   sample: [zjt0a1b2c3d4e]
+gateway_known_hosts:
+  description:
+    - The SSH gateway's host key as a C(known_hosts) line for its address (C(gateway_host), else the node name) and
+      port, for tenants' C(~/.ssh/known_hosts) (the jump connection checks it). Not a secret.
+  returned: when the host configuration sets C(gateway_dir) and the gateway's host key exists
+  type: str
+  sample: "[hv1.example.org]:2222 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIG..."
 """
 
 from ansible.module_utils.basic import AnsibleModule

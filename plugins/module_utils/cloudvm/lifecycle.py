@@ -349,7 +349,7 @@ class Lifecycle:
         timeout = float(params.get("wait_timeout") or 0)
         existing = self.api.get(ns, name)
         if existing is None:
-            return result(None, False, None, diff, warnings)
+            return self.absent_kept_volume(params, check_mode, diff, warnings)
         authorize(existing, params)
         background = self.api.reconciles_in_background
         if not check_mode and not background:
@@ -360,6 +360,26 @@ class Lifecycle:
         if not check_mode and (params.get("wait", True) or not background):
             self.wait_for(ns, name, "absent", timeout, changed=True)
         return result(None, True, existing, diff, warnings)
+
+    def absent_kept_volume(self, params: dict, check_mode: bool, diff: bool, warnings: list) -> dict:
+        """``state: absent`` of a CloudVM that does not exist: nothing, or with ``delete_volume`` the root volume an
+        earlier delete kept (:meth:`cloudvm.port.CloudVMApi.delete_kept_volume`); ``volume_deleted`` names it.
+
+        Raises:
+            CloudVMError: no owner given (and no operator switch), or the backend refused the volume's deletion.
+        """
+        if not params.get("delete_volume"):
+            return result(None, False, None, diff, warnings)
+        owner = params.get("owner") or ""
+        if not owner and not params.get("operator"):
+            raise CloudVMError(f"owner: required with delete_volume to delete the volume CloudVM "
+                               f"{params['namespace']}/{params['name']} kept")
+        deleted = self.api.delete_kept_volume(params["namespace"], params["name"], owner,
+                                              bool(params.get("operator")), check_mode)
+        out = result(None, deleted is not None, None, diff, warnings)
+        if deleted is not None:
+            out["volume_deleted"] = deleted
+        return out
 
     # ------------------------------------------------------------- reads
 

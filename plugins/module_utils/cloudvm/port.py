@@ -79,6 +79,11 @@ class CloudVMApi(Protocol):
     def delete(self, namespace: str, name: str, dry_run: bool, delete_volume: bool) -> None:
         """Delete the CloudVM (already gone: nothing). Without background reconciling the VM must be off."""
 
+    def delete_kept_volume(self, namespace: str, name: str, owner: str, operator: bool, dry_run: bool) -> Optional[str]:
+        """Delete the root volume a deleted CloudVM ``namespace/name`` kept (its default claim ``<name>-root``),
+        when ``owner`` owns it (or ``operator``) and nothing holds or writes it; returns its name, None when there
+        is none. Raises CloudVMError when it is another owner's, held or written, or the backend keeps volumes."""
+
     def list(self, namespace: Optional[str], name: Optional[str], owner: Optional[str],
              label_selector: str) -> list:
         """The CloudVMs matching every filter given (``label_selector`` in the Kubernetes grammar), without acting."""

@@ -40,11 +40,16 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.host.reconciler impor
 )
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import AuditTrail, HostStore, StoreError, audited
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.volume_claim import settle as settle_claim
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.volume_claim import volume_writers
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.watch import ChangeWatch
 from ansible_collections.zjusct.cloud.plugins.module_utils.model import quota
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import CloudVMError
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.selectors import matches, parse_label_selector
-from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import validate_spec, validate_update
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
+    default_root_volume_claim,
+    validate_spec,
+    validate_update,
+)
 from ansible_collections.zjusct.cloud.plugins.module_utils.network import hostnet as net
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.volume import VolumeError, resolve_image
 
@@ -129,8 +134,10 @@ def _finish(trail: AuditTrail, result: Optional[dict] = None, error: Optional[Ba
     """Record one cloudvm run's outcome: it changed something, was refused or failed (docs/security.md, "Audit")."""
     if error is None:
         vm = (result or {}).get("cloudvm")
+        kept = (result or {}).get("volume_deleted")
         message = f"{trail.action} {trail.subject}" + (
-            f": phase {vm['status'].get('phase')}, bootID {vm['spec'].get('bootID')}" if vm else "")
+            f": phase {vm['status'].get('phase')}, bootID {vm['spec'].get('bootID')}" if vm else "") + (
+            f": the root volume {kept} it kept deleted" if kept else "")
         trail.finish("succeeded", message, data={"boot_id": (result or {}).get("boot_id")})
         return
     details = getattr(error, "details", {}) or {}
@@ -406,6 +413,50 @@ class HostCloudVMApi:
             self.store.record_event("Normal", f"{namespace}/{name}", "Deleted",
                                     f"CloudVM deleted; volume {claim} {kept}")
 
+    def delete_kept_volume(self, namespace: str, name: str, owner: str, operator: bool, dry_run: bool) -> Optional[str]:
+        """Delete the root volume ``<name>-root`` that deleting CloudVM ``namespace/name`` kept: its data through its
+        driver, then its record (audit intent in that transaction, then an event). Under the VM's lock, so no create
+        of the VM takes the volume meanwhile. ``dry_run``: the checks only.
+
+        Returns:
+            The volume's name, or None when there is no such volume.
+
+        Raises:
+            CloudVMError: the volume is another owner's (without ``operator``), a CloudVM holds it or names it as
+                its root volume claim, a process still writes it (the claim rules, :mod:`host.volume_claim`), or its
+                data cannot be deleted (its record is then kept, so a retry finds it).
+        """
+        claim = default_root_volume_claim(name)
+        with _vm_lock(self.cfg, namespace, name):
+            volume = self.store.get_volume(claim)
+            if volume is None:
+                return None
+            if volume["owner"] != owner and not operator:
+                raise CloudVMError(f"delete_volume: volume {claim!r} (kept by deleting CloudVM {namespace}/{name})"
+                                   f" belongs to owner {volume['owner']!r}, not {owner!r}", reason="Forbidden")
+            live = sup.running_boot(_paths(self.cfg, namespace, name))
+            settle_claim(self.store, volume, volume["owner"], None, creating=True, rbd=self.cfg.rbd,
+                         subject=f"{namespace}/{name}", check_mode=True,
+                         launcher_alive=f"a launcher of {namespace}/{name} (pid {live[1]})" if live else None)
+            try:  # the claim rules look for writers only behind a stale claim; a delete needs none at all
+                busy = volume_writers(volume, self.cfg.rbd)
+            except VolumeError as exc:
+                raise CloudVMError(str(exc)) from exc
+            if busy:
+                raise CloudVMError(f"delete_volume: volume {claim!r} is in use by {', '.join(busy)}; stop that"
+                                   " writer first (docs/runbooks.md, 'Volume claims')")
+            if dry_run:
+                return claim
+            _remove_volume(self.cfg, volume)
+            with self.store.transaction():
+                if self.trail is not None:
+                    self.trail.intend(f"{self.trail.action} {self.trail.subject} requested: delete the root volume"
+                                      f" {claim} it kept ({volume['driver']} {volume['location']})")
+                self.store.delete_volume(claim)
+            self.store.record_event("Normal", f"{namespace}/{name}", "VolumeDeleted",
+                                    f"root volume {claim} kept by the deleted CloudVM deleted")
+        return claim
+
     def _intent(self, spec: dict, what: str) -> None:
         if self.trail is not None:
             _intent(self.trail, spec, what)
@@ -453,7 +504,8 @@ def observed_status(cfg: HostConfig, vm: dict, locks: Optional[sup.LockTable] = 
     :func:`host.reconciler.observed_status`. ``locks`` is a :func:`host.supervisor.lock_table` read for many VMs at
     once; without it the lock is read now."""
     meta = vm["metadata"]
-    return reconciler_observed_status(HostSupervisor(cfg), vm, _paths(cfg, meta["namespace"], meta["name"]), locks)
+    return reconciler_observed_status(cfg, HostSupervisor(cfg), vm, _paths(cfg, meta["namespace"], meta["name"]),
+                                      locks)
 
 
 def observed_vms(cfg: HostConfig, namespace: Optional[str] = None, owner: Optional[str] = None,

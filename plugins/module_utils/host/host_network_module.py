@@ -184,7 +184,8 @@ def ensure_host_network(params: dict, check_mode: bool) -> dict:
     """Ensure the bridge, uplink and isolation tables, and the SSH gateway's files when ``gateway_dir`` is
     set (:func:`network.gateway.ensure_gateway`, :func:`sync_gateway`); sweep orphaned TAPs.
 
-    Returns ``changed``, ``removed_taps`` and ``warnings`` (see :func:`forwarding_warning`).
+    Returns ``changed``, ``removed_taps``, ``warnings`` (see :func:`forwarding_warning`) and, with the gateway on,
+    ``gateway_known_hosts`` (:func:`network.gateway.known_hosts_line`).
 
     Raises:
         NetworkError, GatewayError, StoreError, OSError, ValueError (the host configuration) or sqlite3.Error,
@@ -208,4 +209,9 @@ def ensure_host_network(params: dict, check_mode: bool) -> dict:
                 net.remove_tap(cfg.netns, tap)
             changed |= sync_isolation(cfg)
     warnings = forwarding_warning(cfg) if net.netns_exists(cfg.netns) else []
-    return {"changed": changed or bool(removed), "removed_taps": removed, "warnings": warnings}
+    out = {"changed": changed or bool(removed), "removed_taps": removed, "warnings": warnings}
+    if cfg.gateway_source() is not None:
+        known = gw.known_hosts_line(cfg.gateway_dir, cfg.gateway_host or cfg.node, cfg.gateway_port)
+        if known is not None:
+            out["gateway_known_hosts"] = known
+    return out

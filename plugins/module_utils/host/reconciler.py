@@ -112,13 +112,27 @@ def launcher_config(cfg: HostConfig, vm: dict, volume: dict, lease: dict, root_d
     ))
 
 
-def observed_status(supervisor: Supervisor, vm: dict, paths: sup.LauncherPaths,
+def ssh_routes(cfg: HostConfig, owner: str) -> dict:
+    """How a VM of ``owner`` with an SSH endpoint is reached, as the host configuration says now:
+    ``sshProxyCommand`` (from this host, into the guests' network namespace) and, while the SSH gateway is on,
+    ``sshJumpHost`` (``zc-<owner>@<gateway>:<port>``, docs/security.md). Status fields; either may be absent."""
+    routes = {}
+    if cfg.netns:
+        routes["sshProxyCommand"] = f"ip netns exec {cfg.netns} nc %h %p"
+    jump = cfg.gateway_jump(gw.account_name(owner))
+    if jump:
+        routes["sshJumpHost"] = jump
+    return routes
+
+
+def observed_status(cfg: HostConfig, supervisor: Supervisor, vm: dict, paths: sup.LauncherPaths,
                     locks: Optional[sup.LockTable] = None) -> dict:
     """The status derived from what runs now, without acting (for reads: info, inventory).
 
     A stored status is never returned as is: a launcher killed since the last reconcile shows as
-    Failed/LauncherLost here, not Running (case L2 in docs/architecture.md). ``locks`` is a
-    :func:`host.supervisor.lock_table` read for many VMs at once; without it the lock is read now.
+    Failed/LauncherLost here, not Running (case L2 in docs/architecture.md), and the routes to its SSH endpoint are
+    those of the configuration now (:func:`ssh_routes`: no jump host once the SSH gateway is turned off). ``locks``
+    is a :func:`host.supervisor.lock_table` read for many VMs at once; without it the lock is read now.
     """
     spec = vm["spec"]
     known = supervisor.boots(paths)
@@ -127,9 +141,11 @@ def observed_status(supervisor: Supervisor, vm: dict, paths: sup.LauncherPaths,
         return vm.get("status") or {}
     # a stored Running/Stopping without any boot on disk has no launcher: derived from nothing below
     current, others = current_and_older(spec, supervisor.observe(paths, known[-1], locks) if known else None)
-    kept = ("sshEndpoint", "sshProxyCommand", "sshJumpHost", "observedGeneration")
+    kept = ("sshEndpoint", "observedGeneration")
     stored = vm.get("status") or {}
     status = {k: v for k, v in stored.items() if k in kept}
+    if "sshEndpoint" in status:
+        status.update(ssh_routes(cfg, spec["owner"]))
     status.update(derive_status(spec, current, others).as_dict())
     if status["reason"] == "Starting" and stored.get("reason") == "VolumeInUse" and \
             stored.get("bootID") == status["bootID"]:
@@ -318,11 +334,7 @@ class HostReconciler:
         lease = self.store.lease_for(meta["uid"])
         if lease is not None:
             status["sshEndpoint"] = {"host": lease["ipv4"], "port": 22}
-            if self.cfg.netns:
-                status["sshProxyCommand"] = f"ip netns exec {self.cfg.netns} nc %h %p"
-            jump = self.cfg.gateway_jump(gw.account_name(spec["owner"]))
-            if jump:
-                status["sshJumpHost"] = jump
+            status.update(ssh_routes(self.cfg, spec["owner"]))
         status["observedGeneration"] = meta["generation"]
         stored = vm.get("status") or {}
         status["conditions"] = [{

@@ -27,7 +27,12 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import 
 from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import ApiException, api_missing
 from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import api_client as _api_client
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import CloudVMError, authorize
-from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import GROUP, PLURAL, VERSION
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    default_root_volume_claim,
+)
 
 FIELD_MANAGER = "zjusct.cloud.cloudvm"
 REQUEST_TIMEOUT = 30  # seconds, every API call
@@ -130,6 +135,16 @@ class KubernetesCloudVMApi:
         return _clean(self._call("replace", self._api.replace_namespaced_custom_object, md["namespace"], PLURAL,
                                  md["name"], body, dry_run="All" if dry_run else None,
                                  field_manager=FIELD_MANAGER, field_validation="Strict"))
+
+    def delete_kept_volume(self, namespace: str, name: str, owner: str, operator: bool, dry_run: bool) -> Optional[str]:
+        """Refused: this backend always keeps a root volume (RBD image, PersistentVolume, claim; docs/rbd.md).
+
+        Raises:
+            CloudVMError: always, naming the claim.
+        """
+        raise CloudVMError(f"delete_volume: true is not supported on the kubernetes backend; the root volume CloudVM "
+                           f"{namespace}/{name} kept (claim {default_root_volume_claim(name)}, its PersistentVolume "
+                           "and RBD image) stays; delete it by hand (docs/rbd.md)")
 
     def delete(self, namespace: str, name: str, dry_run: bool, delete_volume: bool) -> None:
         """Delete with foreground propagation: the CloudVM disappears only after its dependents (the launcher Pod)

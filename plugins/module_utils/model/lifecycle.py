@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
-from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import with_defaults
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import default_root_volume_claim, with_defaults
 
 
 class CloudVMError(CloudError):
@@ -159,7 +159,7 @@ def params_to_spec(params: dict, existing: Optional[dict]) -> dict:
         spec["owner"] = params["owner"]
     claim = params.get("root_volume_claim")
     if claim is None and not existing:
-        claim = f"{params['name']}-root"
+        claim = default_root_volume_claim(params["name"])
     if claim is not None:
         spec["rootVolumeClaim"] = claim
     for option, field in (("vcpus", "vcpus"), ("memory_mib", "memoryMiB")):

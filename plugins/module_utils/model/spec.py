@@ -79,6 +79,12 @@ _SSH_KEY = re.compile(
 )
 
 
+def default_root_volume_claim(vm_name: str) -> str:
+    """The root volume claim the cloudvm module gives a new CloudVM when its ``root_volume_claim`` option is unset:
+    ``<name>-root`` (docs/playbooks.md)."""
+    return f"{vm_name}-root"
+
+
 def is_dns_label(value: object) -> bool:
     """True when ``value`` is an RFC 1123 DNS label (lower case, 1-63 characters)."""
     return isinstance(value, str) and bool(_DNS_LABEL.match(value))

@@ -376,6 +376,29 @@ def ensure_gateway(directory: str, port: int, check_mode: bool = False) -> bool:
     return changed
 
 
+def known_hosts_line(directory: str, host: str, port: int) -> Optional[str]:
+    """The ``known_hosts`` line (sshd(8), SSH_KNOWN_HOSTS FILE FORMAT) that lets a client check the gateway's host key
+    at ``host``: ``[host]:port ssh-ed25519 <key>`` (plain ``host`` on port 22), the key's comment left out; None
+    while the host key does not exist yet. Tenants add it to ~/.ssh/known_hosts: the jump connection of
+    ``ssh -J`` (and of the inventory's ProxyJump) checks it like any other host's.
+
+    Raises:
+        GatewayError: the public key file cannot be read or is not one OpenSSH public key line.
+    """
+    path = os.path.join(directory, HOST_KEY + ".pub")
+    try:
+        with open(path, encoding="ascii") as fh:
+            fields = fh.read().split()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise GatewayError(f"gateway_dir: cannot read the gateway's host key {path}: {exc}") from exc
+    if len(fields) < 2 or not fields[0].startswith("ssh-"):
+        raise GatewayError(f"gateway_dir: {path} is not an OpenSSH public key")
+    name = host if port == 22 else f"[{host}]:{port}"
+    return f"{name} {fields[0]} {fields[1]}"
+
+
 def _differs(path: str, content: str) -> bool:
     try:
         with open(path, encoding="utf-8") as fh:

@@ -34,6 +34,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.network import gatewa
 
 from tests.conftest import TEST_BOOT_SLOT_DIR, TEST_BOOT_SLOTS
 from tests.e2e.host.conftest import REPO, VENV_BIN, Cloud, launcher_pids, listening
+from tests.e2e.playbook_results import task_result
 
 pytestmark = [pytest.mark.guest, pytest.mark.netns, pytest.mark.slow, pytest.mark.timeout(3600)]
 
@@ -86,13 +87,14 @@ class Layout:
                         "  LogLevel INFO\n")
         return path
 
-    def jump(self, key: Path, command: str = "hostname") -> subprocess.CompletedProcess:
+    def jump(self, key: Path, command: str = "hostname", via: str = "") -> subprocess.CompletedProcess:
         """``ssh -J <status.sshJumpHost> root@<status.sshEndpoint.host> <command>`` from the world (outside the host),
-        ``key`` for both hops. A login ssh itself could not make for a reason other than the key (a guest under load
-        sends its banner a little before it takes logins) is tried again, 3 times 5 s apart."""
+        ``key`` for both hops (``via``: this jump host instead of the status'). A login ssh itself could not make for
+        a reason other than the key (a guest under load sends its banner a little before it takes logins) is tried
+        again, 3 times 5 s apart."""
         status = self.cloud.vm(self.owner)["status"]
         argv = ["ip", "netns", "exec", self.world, "ssh", "-F", str(self.client_config(key)), "-J",
-                status["sshJumpHost"], f"root@{status['sshEndpoint']['host']}", command]
+                via or status["sshJumpHost"], f"root@{status['sshEndpoint']['host']}", command]
         for _ in range(3):
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=180, check=False,
                                   stdin=subprocess.DEVNULL)
@@ -256,6 +258,35 @@ def test_a_second_site_run_changes_nothing_and_keeps_the_gateway_open(layout: La
     assert out.returncode == 0 and out.stdout.strip() == layout.owner, out.stderr
 
 
+def test_once_site_turns_the_gateway_off_no_status_or_summary_names_it_and_on_again_it_does(layout: Layout):
+    """site.yml with hypervisor_ssh_gateway false: the gateway admits nobody any more, the VM's status (read, and
+    after a vm_start that changes nothing) names no jump host and vm_start prints no tenant command through the
+    gateway; the endpoint and the ProxyCommand stay. With the gateway on again all of it is back."""
+    jump = f"{gw.account_name(layout.owner)}@{GATEWAY}:{PORT}"
+    assert layout.cloud.vm(layout.owner)["status"]["sshJumpHost"] == jump
+    on = dict(layout.extra)
+    layout.extra = dict(on, hypervisor_ssh_gateway=False)
+    try:
+        layout.site()
+        status = layout.cloud.vm(layout.owner)["status"]
+        assert "sshJumpHost" not in status and status["phase"] == "Running", status
+        assert status["sshEndpoint"]["port"] == 22 and status["sshProxyCommand"], status
+        lines = task_result(layout.playbook("vm_start", f"owner={layout.owner}"), "Show the VM")["msg"]
+        assert not [line for line in lines if "ssh -J" in line], lines
+        # an sshd still running (here the test's; on systemd hosts the unit is stopped) admits nobody: no keys
+        assert not (layout.config_dir / "gateway" / "keys").exists()
+        through = layout.jump(layout.cloud.key, via=jump)
+        assert through.returncode != 0 and DENIED in through.stderr, through
+    finally:
+        layout.extra = on
+        layout.site()
+    assert layout.cloud.vm(layout.owner)["status"]["sshJumpHost"] == jump
+    through = layout.jump(layout.cloud.key)
+    assert through.returncode == 0 and through.stdout.strip() == layout.owner, through.stderr
+    lines = task_result(layout.playbook("vm_start", f"owner={layout.owner}"), "Show the VM")["msg"]
+    assert lines[-1] == f"from outside the host: ssh -J {jump} root@{status['sshEndpoint']['host']}", lines
+
+
 def test_a_key_change_takes_effect_at_the_next_boot_on_the_gateway_and_in_the_guest(layout: Layout):
     """Re-keying the running VM (old -> new) keeps boot N's keys on the gateway as in the guest: old still gets in
     both ways, new does not, and the task says so; after vm_restart (boot N + 1) new gets in and old does not."""
@@ -281,6 +312,11 @@ def test_a_key_change_takes_effect_at_the_next_boot_on_the_gateway_and_in_the_gu
     restarted = layout.playbook("vm_restart", f"owner={layout.owner}", "wait_timeout=1900")
     vm = layout.cloud.vm(layout.owner)
     assert (vm["status"]["phase"], vm["status"]["bootID"]) == ("Running", boot + 1), (vm["status"], restarted["stats"])
+    # vm_restart's summary says how to reach the guest as vm_start's does, the tenant's command included
+    ip = vm["status"]["sshEndpoint"]["host"]
+    assert task_result(restarted, "Show the VM")["msg"][1:] == [
+        f"SSH: {ip}:22", f'ssh -o ProxyCommand="{vm["status"]["sshProxyCommand"]}" root@{ip}',
+        f"from outside the host: ssh -J {vm['status']['sshJumpHost']} root@{ip}"]
     assert _pub(new).split()[1] in layout.keys_file() and identity not in layout.keys_file()
     through, inside = layout.jump(new), layout.direct(new)
     assert through.returncode == 0 and through.stdout.strip() == layout.owner, through.stderr

@@ -125,6 +125,34 @@ def test_refused_create_leaves_no_cloudvm_record(cloud: Cloud):
     cloud.playbook("vm_delete", "owner=dave", "delete_volume=true")
 
 
+def test_delete_volume_after_a_plain_delete_deletes_the_kept_volume_of_its_owner_only(cloud: Cloud):
+    """vm_delete keeps the root volume; a later vm_delete -e delete_volume=true (the VM gone) deletes that kept
+    volume - its owner's only, predicted by check mode - and a third run changes nothing."""
+    made = module(cloud, "zjusct.cloud.cloudvm", {"name": "gina", "owner": "gina", "wait": False})
+    assert made.returncode == 0, made.stdout + made.stderr
+    kept = volume(cloud, "gina-root")
+    data = Path(kept["location"])
+    cloud.playbook("vm_delete", "owner=gina")
+    assert [r for r in records(cloud) if r[1] == "gina"] == [] and volume(cloud, "gina-root") and data.exists()
+
+    other = cloud.playbook("vm_delete", "owner=hank", "name=gina", "delete_volume=true", check=False)
+    assert other["rc"] != 0
+    message = failure(other)
+    assert "delete_volume" in message and "belongs to owner 'gina', not 'hank'" in message, message
+    checked = cloud.playbook("vm_delete", "owner=gina", "delete_volume=true", options=("--check",))
+    assert task_result(checked, "Delete the VM")["volume_deleted"] == "gina-root"
+    assert volume(cloud, "gina-root") and data.exists()
+
+    deleted = cloud.playbook("vm_delete", "owner=gina", "delete_volume=true")
+    result = task_result(deleted, "Delete the VM")
+    assert result["changed"] is True and result["volume_deleted"] == "gina-root", result
+    assert task_result(deleted, "Show the outcome")["msg"] == (
+        "VM default/gina: absent; the root volume gina-root it kept deleted")
+    assert volume(cloud, "gina-root") == {} and not data.exists()
+    again = task_result(cloud.playbook("vm_delete", "owner=gina", "delete_volume=true"), "Delete the VM")
+    assert again["changed"] is False and "volume_deleted" not in again, again
+
+
 @pytest.mark.parametrize(("extra", "expected"), [
     (("owner=carol", "memory_mib=4097"),
      ("memory_mib", "spec.memoryMiB", "4097", "above the maximum 4096", "128 to 4096")),
@@ -138,6 +166,11 @@ def test_refused_create_leaves_no_cloudvm_record(cloud: Cloud):
      ("ceil_mbps", "spec.network.bandwidth.ceilMbps", "allowed guaranteed_mbps to", "10 is below guaranteedMbps 20")),
     (("owner=carol", "ssh_public_key=not-a-key"),
      ("ssh_public_key", "spec.sshAuthorizedKeys[0]", "'not-a-key'", "OpenSSH public key")),
+    # a typo in a number is refused by name, not turned into 0 (guaranteed_mbps | int) or a bare type error
+    (("owner=carol", "memory_mib=lots"), ("memory_mib", "spec.memoryMiB", "'lots'", "not a whole number",
+                                          "128 to 4096 MiB")),
+    (("owner=carol", "guaranteed_mbps=20M"), ("guaranteed_mbps", "spec.network.bandwidth.guaranteedMbps", "'20M'",
+                                              "not a whole number", "0 to 100000 Mbit/s")),
 ])
 def test_bad_input_names_the_variable_the_field_the_value_and_the_rule(cloud: Cloud, extra, expected):
     """Issue item 9: each refusal names the playbook variable typed, the API field, the value and the rule."""

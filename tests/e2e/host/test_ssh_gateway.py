@@ -129,23 +129,39 @@ def test_alice_jumps_into_her_guest_with_the_status_jump_host(site: Site):
 
 
 def test_the_inventory_from_outside_connects_through_the_gateway(site: Site, tmp_path: Path):
-    """The host inventory with use_ssh_gateway gives the ProxyJump; Ansible pings alice's guest from outside."""
+    """The host inventory with use_ssh_gateway gives the ProxyJump; Ansible pings alice's guest from outside, the
+    gateway's host key checked strictly against the known_hosts line host_network returns (what site.yml prints
+    for tenants); without that line the jump fails on the unknown host key."""
+    known = _module(site.cloud, "zjusct.cloud.host_network", {"host_config": str(site.cloud.config_path)})
+    line = known["gateway_known_hosts"]
+    assert line.startswith(f"[{GATEWAY}]:{PORT} ssh-ed25519 AAAA") and len(line.split()) == 3, line
     src = tmp_path / "outside.cloudvm.yml"
     src.write_text(f"plugin: zjusct.cloud.cloudvm\nsource: host\nhost_config: {site.cloud.config_path}\n"
                    f"use_ssh_gateway: true\nowners: [{site.alice}]\n")
-    env = dict(site.cloud.env(), ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_STDOUT_CALLBACK="default",
-               ANSIBLE_SSH_ARGS=f"-F {site.client_config(site.keys['alice'])}")
-    listed = subprocess.run([str(VENV_BIN / "ansible-inventory"), "-i", str(src), "--list"], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=300, check=True)
+
+    def ping(known_hosts: str) -> subprocess.CompletedProcess:
+        hosts = tmp_path / "known_hosts"
+        hosts.write_text(known_hosts)
+        config = tmp_path / "strict.ssh_config"  # strict for the gateway; the guest as Ansible's own setting says
+        config.write_text(f"Host {GATEWAY}\n  StrictHostKeyChecking yes\n  UserKnownHostsFile {hosts}\n"
+                          + site.client_config(site.keys["alice"]).read_text())
+        env = dict(site.cloud.env(), ANSIBLE_HOST_KEY_CHECKING="False", ANSIBLE_STDOUT_CALLBACK="default",
+                   ANSIBLE_SSH_ARGS=f"-F {config}")
+        return subprocess.run(["ip", "netns", "exec", site.cloud.world_netns, str(VENV_BIN / "ansible"), "-i",
+                               str(src), "all", "-m", "ansible.builtin.raw", "-a", "hostname"], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=600, check=False)
+
+    listed = subprocess.run([str(VENV_BIN / "ansible-inventory"), "-i", str(src), "--list"], cwd=REPO,
+                            env=site.cloud.env(), capture_output=True, text=True, timeout=300, check=True)
     hostvars = json.loads(listed.stdout)["_meta"]["hostvars"][f"{site.alice}.default"]
     args = hostvars["ansible_ssh_common_args"]
     assert (args.get("__ansible_unsafe") if isinstance(args, dict) else args) == \
         f"-o ProxyJump={gw.account_name(site.alice)}@{GATEWAY}:{PORT}"
-    ping = subprocess.run(["ip", "netns", "exec", site.cloud.world_netns, str(VENV_BIN / "ansible"), "-i", str(src),
-                           "all", "-m", "ansible.builtin.raw", "-a", "hostname"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert ping.returncode == 0, ping.stdout[-3000:] + ping.stderr[-2000:]
-    assert site.alice in ping.stdout
+    unknown = ping("")
+    assert unknown.returncode != 0 and "Host key verification failed" in unknown.stdout + unknown.stderr, unknown
+    reached = ping(line + "\n")
+    assert reached.returncode == 0, reached.stdout[-3000:] + reached.stderr[-2000:]
+    assert site.alice in reached.stdout
 
 
 def test_bobs_key_cannot_open_alices_vm(site: Site):

@@ -287,6 +287,11 @@ def test_vm_start_in_check_mode_creates_nothing_and_vm_delete_keeps_the_volume(
     rc, doc = run_playbook("vm_delete.yml", {"owner": "alice", "name": "web", "vm_namespace": ns}, k8s_env, tmp_path)
     assert rc == 0, failure(doc)
     wait_for(lambda: cvm_api.get(ns, "web") is None, 60, "CloudVM web gone")
+    # nor is the volume the delete kept deleted by a second run asking for it
+    rc, doc = run_playbook("vm_delete.yml", {"owner": "alice", "name": "web", "vm_namespace": ns,
+                                             "delete_volume": True}, k8s_env, tmp_path)
+    assert rc != 0 and "delete_volume: true is not supported on the kubernetes backend" in failure(doc)
+    assert "claim web-root" in failure(doc)
     # the root volume stays: image (marked), PV, claim Bound
     assert rbd.meta(ref)[META_OWNER] == "alice"
     assert exists_pv(core, pv_name)

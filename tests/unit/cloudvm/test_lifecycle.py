@@ -40,6 +40,7 @@ class FakeApi:
         self.rv = 0
         self.writes = 0
         self.before_write: Optional[Callable[[], None]] = None  # runs between a GET and the next write
+        self.kept_volumes: dict[str, str] = {}  # root volumes a delete kept -> owner
 
     def _next_rv(self) -> str:
         self.rv += 1
@@ -97,7 +98,20 @@ class FakeApi:
 
     def delete(self, namespace: str, name: str, dry_run: bool, delete_volume: bool = False) -> None:
         if not dry_run:
-            self.objects.pop((namespace, name), None)
+            gone = self.objects.pop((namespace, name), None)
+            if gone is not None and not delete_volume:
+                self.kept_volumes[f"{name}-root"] = gone["spec"]["owner"]
+
+    def delete_kept_volume(self, namespace: str, name: str, owner: str, operator: bool,
+                           dry_run: bool) -> Optional[str]:
+        claim = f"{name}-root"
+        if claim not in self.kept_volumes:
+            return None
+        if self.kept_volumes[claim] != owner and not operator:
+            raise CloudVMError(f"delete_volume: volume {claim!r} belongs to owner {self.kept_volumes[claim]!r}")
+        if not dry_run:
+            del self.kept_volumes[claim]
+        return claim
 
     def list(self, namespace: Optional[str], name: Optional[str], owner: Optional[str],
              label_selector: str) -> list[dict]:
@@ -403,6 +417,23 @@ def test_absent_deletes_and_second_run_changes_nothing() -> None:
     gone = backend(api).ensure(params(state="absent", wait=True), check_mode=False, diff=True)
     assert gone["changed"] is True and "cloudvm" not in gone and gone["diff"]["after"] == {}
     assert backend(api).ensure(params(state="absent"), check_mode=False, diff=False)["changed"] is False
+
+
+def test_delete_volume_of_an_absent_vm_deletes_the_volume_it_kept_once_and_only_for_its_owner() -> None:
+    api = FakeApi()
+    backend(api).ensure(params(), check_mode=False, diff=False)
+    backend(api).ensure(params(state="absent"), check_mode=False, diff=False)  # the volume is kept
+    with pytest.raises(CloudVMError, match="belongs to owner 'alice'"):
+        backend(api).ensure(params(state="absent", owner="bob", delete_volume=True), check_mode=False, diff=False)
+    with pytest.raises(CloudVMError, match="owner: required with delete_volume"):
+        backend(api).ensure(params(state="absent", owner=None, delete_volume=True), check_mode=False, diff=False)
+    checked = backend(api).ensure(params(state="absent", delete_volume=True), check_mode=True, diff=False)
+    assert checked == {"changed": True, "volume_deleted": "vm1-root"} and "vm1-root" in api.kept_volumes
+    gone = backend(api).ensure(params(state="absent", delete_volume=True), check_mode=False, diff=False)
+    assert gone == {"changed": True, "volume_deleted": "vm1-root"} and api.kept_volumes == {}
+    again = backend(api).ensure(params(state="absent", delete_volume=True), check_mode=False, diff=False)
+    assert again == {"changed": False}
+    assert backend(api).ensure(params(state="absent"), check_mode=False, diff=False) == {"changed": False}
 
 
 def test_host_only_options_warn() -> None:

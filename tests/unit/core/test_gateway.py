@@ -163,3 +163,14 @@ def test_ensure_gateway_refuses_a_parent_the_accounts_cannot_pass_and_writes_not
     assert not directory.exists()
     assert gw.ensure_gateway(str(directory), 2222, check_mode=True) is True  # check mode predicts, never raises
     assert not directory.exists()
+
+
+def test_known_hosts_line_names_the_port_in_brackets_and_drops_the_comment(tmp_path):
+    assert gw.known_hosts_line(str(tmp_path), "hv1", 2222) is None  # no host key yet
+    pub = tmp_path / "ssh_host_ed25519_key.pub"
+    pub.write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKey zjusct-cloud-gateway\n")
+    assert gw.known_hosts_line(str(tmp_path), "hv1", 2222) == "[hv1]:2222 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKey"
+    assert gw.known_hosts_line(str(tmp_path), "192.0.2.1", 22) == "192.0.2.1 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKey"
+    pub.write_text("garbage\n")
+    with pytest.raises(gw.GatewayError, match="is not an OpenSSH public key"):
+        gw.known_hosts_line(str(tmp_path), "hv1", 2222)

@@ -80,3 +80,17 @@ def test_playbook_rule_matches_the_spec_module():
     data = yaml.safe_load((REPO / "playbooks" / "vars" / "vm_args.yml").read_text())
     assert data["vm_dns_label_pattern"] == _spec._DNS_LABEL.pattern
     assert data["vm_dns_label_rule"] == _spec.DNS_LABEL_RULE
+
+
+def test_playbook_number_rules_match_the_spec_module():
+    """Each whole-number playbook variable that sets an API field states that field and its rule as model.spec's
+    FIELDS does (tasks/numbers.yml names them in its refusals)."""
+    rules = yaml.safe_load((REPO / "playbooks" / "vars" / "vm_args.yml").read_text())["vm_number_rules"]
+    by_variable = {typed.split(" / ")[0]: (path, rule) for path, (typed, rule) in _spec.FIELDS.items()}
+    checked = 0
+    for variable, text in rules.items():
+        if text.startswith("spec."):
+            path, rule = by_variable[variable]
+            assert text == f"{path}; {rule}", variable
+            checked += 1
+    assert checked == 5
