@@ -235,9 +235,14 @@ def test_root_volume_claim_used_by_another_pod_blocks_the_start_until_it_is_gone
     assert claim.metadata.annotations["cloud.zjusct.io/claimed-by"] == pending["metadata"]["uid"]
 
 
-def test_launcher_process_killed_is_failed_launcher_lost_never_running(env: Env, real_node: RealNode) -> None:
+def test_launcher_process_killed_is_failed_launcher_lost_never_running_and_the_next_start_boots_in_one_run(
+    env: Env, real_node: RealNode, k8s_cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The launcher container's main process is killed (SIGKILL through containerd, as a crash): no
-    LauncherResult, so the boot is Failed/LauncherLost; no status ever says Running and no second Pod appears."""
+    LauncherResult, so the boot is Failed/LauncherLost; no status ever says Running and no second Pod appears.
+    Then one run of the cloudvm module with power_state running boots bootID 2 and ends Running (a newcomer's first
+    start after such a kill used to end "boot N ended in phase Failed" and start nothing)."""
+    monkeypatch.setattr(cloudvm_helpers, "PLAY_TIMEOUT", BOOT_TIMEOUT + 300)  # one TCG boot inside the play
     pubkey = env.key.with_suffix(".pub").read_text().strip()
     with PodWatch(env.core, env.ns, "vm1") as pods:
         env.custom.create_namespaced_custom_object(GROUP, VERSION, env.ns, PLURAL,
@@ -256,6 +261,13 @@ def test_launcher_process_killed_is_failed_launcher_lost_never_running(env: Env,
         assert term is not None and term.exit_code == 137 and not term.message
     assert "Running" not in [s[1] for s in env.seen], env.seen
     assert pods.names == ["vm1-boot-1"], pods.names
+
+    start = run_play([cloudvm_task(name="vm1", namespace=env.ns, owner="alice", power_state="running",
+                                   wait_timeout=BOOT_TIMEOUT)], kubeconfig=k8s_cluster.kubeconfig, tmp_path=tmp_path)
+    assert isinstance(start, PlayRun)
+    assert start.rc == 0 and start.results[0].get("phase") == "Running", (start.stdout[-3000:], env.controller.tail())
+    assert start.results[0]["boot_id"] == 2 and start.results[0]["changed"] is True
+    assert [p.metadata.name for p in env.pods("vm1") if p.status.phase == "Running"] == ["vm1-boot-2"]
 
 
 @STOPPED_WHILE_BOOTING
