@@ -67,10 +67,14 @@ options:
       - Defaults to C(<name>-root).
     type: str
   vcpus:
-    description: Guest vCPUs, 1 to 4. Defaults to 1 on create; unchanged when omitted on update.
+    description:
+      - Guest vCPUs, 1 to 4. Defaults to 1 on create; unchanged when omitted on update.
+      - A change reaches the guest at its next boot; while a boot runs the task warns so (restart to apply it).
     type: int
   memory_mib:
-    description: Guest memory in MiB, 128 to 4096. Defaults to 512 on create; unchanged when omitted.
+    description:
+      - Guest memory in MiB, 128 to 4096. Defaults to 512 on create; unchanged when omitted.
+      - A change reaches the guest at its next boot; while a boot runs the task warns so (restart to apply it).
     type: int
   power_state:
     description:

@@ -31,6 +31,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle impor
     off_but_failed,
     params_to_spec,
     plan_power,
+    size_change,
 )
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.quota import parse_message
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import API_VERSION, KIND
@@ -220,10 +221,12 @@ class Lifecycle:
 
     def launched(self, before: Optional[dict], after: Optional[dict]) -> Optional[int]:
         """:meth:`cloudvm.port.CloudVMApi.launched_boot` of ``before`` (the object a write replaced), asked only
-        when the write changed its ``spec.sshAuthorizedKeys`` (None otherwise, and for a create)."""
+        when the write changed its ``spec.sshAuthorizedKeys``, ``spec.vcpus`` or ``spec.memoryMiB`` (the fields a
+        boot's launcher fixes; None otherwise, and for a create)."""
         if before is None or after is None:
             return None
-        if (before.get("spec") or {}).get("sshAuthorizedKeys") == (after.get("spec") or {}).get("sshAuthorizedKeys"):
+        old, new = before.get("spec") or {}, after.get("spec") or {}
+        if all(old.get(f) == new.get(f) for f in ("sshAuthorizedKeys", "vcpus", "memoryMiB")):
             return None
         return self.api.launched_boot(before)
 
@@ -234,6 +237,14 @@ class Lifecycle:
             return None
         return keys_change(before.get("spec"), after.get("spec") or {}, launched, after.get("status"),
                            self.api.ssh_gateway)
+
+    @staticmethod
+    def size_notice(before: Optional[dict], after: Optional[dict], launched: Optional[int]) -> list:
+        """:func:`model.lifecycle.size_change` of the task as a list of warnings (empty or one)."""
+        if before is None or after is None:
+            return []
+        warning = size_change(before.get("spec"), after.get("spec") or {}, launched, after.get("status"))
+        return [warning] if warning else []
 
     def apply(self, params: dict, power_state: Optional[str], check_mode: bool) -> tuple:
         """Create or update the CloudVM; returns ``(before, after, changed)``.
@@ -308,6 +319,7 @@ class Lifecycle:
         before, after, changed = self.apply(params, power, check_mode)
         launched = self.launched(before, after)
         if check_mode:
+            warnings += self.size_notice(before, after, launched)
             return result(after, changed, before, diff, warnings, self.keys_notice(before, after, launched))
         if params.get("wait", True) and power is not None:
             target = "Running" if power == "running" else "Stopped"
@@ -316,6 +328,7 @@ class Lifecycle:
             warnings += [off] if off else []
         elif changed:
             after = self.api.get(ns, name) or after  # the status after the write (the host: one pass acts on it)
+        warnings += self.size_notice(before, after, launched)
         return result(after, changed, before, diff, warnings, self.keys_notice(before, after, launched))
 
     def restart(self, params: dict, check_mode: bool, diff: bool, warnings: list) -> dict:

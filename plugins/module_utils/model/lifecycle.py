@@ -85,6 +85,47 @@ def off_but_failed(namespace: str, name: str, status: Optional[dict]) -> Optiona
             f" {status.get('reason', '-')}): {status.get('message', '')}").rstrip(": ")
 
 
+def first_boot_with_change(before: dict, launched_boot: Optional[int]) -> int:
+    """The first bootID that boots with a spec change written over ``before`` (the spec the change replaced): the
+    requested boot when its launcher was not made yet (``launched_boot`` older or None), else the next one. The rule
+    of docs/api/cloudvm.md "Boot semantics": a boot's launcher config is fixed when it is made."""
+    boot = int(before.get("bootID", 0))
+    requested_not_launched = before.get("powerState") == "Running" and (launched_boot is None or launched_boot < boot)
+    return boot if requested_not_launched else boot + 1
+
+
+def older_boot_up(status: Optional[dict], first: int) -> Optional[int]:
+    """The bootID of a boot older than ``first`` that ``status`` shows up (not Stopped or Failed), else None."""
+    status = status or {}
+    running = status.get("bootID")
+    if running is None or status.get("phase") in (None, "Stopped", "Failed") or int(running) >= first:
+        return None
+    return int(running)
+
+
+def size_change(before: Optional[dict], after: dict, launched_boot: Optional[int],
+                status: Optional[dict]) -> Optional[str]:
+    """A warning when a task changed ``spec.vcpus`` or ``spec.memoryMiB`` while a boot launched with the old size is
+    still up, else None. The size is part of a boot's launcher config (the VMM's ``-smp``/``-m``; on Kubernetes the
+    launcher Pod's requests, docs/controller.md), so, as for keys (:func:`keys_change`), a change takes effect at the
+    next boot; the owner's quota and the node's capacity are checked for the new size when it boots (placement).
+
+    Args: as :func:`keys_change` (``before`` None: the VM was created).
+    """
+    if before is None:
+        return None
+    changed = [f"{field} {before.get(field)} -> {after.get(field)}" for field in ("vcpus", "memoryMiB")
+               if before.get(field) != after.get(field)]
+    if not changed:
+        return None
+    first = first_boot_with_change(before, launched_boot)
+    running = older_boot_up(status, first)
+    if running is None:
+        return None
+    return (f"spec.{' and spec.'.join(changed)}: takes effect at the next boot (bootID {first}); boot {running} keeps"
+            " its size until it ends; restart the VM (restart: true, playbook vm_restart) to apply it now")
+
+
 def keys_change(before: Optional[dict], after: dict, launched_boot: Optional[int], status: Optional[dict],
                 gateway: bool = False) -> Optional[tuple[int, Optional[str]]]:
     """When a task's change of ``spec.sshAuthorizedKeys`` takes effect, and a warning if a guest keeps the old keys.
@@ -109,12 +150,9 @@ def keys_change(before: Optional[dict], after: dict, launched_boot: Optional[int
     """
     if before is None or list(before.get("sshAuthorizedKeys") or []) == list(after.get("sshAuthorizedKeys") or []):
         return None
-    boot = int(before.get("bootID", 0))
-    requested_not_launched = before.get("powerState") == "Running" and (launched_boot is None or launched_boot < boot)
-    first = boot if requested_not_launched else boot + 1
-    status = status or {}
-    running = status.get("bootID")
-    if running is None or status.get("phase") in (None, "Stopped", "Failed") or int(running) >= first:
+    first = first_boot_with_change(before, launched_boot)
+    running = older_boot_up(status, first)
+    if running is None:
         return first, None
     where = "in the guest and on the host's SSH gateway" if gateway else "in the guest"
     return first, (f"spec.sshAuthorizedKeys change takes effect at the next boot (bootID {first}): boot {running}"

@@ -257,6 +257,32 @@ def test_a_vm_whose_launcher_or_vmm_was_killed_starts_again_in_one_run(cloud: Cl
     assert vmm_pid(cloud, "alice") != old_vmm and not Path(f"/proc/{old_vmm}").exists()
 
 
+def test_a_resize_of_a_running_vm_takes_effect_at_its_next_boot(cloud: Cloud, alice: dict):
+    """vm_start -e vcpus/memory_mib on the running VM writes the spec and warns that boot N keeps its size; the
+    guest still has it; after vm_restart (boot N + 1) the guest has the new size."""
+    boot, spec = int(alice["spec"]["bootID"]), alice["spec"]
+    vcpus, memory = (2, 768) if spec["vcpus"] == 1 else (1, 512)
+    ip = alice["status"]["sshEndpoint"]["host"]
+
+    def size() -> tuple:
+        out = cloud.ssh(ip, "nproc; awk '/^MemTotal:/ {print $2}' /proc/meminfo")
+        assert out.returncode == 0, out.stderr
+        cpus, kib = out.stdout.split()
+        return int(cpus), int(kib) // 1024
+
+    before = size()
+    resized = task_result(cloud.playbook("vm_start", "owner=alice", f"vcpus={vcpus}", f"memory_mib={memory}"), START)
+    assert resized["changed"] is True and resized["boot_id"] == boot, resized
+    assert [w for w in resized.get("warnings", []) if w.startswith(
+        f"spec.vcpus {spec['vcpus']} -> {vcpus} and spec.memoryMiB {spec['memoryMiB']} -> {memory}: takes effect at"
+        f" the next boot (bootID {boot + 1}); boot {boot} keeps its size")], resized.get("warnings")
+    assert size() == before
+    restarted = task_result(cloud.playbook("vm_restart", "owner=alice"), "Restart the VM")
+    assert restarted["boot_id"] == boot + 1 and restarted["phase"] == "Running", restarted
+    cpus, mib = size()
+    assert cpus == vcpus and memory - 64 <= mib <= memory, (cpus, mib)  # MemTotal: what the kernel keeps is not in it
+
+
 def test_case_L3_stop_then_immediate_start_never_overlaps(cloud: Cloud, alice: dict):
     boot = int(alice["spec"]["bootID"])
     counts = []

@@ -334,6 +334,26 @@ def test_rekeying_a_running_vm_says_the_keys_take_effect_at_the_next_boot() -> N
     assert "ssh_authorized_keys_boot_id" not in unchanged and "warnings" not in unchanged
 
 
+def test_resizing_a_running_vm_says_the_size_takes_effect_at_the_next_boot_and_a_stopped_one_says_nothing() -> None:
+    api = FakeApi()
+    clock = Clock(obedient_controller(api))
+    backend(api, clock).ensure(params(power_state="running", wait=True), check_mode=False, diff=False)
+    checked = backend(api, clock).ensure(params(vcpus=2, memory_mib=1024), check_mode=True, diff=False)
+    assert checked["warnings"] == ["spec.vcpus 1 -> 2 and spec.memoryMiB 512 -> 1024: takes effect at the next boot"
+                                   " (bootID 2); boot 1 keeps its size until it ends; restart the VM (restart: true,"
+                                   " playbook vm_restart) to apply it now"]
+    resized = backend(api, clock).ensure(params(vcpus=2), check_mode=False, diff=False)
+    assert resized["changed"] is True and resized["warnings"] == [
+        "spec.vcpus 1 -> 2: takes effect at the next boot (bootID 2); boot 1 keeps its size until it ends; restart"
+        " the VM (restart: true, playbook vm_restart) to apply it now"]
+    restarted = backend(api, clock).ensure(params(restart=True, wait=True), check_mode=False, diff=False)
+    assert restarted["boot_id"] == 2 and "warnings" not in restarted
+    backend(api, clock).ensure(params(power_state="stopped", wait=True), check_mode=False, diff=False)
+    stopped = backend(api, clock).ensure(params(memory_mib=1024), check_mode=False, diff=False)
+    assert stopped["changed"] is True and "warnings" not in stopped
+    assert api.objects[("ns", "vm1")]["spec"]["memoryMiB"] == 1024
+
+
 def test_rekeying_in_check_mode_predicts_the_same_and_a_checked_restart_warns_of_nothing() -> None:
     api = FakeApi()
     clock = Clock(obedient_controller(api))
