@@ -108,7 +108,7 @@ def size_change(before: Optional[dict], after: dict, launched_boot: Optional[int
     """A warning when a task changed ``spec.vcpus`` or ``spec.memoryMiB`` while a boot launched with the old size is
     still up, else None. The size is part of a boot's launcher config (the VMM's ``-smp``/``-m``; on Kubernetes the
     launcher Pod's requests, docs/controller.md), so, as for keys (:func:`keys_change`), a change takes effect at the
-    next boot; the owner's quota and the node's capacity are checked for the new size when it boots (placement).
+    next boot, whose start checks the node's capacity for the new size (placement).
 
     Args: as :func:`keys_change` (``before`` None: the VM was created).
     """
