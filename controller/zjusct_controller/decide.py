@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ansible_collections.zjusct.cloud.plugins.module_utils.model import disk_io
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.launcher_config import Placement
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.launcher_config import (
     launcher_config as build_launcher_config,
@@ -198,6 +199,9 @@ class Config:
             launcher's ``bootSlots`` on the node directory ``boot_slot_dir`` (hostPath, created if missing)
             mounted at :data:`BOOT_SLOTS_MOUNT` (docs/launcher-protocol.md).
         boot_slot_dir: the boot slots' directory on every node; host-backend launchers of the same node share it.
+        disk_io_limits: the operator's disk I/O limits of every VM's root disk (``diskIOLimits``,
+            :mod:`model.disk_io` keys): the default and the most a VM gets; a VM's ``spec.diskIO`` can only lower
+            them ({} = none).
     """
 
     launcher_image: str
@@ -217,6 +221,7 @@ class Config:
     ceph: Optional[CephConfig] = None
     max_concurrent_boots: int = 0
     boot_slot_dir: str = "/run/lock/zjusct-cloud/boot-slots"
+    disk_io_limits: dict = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, raw: dict) -> Config:
@@ -231,7 +236,8 @@ class Config:
                 "cpuOvercommit": "cpu_ratio", "memoryOvercommit": "memory_ratio",
                 "overheadCPUMillis": "overhead_cpu_m", "overheadMemoryMiB": "overhead_memory_mib",
                 "nodeSelector": "node_selector", "tolerations": "tolerations", "ceph": "ceph",
-                "maxConcurrentBoots": "max_concurrent_boots", "bootSlotDir": "boot_slot_dir"}
+                "maxConcurrentBoots": "max_concurrent_boots", "bootSlotDir": "boot_slot_dir",
+                "diskIOLimits": "disk_io_limits"}
         unknown = sorted(set(raw) - set(keys))
         if unknown:
             raise ValueError(f"controller config: unknown keys {', '.join(unknown)} (allowed: {', '.join(keys)})")
@@ -249,6 +255,9 @@ class Config:
                 or posixpath.normpath(slot_dir) != slot_dir:
             raise ValueError(f"controller config: bootSlotDir: {slot_dir!r} is not a normalised absolute path"
                              " other than / (a node directory mounted into every launcher Pod)")
+        io_problems = disk_io.validate(raw.get("diskIOLimits", {}), "diskIOLimits")
+        if io_problems:
+            raise ValueError(f"controller config: {'; '.join(io_problems)}")
         args = {keys[k]: v for k, v in raw.items()}
         if "ceph" in raw:
             args["ceph"] = CephConfig.from_dict(raw["ceph"])
@@ -418,6 +427,7 @@ def launcher_config(vm: dict, cfg: Config, rbd: Optional[dict] = None) -> dict:
         result={"path": f"/vm/result-{boot}.json", "terminationMessagePath": "/dev/termination-log"},
         boot_slots={"directory": BOOT_SLOTS_MOUNT, "count": int(cfg.max_concurrent_boots)}
         if cfg.max_concurrent_boots else None,
+        disk_io_limits=cfg.disk_io_limits,
     ))
 
 

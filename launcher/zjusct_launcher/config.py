@@ -55,6 +55,11 @@ DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0
 UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 MAC_RE = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 CEPH_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+# rootDisk.ioLimits (the CloudVM's model.disk_io ranges, tests/unit/core): bytes/s and requests/s
+IO_BYTES_PER_SECOND = (1048576, 1099511627776)
+IO_OPS_PER_SECOND = (20, 10000000)
+IO_LIMIT_FIELDS = {"readBytesPerSecond": IO_BYTES_PER_SECOND, "writeBytesPerSecond": IO_BYTES_PER_SECOND,
+                   "readIOPS": IO_OPS_PER_SECOND, "writeIOPS": IO_OPS_PER_SECOND}
 ROOT_FORMATS = ("raw", "qcow2")  # rootDisk.format: QEMU block format drivers of the root disk file
 INSTANCE_ID_RE = re.compile(r"^[A-Za-z0-9_.:/-]{1,128}$")
 MAX_SSH_KEYS = 64
@@ -95,11 +100,26 @@ class RbdSource:
 
 
 @dataclass(frozen=True)
+class IoLimits:
+    """``rootDisk.ioLimits``: what the VMM lets the guest do on its root disk, each None for no limit."""
+
+    read_bytes_per_second: int | None = None
+    write_bytes_per_second: int | None = None
+    read_iops: int | None = None
+    write_iops: int | None = None
+
+    def any(self) -> bool:
+        return any(v is not None for v in (self.read_bytes_per_second, self.write_bytes_per_second,
+                                           self.read_iops, self.write_iops))
+
+
+@dataclass(frozen=True)
 class RootDisk:
     path: str | None
     rbd: RbdSource | None
     cache: str  # "Writeback" | "None"
     format: str = "raw"  # of the file at path: "raw" | "qcow2" (QEMU opens a qcow2's backing file itself)
+    io_limits: IoLimits = field(default_factory=IoLimits)
 
 
 @dataclass(frozen=True)
@@ -367,7 +387,7 @@ def _parse_boot(c: _Checker, raw: Any) -> Boot:
 
 
 def _parse_root_disk(c: _Checker, raw: Any) -> RootDisk:
-    d = c.obj("rootDisk", raw, ("path", "rbd", "cache", "format"), ())
+    d = c.obj("rootDisk", raw, ("path", "rbd", "cache", "format", "ioLimits"), ())
     has_path, has_rbd = "path" in d, "rbd" in d
     if isinstance(raw, dict) and has_path == has_rbd:
         c.bad("rootDisk", "exactly one of path or rbd must be given" if has_path else
@@ -389,7 +409,14 @@ def _parse_root_disk(c: _Checker, raw: Any) -> RootDisk:
     fmt = c.enum("rootDisk.format", d.get("format", "raw"), ROOT_FORMATS)
     if fmt != "raw" and has_rbd:
         c.bad("rootDisk.format", f"{_show(fmt)} is only available with rootDisk.path (an RBD image is opened raw)")
-    return RootDisk(path, rbd, cache, fmt)
+    limits = IoLimits()
+    if "ioLimits" in d:
+        io = c.obj("rootDisk.ioLimits", d["ioLimits"], tuple(IO_LIMIT_FIELDS), ())
+        got = {key: c.integer(f"rootDisk.ioLimits.{key}", io[key], bounds)
+               for key, bounds in IO_LIMIT_FIELDS.items() if io.get(key) is not None}
+        limits = IoLimits(got.get("readBytesPerSecond"), got.get("writeBytesPerSecond"), got.get("readIOPS"),
+                          got.get("writeIOPS"))
+    return RootDisk(path, rbd, cache, fmt, limits)
 
 
 def _parse_identity(c: _Checker, raw: Any, vm: VMRef) -> Identity:

@@ -29,7 +29,7 @@ from typing import Any
 
 from zjusct_launcher import names
 from zjusct_launcher.capability import Profile
-from zjusct_launcher.config import LauncherConfig
+from zjusct_launcher.config import IoLimits, LauncherConfig
 from zjusct_launcher.paths import RuntimePaths
 
 DEFAULT_BINARY = "firecracker"
@@ -58,18 +58,37 @@ def jail_root(cfg: LauncherConfig, binary: str) -> str:
     return os.path.join(jailer.chroot_base_dir, os.path.basename(binary), instance_id(cfg), "root")
 
 
+def rate_limiter(limits: IoLimits) -> dict[str, Any]:
+    """The root drive's ``rate_limiter`` for ``rootDisk.ioLimits`` (empty: none).
+
+    Firecracker's limiter has one token bucket of bytes and one of operations per drive, shared by reads and
+    writes (its API's RateLimiter: ``size`` tokens refilled every ``refill_time`` ms), so each bucket takes the
+    smaller of the read and write limits: never more than either limit allows (docs/launcher-protocol.md).
+    """
+    out: dict[str, Any] = {}
+    for bucket, values in (("bandwidth", (limits.read_bytes_per_second, limits.write_bytes_per_second)),
+                           ("ops", (limits.read_iops, limits.write_iops))):
+        given = [v for v in values if v is not None]
+        if given:
+            out[bucket] = {"size": min(given), "refill_time": 1000}
+    return out
+
+
 def build_config(cfg: LauncherConfig, paths: RuntimePaths, jailed: bool = False) -> dict[str, Any]:
     """The ``--config-file`` document; ``jailed``: with the chroot paths (JAIL_*) instead of the host's."""
     boot: dict[str, Any] = {"kernel_image_path": JAIL_KERNEL if jailed else cfg.boot.kernel,
                             "boot_args": (cfg.boot.cmdline + " " + EXTRA_BOOT_ARGS).strip()}
     if cfg.boot.initrd:
         boot["initrd_path"] = JAIL_INITRD if jailed else cfg.boot.initrd
-    drives = [
+    drives: list[dict[str, Any]] = [
         {"drive_id": "rootfs", "path_on_host": JAIL_ROOTFS if jailed else cfg.root_disk.path,
          "is_root_device": True, "is_read_only": False, "cache_type": "Writeback"},
         {"drive_id": "identity", "path_on_host": JAIL_IDENTITY if jailed else paths.identity_disk,
          "is_root_device": False, "is_read_only": True, "cache_type": "Writeback"},
     ]
+    limiter = rate_limiter(cfg.root_disk.io_limits)
+    if limiter:
+        drives[0]["rate_limiter"] = limiter
     doc: dict[str, Any] = {
         "boot-source": boot,
         "drives": drives,

@@ -56,6 +56,12 @@ def cloudvm_argument_spec() -> dict:
             "pool": {"type": "str"},
             "priority": {"type": "int", "default": 0},
         }},
+        disk_io={"type": "dict", "options": {
+            "read_bytes_per_second": {"type": "int"},
+            "write_bytes_per_second": {"type": "int"},
+            "read_iops": {"type": "int"},
+            "write_iops": {"type": "int"},
+        }},
         labels={"type": "dict"},
         node_selector={"type": "dict"},
         image={"type": "str"},

@@ -117,6 +117,28 @@ options:
         description: Borrowing priority 0 to 1000; a higher priority may preempt lower-priority borrowers.
         type: int
         default: 0
+  disk_io:
+    description:
+      - Disk I/O limits of the VM's root disk (C(spec.diskIO); QEMU throttle group, Firecracker drive rate limiter;
+        docs/api/cloudvm.md "DiskIO"). Given, it replaces the VM's limits; a suboption left unset is no
+        limit of the VM's own, and all unset (V({})) removes them.
+      - The operator's limits (host C(hypervisor_disk_io_limits), controller C(diskIOLimits)) are the default and
+        the most a VM gets; a limit here can only lower one of them.
+      - A change reaches the guest at its next boot; while a boot runs the task warns so (restart to apply it).
+    type: dict
+    suboptions:
+      read_bytes_per_second:
+        description: Most bytes per second the guest reads, 1048576 (1 MiB/s) to 1099511627776.
+        type: int
+      write_bytes_per_second:
+        description: Most bytes per second the guest writes, 1048576 (1 MiB/s) to 1099511627776.
+        type: int
+      read_iops:
+        description: Most read requests per second, 20 to 10000000.
+        type: int
+      write_iops:
+        description: Most write requests per second, 20 to 10000000.
+        type: int
   labels:
     description: Labels of the CloudVM (merged into existing labels).
     type: dict
@@ -237,6 +259,15 @@ EXAMPLES = r"""
       course: hpc101
     power_state: running
     wait_timeout: 300
+
+- name: Limit alice's root disk to 20 MiB/s and 500 requests/s of writes from her next boot on
+  zjusct.cloud.cloudvm:
+    name: alice
+    owner: alice
+    disk_io:
+      write_bytes_per_second: 20971520
+      write_iops: 500
+    restart: true
 
 - name: Delete the VM, keeping its root volume
   zjusct.cloud.cloudvm:

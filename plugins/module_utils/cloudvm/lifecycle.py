@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm.port import Access, CloudVMApi, Conflict, RootVolume
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import (
+    BOOT_FIXED_FIELDS,
     CloudVMError,
     authorize,
     keys_change,
@@ -221,12 +222,12 @@ class Lifecycle:
 
     def launched(self, before: Optional[dict], after: Optional[dict]) -> Optional[int]:
         """:meth:`cloudvm.port.CloudVMApi.launched_boot` of ``before`` (the object a write replaced), asked only
-        when the write changed its ``spec.sshAuthorizedKeys``, ``spec.vcpus`` or ``spec.memoryMiB`` (the fields a
-        boot's launcher fixes; None otherwise, and for a create)."""
+        when the write changed one of :data:`model.lifecycle.BOOT_FIXED_FIELDS` (the fields a boot's launcher
+        fixes; None otherwise, and for a create)."""
         if before is None or after is None:
             return None
         old, new = before.get("spec") or {}, after.get("spec") or {}
-        if all(old.get(f) == new.get(f) for f in ("sshAuthorizedKeys", "vcpus", "memoryMiB")):
+        if all(old.get(f) == new.get(f) for f in BOOT_FIXED_FIELDS):
             return None
         return self.api.launched_boot(before)
 

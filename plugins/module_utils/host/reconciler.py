@@ -109,6 +109,7 @@ def launcher_config(cfg: HostConfig, vm: dict, volume: dict, lease: dict, root_d
         result={"path": paths.result(boot)},
         ready_marker_path=paths.ready(boot),
         boot_slots=cfg.boot_slots(),
+        disk_io_limits=cfg.disk_io_limits,
     ))
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ansible_collections.zjusct.cloud.plugins.module_utils.model import disk_io
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import with_defaults
 
 API_VERSION = "launcher.cloud.zjusct.io/v1"  # the launcher's own zjusct_launcher.API_VERSION (tests/unit/core)
@@ -38,6 +39,8 @@ class Placement:
         result: ``result`` (``path``, optionally ``terminationMessagePath``).
         ready_marker_path: ``readyMarkerPath`` (None: the launcher's default in its runtime directory).
         boot_slots: ``bootSlots`` (``{"directory", "count"}``), None for none.
+        disk_io_limits: the operator's disk I/O limits (:mod:`model.disk_io` keys), None for none; with the VM's
+            ``spec.diskIO`` they make ``rootDisk.ioLimits`` (:func:`model.disk_io.effective`).
     """
 
     boot: dict
@@ -51,6 +54,7 @@ class Placement:
     result: dict
     ready_marker_path: Optional[str] = None
     boot_slots: Optional[dict] = field(default=None)
+    disk_io_limits: Optional[dict] = field(default=None)
 
 
 def launcher_config(vm: dict, placement: Placement) -> dict:
@@ -62,7 +66,8 @@ def launcher_config(vm: dict, placement: Placement) -> dict:
 
     Returns:
         The document (docs/launcher-protocol.md §3): the guest's host name is the VM's name, its instance id the
-        VM's uid (the identity disk, docs/guest-image.md), its keys ``spec.sshAuthorizedKeys``.
+        VM's uid (the identity disk, docs/guest-image.md), its keys ``spec.sshAuthorizedKeys``; the root disk's
+        ``ioLimits`` are those of :func:`model.disk_io.effective` (absent when nothing is limited).
     """
     meta, spec = vm["metadata"], with_defaults(vm.get("spec") or {})
     doc: dict[str, Any] = {
@@ -87,4 +92,7 @@ def launcher_config(vm: dict, placement: Placement) -> dict:
         doc["readyMarkerPath"] = placement.ready_marker_path
     if placement.boot_slots:
         doc["bootSlots"] = dict(placement.boot_slots)
+    io_limits = disk_io.effective(spec.get("diskIO"), placement.disk_io_limits)
+    if io_limits:
+        doc["rootDisk"]["ioLimits"] = io_limits
     return doc

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
+from ansible_collections.zjusct.cloud.plugins.module_utils.model import disk_io
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import default_root_volume_claim, with_defaults
 
 
@@ -103,27 +104,41 @@ def older_boot_up(status: Optional[dict], first: int) -> Optional[int]:
     return int(running)
 
 
+BOOT_FIXED_FIELDS = ("sshAuthorizedKeys", "vcpus", "memoryMiB", "diskIO")
+"""The spec fields a boot's launcher config fixes when the boot is made (docs/api/cloudvm.md "Boot semantics"): a
+change reaches the guest at its next boot (:func:`keys_change`, :func:`size_change`)."""
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {v}" for k, v in value.items()) + "}"
+    return "none" if value is None else str(value)
+
+
 def size_change(before: Optional[dict], after: dict, launched_boot: Optional[int],
                 status: Optional[dict]) -> Optional[str]:
-    """A warning when a task changed ``spec.vcpus`` or ``spec.memoryMiB`` while a boot launched with the old size is
-    still up, else None. The size is part of a boot's launcher config (the VMM's ``-smp``/``-m``; on Kubernetes the
-    launcher Pod's requests, docs/controller.md), so, as for keys (:func:`keys_change`), a change takes effect at the
-    next boot, whose start checks the node's capacity for the new size (placement).
+    """A warning when a task changed ``spec.vcpus``, ``spec.memoryMiB`` or ``spec.diskIO`` while a boot launched with
+    the old values is still up, else None. They are part of a boot's launcher config (the VMM's ``-smp``/``-m`` and
+    throttle group; on Kubernetes the launcher Pod's requests, docs/controller.md), so, as for keys
+    (:func:`keys_change`), a change takes effect at the next boot, whose start checks the node's capacity for the
+    new size (placement).
 
     Args: as :func:`keys_change` (``before`` None: the VM was created).
     """
     if before is None:
         return None
-    changed = [f"{field} {before.get(field)} -> {after.get(field)}" for field in ("vcpus", "memoryMiB")
-               if before.get(field) != after.get(field)]
-    if not changed:
+    fields = [f for f in ("vcpus", "memoryMiB", "diskIO") if before.get(f) != after.get(f)]
+    if not fields:
         return None
     first = first_boot_with_change(before, launched_boot)
     running = older_boot_up(status, first)
     if running is None:
         return None
+    changed = [f"{f} {_shown(before.get(f))} -> {_shown(after.get(f))}" for f in fields]
+    kept = " and ".join(what for what, names in (("size", {"vcpus", "memoryMiB"}), ("disk I/O limits", {"diskIO"}))
+                        if names & set(fields))
     return (f"spec.{' and spec.'.join(changed)}: takes effect at the next boot (bootID {first}); boot {running} keeps"
-            " its size until it ends; restart the VM (restart: true, playbook vm_restart) to apply it now")
+            f" its {kept} until it ends; restart the VM (restart: true, playbook vm_restart) to apply it now")
 
 
 def keys_change(before: Optional[dict], after: dict, launched_boot: Optional[int], status: Optional[dict],
@@ -185,7 +200,8 @@ def params_to_spec(params: dict, existing: Optional[dict]) -> dict:
     """Merge the module's options into a desired spec (powerState and bootID untouched).
 
     Options left unset keep the existing value (or the API default on create). ``bandwidth`` and
-    ``ssh_authorized_keys`` replace the existing value when given.
+    ``ssh_authorized_keys`` replace the existing value when given; so does ``disk_io`` (its unset suboptions are
+    no limit of the VM's own; all unset removes ``spec.diskIO``).
 
     Args:
         params: module parameters (snake_case).
@@ -216,6 +232,13 @@ def params_to_spec(params: dict, existing: Optional[dict]) -> dict:
             band["pool"] = bw["pool"]
         spec.setdefault("network", {})
         spec["network"] = dict(spec["network"], bandwidth=band)
+    io = params.get("disk_io")
+    if io is not None:
+        limits = {key: io[option] for key, option in disk_io.OPTIONS.items() if io.get(option) is not None}
+        if limits:
+            spec["diskIO"] = limits
+        else:
+            spec.pop("diskIO", None)
     if params.get("node_selector") is not None:
         spec["nodeSelector"] = params["node_selector"]
     return with_defaults(spec)

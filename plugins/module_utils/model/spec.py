@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import re
 
+from ansible_collections.zjusct.cloud.plugins.module_utils.model import disk_io
+
 # The CloudVM API (config/crd/cloudvms.cloud.zjusct.io.yaml): defined here only; the Kubernetes client, the
 # inventory plugin, the controller and the tests import these.
 GROUP = "cloud.zjusct.io"
@@ -69,6 +71,8 @@ FIELDS = {
     "spec.network.bandwidth.priority": ("bandwidth_priority / bandwidth.priority",
                                         f"allowed {PRIORITY_MIN} to {PRIORITY_MAX}"),
 }
+FIELDS.update({f"spec.diskIO.{key}": (f"disk_{option} / disk_io.{option}", disk_io.rule(key))
+               for key, option in disk_io.OPTIONS.items()})
 _FIELD_REF = re.compile(r"(?<![\w.\[(])((?:spec|metadata)\.[A-Za-z.]*[A-Za-z])(\[\d+\])?:")
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -173,6 +177,8 @@ def validate_spec(spec: dict) -> list[str]:
     bandwidth = (spec.get("network") or {}).get("bandwidth")
     if bandwidth:
         errors.extend(_validate_bandwidth(bandwidth))
+    if spec.get("diskIO") is not None:
+        errors.extend(disk_io.validate(spec["diskIO"], "spec.diskIO"))
     return errors
 
 

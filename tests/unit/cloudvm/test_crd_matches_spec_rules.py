@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 import yaml
+from ansible_collections.zjusct.cloud.plugins.module_utils.model import disk_io
 from ansible_collections.zjusct.cloud.plugins.module_utils.model import spec as _spec
+from zjusct_launcher import config as launcher_config
 
 CRD = Path(__file__).resolve().parents[3] / "config" / "crd" / "cloudvms.cloud.zjusct.io.yaml"
 
@@ -47,6 +49,16 @@ def test_numeric_limits_and_defaults_match(schema: dict[str, Any]) -> None:
     assert bw["guaranteedMbps"]["maximum"] == bw["ceilMbps"]["maximum"] == _spec.BANDWIDTH_MBPS_MAX
     assert (bw["priority"]["minimum"], bw["priority"]["maximum"]) == (_spec.PRIORITY_MIN, _spec.PRIORITY_MAX)
     assert tuple(schema["properties"]["status"]["properties"]["phase"]["enum"]) == _spec.PHASES
+
+
+def test_disk_io_limits_agree_in_crd_model_and_launcher(schema: dict[str, Any]) -> None:
+    """spec.diskIO (CRD), model.disk_io (host backend, modules) and the launcher's rootDisk.ioLimits take the same
+    keys and ranges: a limit one accepts, the others accept."""
+    crd = schema["properties"]["spec"]["properties"]["diskIO"]["properties"]
+    assert tuple(crd) == disk_io.KEYS == tuple(launcher_config.IO_LIMIT_FIELDS)
+    for key in disk_io.KEYS:
+        assert (crd[key]["minimum"], crd[key]["maximum"]) == disk_io.RANGES[key] \
+            == launcher_config.IO_LIMIT_FIELDS[key]
 
 
 @pytest.mark.parametrize("key", [

@@ -354,6 +354,27 @@ def test_resizing_a_running_vm_says_the_size_takes_effect_at_the_next_boot_and_a
     assert api.objects[("ns", "vm1")]["spec"]["memoryMiB"] == 1024
 
 
+def test_disk_io_limits_are_written_replaced_removed_and_a_running_vm_is_told_they_wait_for_its_next_boot() -> None:
+    api = FakeApi()
+    clock = Clock(obedient_controller(api))
+    backend(api, clock).ensure(params(power_state="running", wait=True), check_mode=False, diff=False)
+    limited = backend(api, clock).ensure(params(disk_io={"write_bytes_per_second": 4194304, "read_iops": None}),
+                                         check_mode=False, diff=False)
+    assert api.objects[("ns", "vm1")]["spec"]["diskIO"] == {"writeBytesPerSecond": 4194304}
+    assert limited["warnings"] == [
+        "spec.diskIO none -> {writeBytesPerSecond: 4194304}: takes effect at the next boot (bootID 2); boot 1 keeps"
+        " its disk I/O limits until it ends; restart the VM (restart: true, playbook vm_restart) to apply it now"]
+    again = backend(api, clock).ensure(params(disk_io={"write_bytes_per_second": 4194304}), check_mode=False,
+                                       diff=False)
+    assert again["changed"] is False
+    both = backend(api, clock).ensure(params(vcpus=2, disk_io={"read_iops": 500}), check_mode=True, diff=False)
+    assert both["warnings"][0].startswith("spec.vcpus 1 -> 2 and spec.diskIO {writeBytesPerSecond: 4194304} ->"
+                                          " {readIOPS: 500}: takes effect")
+    assert "keeps its size and disk I/O limits until it ends" in both["warnings"][0]
+    removed = backend(api, clock).ensure(params(disk_io={}), check_mode=False, diff=False)
+    assert removed["changed"] is True and "diskIO" not in api.objects[("ns", "vm1")]["spec"]
+
+
 def test_rekeying_in_check_mode_predicts_the_same_and_a_checked_restart_warns_of_nothing() -> None:
     api = FakeApi()
     clock = Clock(obedient_controller(api))

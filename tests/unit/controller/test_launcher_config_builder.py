@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import zjusct_launcher
 import zjusct_launcher.config as launcher_config
 from ansible_collections.zjusct.cloud.plugins.module_utils.host import reconciler
@@ -48,3 +49,38 @@ def test_both_backends_give_the_guest_the_same_identity_and_the_launcher_accepts
     # what differs is only what each backend places: paths, network, root disk
     assert host["network"]["createTap"] is False and pod["network"]["createTap"] is True
     assert pod["result"]["terminationMessagePath"] == "/dev/termination-log" and "readyMarkerPath" in host
+
+
+def test_disk_io_limits_are_the_smaller_of_the_vms_and_the_operators_on_both_backends(tmp_path: Path) -> None:
+    """spec.diskIO can only lower the operator's limits (model.disk_io.effective): each key takes the smaller of
+    the two, or the one set; the launcher accepts the result as rootDisk.ioLimits."""
+    vm = {**VM, "spec": {**VM["spec"], "diskIO": {"writeBytesPerSecond": 8388608, "readIOPS": 900}}}
+    operator = {"writeBytesPerSecond": 4194304, "readIOPS": 1000, "writeIOPS": 300}
+    image = tmp_path / "images" / "tiny-1"
+    image.mkdir(parents=True)
+    (image / "manifest.json").write_text(json.dumps({"name": "tiny", "defaultCmdline": "console=ttyS0"}))
+    (tmp_path / "host.json").write_text(json.dumps({"state_dir": str(tmp_path / "state"), "netns": "",
+                                                     "runtime_dir": str(tmp_path / "run"),
+                                                     "disk_io_limits": operator}))
+    cfg = load(str(tmp_path / "host.json"))
+    volume = {"name": "web-root", "driver": "file", "image": str(image), "location": str(tmp_path / "web-root.raw")}
+    lease = {"tap": "zjt0123456789a", "mac": "52:54:00:12:34:56", "ipv4": "10.200.0.7"}
+    host = reconciler.launcher_config(cfg, vm, volume, lease, {"path": volume["location"], "cache": "Writeback"})
+    pod = pod_launcher_config(vm, Config(launcher_image="localhost/zjusct/launcher:1", image_dir="/images",
+                                         cmdline="console=ttyS0", disk_io_limits=operator))
+    expected = {"writeBytesPerSecond": 4194304, "readIOPS": 900, "writeIOPS": 300}
+    for doc in (host, pod):
+        assert doc["rootDisk"]["ioLimits"] == expected
+        assert launcher_config.parse(doc).root_disk.io_limits.write_iops == 300
+    assert "ioLimits" not in _host_doc(tmp_path / "plain")["rootDisk"]  # neither limits: no field
+
+
+def test_bad_operator_disk_io_limits_are_refused_naming_the_setting(tmp_path: Path) -> None:
+    (tmp_path / "host.json").write_text(json.dumps({"disk_io_limits": {"writeIOPS": 5, "readBPS": 1}}))
+    with pytest.raises(ValueError) as err:
+        load(str(tmp_path / "host.json"))
+    assert "disk_io_limits.writeIOPS: 5 is below the minimum 20" in str(err.value)
+    assert "disk_io_limits.readBPS: unknown field" in str(err.value) and "hypervisor_disk_io_limits" in str(err.value)
+    with pytest.raises(ValueError, match=r"diskIOLimits\.readIOPS: 10000001 is above the maximum 10000000"):
+        Config.from_dict({"launcherImage": "x", "imageDir": "/i", "cmdline": "c",
+                          "diskIOLimits": {"readIOPS": 10000001}})

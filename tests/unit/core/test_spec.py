@@ -66,3 +66,16 @@ def test_junk_after_a_key_type_is_not_a_key():
 
 def test_bandwidth_without_ceiling_is_valid():
     assert validate_spec(spec(network={"bandwidth": {"guaranteedMbps": 0, "priority": 0}})) == []
+
+
+def test_disk_io_limits_are_checked_and_named_in_user_terms():
+    from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import in_user_terms
+
+    assert validate_spec(spec(diskIO={"writeBytesPerSecond": 4194304, "readIOPS": 20})) == []
+    errors = validate_spec(spec(diskIO={"writeBytesPerSecond": 1024, "readIOPS": "many", "iops": 1}))
+    assert "spec.diskIO.writeBytesPerSecond: 1024 is below the minimum 1048576" in errors
+    assert "spec.diskIO.readIOPS: 'many' is not an integer" in errors
+    assert any(e.startswith("spec.diskIO.iops: unknown field") for e in errors)
+    assert in_user_terms("spec.diskIO.writeIOPS: 5 is below the minimum 20") == (
+        "disk_write_iops / disk_io.write_iops (spec.diskIO.writeIOPS; allowed 20 to 10000000 requests/s): 5 is below"
+        " the minimum 20")

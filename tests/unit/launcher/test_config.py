@@ -233,6 +233,21 @@ def test_rootdisk_format_is_optional_raw_by_default_qcow2_for_paths_only() -> No
     assert not schema_ok(rbd)
 
 
+def test_rootdisk_io_limits_are_optional_integers_in_range() -> None:
+    assert not config.parse(example()).root_disk.io_limits.any()  # a v1 document without the field
+    doc = example()
+    doc["rootDisk"]["ioLimits"] = {"writeBytesPerSecond": 4194304, "readIOPS": 500}
+    limits = config.parse(doc).root_disk.io_limits
+    assert (limits.read_bytes_per_second, limits.write_bytes_per_second, limits.read_iops, limits.write_iops) \
+        == (None, 4194304, 500, None) and schema_ok(doc)
+    doc["rootDisk"]["ioLimits"] = {"readBytesPerSecond": 1000, "writeIOPS": "fast", "readBPS": 1}
+    found = problems(doc)
+    assert "rootDisk.ioLimits.readBytesPerSecond: 1000 is below the minimum 1048576" in found
+    assert 'rootDisk.ioLimits.writeIOPS: expected an integer, got string "fast"' in found
+    assert any(p.startswith("rootDisk.ioLimits.readBPS: unknown field") for p in found)
+    assert not schema_ok(doc)
+
+
 @pytest.mark.parametrize(("mutate", "message"), [
     (lambda d: d["hypervisor"].update(accel="tcg"), 'hypervisor.accel: "tcg" is not available with firecracker'),
     (lambda d: d.update(network={"mode": "user", "hostForwardPort": 2222}),

@@ -36,6 +36,17 @@ def test_config_document_uses_the_documented_fields() -> None:
     assert doc["machine-config"] == {"vcpu_count": 1, "mem_size_mib": 512, "smt": False}
 
 
+def test_io_limits_become_the_root_drive_rate_limiter_at_the_smaller_of_read_and_write() -> None:
+    doc = json.loads((EXAMPLES / "config-firecracker-tap.json").read_text())
+    doc["rootDisk"]["ioLimits"] = {"readBytesPerSecond": 8388608, "writeBytesPerSecond": 4194304, "readIOPS": 500}
+    c = config.parse(doc)
+    root, ident = firecracker.build_config(c, RuntimePaths(c.runtime_dir))["drives"]
+    assert root["rate_limiter"] == {"bandwidth": {"size": 4194304, "refill_time": 1000},
+                                    "ops": {"size": 500, "refill_time": 1000}}
+    assert "rate_limiter" not in ident
+    assert "rate_limiter" not in firecracker.build_config(cfg(), RuntimePaths(cfg().runtime_dir))["drives"][0]
+
+
 def test_argv_and_instance_id() -> None:
     c = cfg()
     a = firecracker.build_argv(c, "/usr/local/bin/firecracker", RuntimePaths(c.runtime_dir))

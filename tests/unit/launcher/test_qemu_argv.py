@@ -95,6 +95,24 @@ def test_disk_order_root_is_vda_identity_is_vdb_read_only() -> None:
     assert ident["read-only"] is True and ident["file"]["filename"] == f"{c.runtime_dir}/identity.tar"
 
 
+def test_io_limits_put_a_throttle_filter_between_the_root_node_and_its_device() -> None:
+    doc = json.loads((EXAMPLES / "config-qemu-tap.json").read_text())
+    doc["rootDisk"]["ioLimits"] = {"readBytesPerSecond": 8388608, "writeBytesPerSecond": 4194304,
+                                   "readIOPS": 500, "writeIOPS": 200}
+    a = argv(config.parse(doc))
+    groups = [json.loads(o) for o in after(a, "-object") if o.startswith("{")]
+    assert groups == [{"qom-type": "throttle-group", "id": "root-io", "limits": {
+        "bps-read": 8388608, "bps-write": 4194304, "iops-read": 500, "iops-write": 200}}]
+    nodes = blockdevs(a)
+    assert nodes["root-throttle"] == {"driver": "throttle", "node-name": "root-throttle", "throttle-group": "root-io",
+                                      "file": "root"}
+    assert "virtio-blk-pci,drive=root-throttle,bus=pcie.0,addr=0x3" in after(a, "-device")
+    doc["rootDisk"]["ioLimits"] = {"writeIOPS": 200}  # only the limits given
+    assert json.loads(next(o for o in after(argv(config.parse(doc)), "-object") if o.startswith("{")))["limits"] \
+        == {"iops-write": 200}
+    assert not [o for o in after(argv(cfg()), "-object") if "throttle" in o]  # none without limits
+
+
 def test_rbd_root_uses_librbd_with_a_secret_object_file_never_the_key() -> None:
     c = cfg("config-qemu-rbd.json")
     a = argv(c)
