@@ -82,6 +82,15 @@ def surveys() -> dict[str, list[dict[str, Any]]]:
                   "Used only with a guarantee.", "integer",
                   minimum=s.PRIORITY_MIN, maximum=s.PRIORITY_MAX),
     ]
+    io = s.disk_io
+    for key, option in io.OPTIONS.items():
+        low, high = io.RANGES[key]
+        what = {"readBytesPerSecond": "Disk read limit (bytes/s)", "writeBytesPerSecond": "Disk write limit (bytes/s)",
+                "readIOPS": "Disk read limit (requests/s)", "writeIOPS": "Disk write limit (requests/s)"}[key]
+        start.append(_question(f"disk_{option}", what, f"Most {io.UNITS[key]} the VM's root disk serves "
+                               f"(spec.diskIO.{key}), {low} to {high}; 0: none of the VM's own (the operator's "
+                               "limit still applies); empty: unchanged. Takes effect at the next boot. Any of the "
+                               "four given replaces all four.", "integer", minimum=0, maximum=high))
     return {
         "site.yml": [
             _question("zjusct_cloud_backend", "Backend", "host: the hypervisor role only; kubernetes: also the "
