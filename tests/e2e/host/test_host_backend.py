@@ -11,6 +11,7 @@ passes alone and in any order (``make test`` shuffles them).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -281,6 +282,62 @@ def test_a_resize_of_a_running_vm_takes_effect_at_its_next_boot(cloud: Cloud, al
     assert restarted["boot_id"] == boot + 1 and restarted["phase"] == "Running", restarted
     cpus, mib = size()
     assert cpus == vcpus and memory - 64 <= mib <= memory, (cpus, mib)  # MemTotal: what the kernel keeps is not in it
+
+
+DD_LINE = re.compile(r"^(\d+) bytes .* copied, ([0-9.]+) s,", re.M)
+DISK_WRITE_BPS, DISK_READ_IOPS = 4194304, 200
+
+
+def guest_dd(cloud: Cloud, ip: str, args: str) -> tuple[int, float]:
+    """Run dd with ``args`` in the guest (O_DIRECT, so every request reaches the VMM's root disk); ``(bytes,
+    seconds)`` as dd reports them."""
+    out = cloud.ssh(ip, f"dd {args} 2>&1 >/dev/null", timeout=180)
+    found = DD_LINE.search(out.stdout)
+    assert out.returncode == 0 and found, (out.stdout, out.stderr)
+    return int(found.group(1)), float(found.group(2))
+
+
+def test_disk_io_limits_reach_the_guest_at_its_next_boot_and_bound_what_it_does(cloud: Cloud, alice: dict):
+    """vm_start -e disk_write_bytes_per_second / disk_read_iops on the running VM writes spec.diskIO and warns that
+    the running boot keeps its limits; after vm_restart the guest's O_DIRECT writes and 4 KiB reads of its root disk
+    stay within the limits (QEMU's throttle group), where the same dd ran faster before. The limits are cleared
+    again with 0 at the end (taking effect at the VM's next boot)."""
+    ip = alice["status"]["sshEndpoint"]["host"]
+    write = "if=/dev/zero of=/var/tmp/zjc-io bs=1M count=16 oflag=direct conv=fsync"
+    read = "if=/dev/vda of=/dev/null bs=4k count=1000 skip=2000 iflag=direct"
+    clear = ("disk_write_bytes_per_second=0", "disk_read_iops=0")
+    try:
+        if alice["spec"].get("diskIO"):  # left by an interrupted run: boot once without limits first
+            task_result(cloud.playbook("vm_start", "owner=alice", *clear), START)
+            alice = task_result(cloud.playbook("vm_restart", "owner=alice"), "Restart the VM")["cloudvm"]
+            ip = alice["status"]["sshEndpoint"]["host"]
+        free_write, free_read = guest_dd(cloud, ip, write), guest_dd(cloud, ip, read)
+        boot = int(alice["spec"]["bootID"])
+        limited = task_result(cloud.playbook("vm_start", "owner=alice", f"disk_write_bytes_per_second={DISK_WRITE_BPS}",
+                                             f"disk_read_iops={DISK_READ_IOPS}"), START)
+        assert limited["changed"] is True and limited["boot_id"] == boot, limited
+        assert limited["cloudvm"]["spec"]["diskIO"] == {"writeBytesPerSecond": DISK_WRITE_BPS,
+                                                        "readIOPS": DISK_READ_IOPS}
+        assert [w for w in limited.get("warnings", []) if f"boot {boot} keeps its disk I/O limits" in w], limited
+        restarted = task_result(cloud.playbook("vm_restart", "owner=alice"), "Restart the VM")
+        assert restarted["boot_id"] == boot + 1 and restarted["phase"] == "Running", restarted
+        ip = restarted["cloudvm"]["status"]["sshEndpoint"]["host"]
+        written, seconds = guest_dd(cloud, ip, write)
+        requests, read_seconds = guest_dd(cloud, ip, read)
+        requests //= 4096
+        print(f"disk I/O without limits: write {free_write[0] / free_write[1] / 2**20:.1f} MiB/s, read"
+              f" {free_read[0] // 4096 / free_read[1]:.0f} requests/s; limited: write {written / seconds / 2**20:.2f}"
+              f" MiB/s (limit {DISK_WRITE_BPS / 2**20:g}), read {requests / read_seconds:.0f} requests/s"
+              f" (limit {DISK_READ_IOPS})")
+        # QEMU's buckets let a tenth of a second's worth through at once; 10 % covers it and the timing of dd
+        assert written / seconds <= DISK_WRITE_BPS * 1.1, (written, seconds, free_write)
+        assert requests / read_seconds <= DISK_READ_IOPS * 1.1, (requests, read_seconds, free_read)
+        # the same dd without limits was faster than the limit, so the bound above is the limit's doing
+        assert free_write[0] / free_write[1] > DISK_WRITE_BPS * 1.1, free_write
+        assert free_read[0] // 4096 / free_read[1] > DISK_READ_IOPS * 1.1, free_read
+    finally:
+        cleared = task_result(cloud.playbook("vm_start", "owner=alice", *clear), START)
+        assert "diskIO" not in cleared["cloudvm"]["spec"], cleared
 
 
 def test_case_L3_stop_then_immediate_start_never_overlaps(cloud: Cloud, alice: dict):

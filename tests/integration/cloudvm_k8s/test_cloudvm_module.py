@@ -100,6 +100,9 @@ def test_module_refusals_carry_the_servers_field_path_and_touch_nothing(play: Ca
         ({"ssh_authorized_keys": ["ssh-rsa"]}, "spec.sshAuthorizedKeys[0]: Invalid value", "should match"),
         ({"bandwidth": {"guaranteed_mbps": 100, "ceil_mbps": 10}}, "spec.network.bandwidth.ceilMbps",
          "must be at least guaranteedMbps"),
+        ({"disk_io": {"write_iops": 5}}, "spec.diskIO.writeIOPS: Invalid value: 5", "greater than or equal to 20"),
+        ({"disk_io": {"read_bytes_per_second": 2**40 + 1}},
+         f"spec.diskIO.readBytesPerSecond: Invalid value: {2**40 + 1}", "less than or equal to 1099511627776"),
     ]
     before = cvm_api.create(ns, "rej")
     run = play([_vm(ns, "rej", **{"vcpus": 2, **change}) for change, _, _ in cases] +

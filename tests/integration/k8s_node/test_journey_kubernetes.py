@@ -79,6 +79,24 @@ class Operator:
         return proc.stdout
 
 
+OPERATOR_WRITE_BPS, TENANT_WRITE_BPS = 6291456, 3145728  # 6 and 3 MiB/s
+
+
+def _launcher_config(core: Any, ns: str, vm: str) -> dict[str, Any]:
+    """The LauncherConfig of the VM's launcher Pod (its annotation)."""
+    (pod,) = core.list_namespaced_pod(ns, label_selector=f"cloud.zjusct.io/vm={vm}").items
+    return json.loads(pod.metadata.annotations["cloud.zjusct.io/launcher-config"])
+
+
+def _write_rate(key: Path, host: str) -> float:
+    """Bytes per second of 12 MiB of O_DIRECT writes in the guest, as its dd reports them."""
+    out = ssh(key, host, "dd if=/dev/zero of=/var/tmp/zjc-io bs=1M count=12 oflag=direct conv=fsync 2>&1 >/dev/null;"
+              " rm -f /var/tmp/zjc-io")
+    copied = [line.split() for line in out.splitlines() if " bytes " in line and " copied, " in line]
+    assert copied, out
+    return int(copied[0][0]) / float(copied[0][copied[0].index("copied,") + 1])
+
+
 def test_site_then_vm_start_inventory_stop_start_backup_restore_delete_on_kubernetes(
     k8s_cluster: Cluster, k8s_api: Any, real_node: RealNode, launcher_image: dict[str, Any],
     controller_image: dict[str, Any], service_route: None, guest_image: Any, pod_ceph: Any,
@@ -100,7 +118,8 @@ def test_site_then_vm_start_inventory_stop_start_backup_restore_delete_on_kubern
                      "cmdline": guest_image.default_cmdline, "accel": "tcg",
                      "maxConcurrentBoots": TEST_BOOT_SLOTS, "bootSlotDir": TEST_BOOT_SLOT_DIR,
                      "nodeSelector": placement["nodeSelector"], "tolerations": placement["tolerations"],
-                     "ceph": {"monitors": [pod_ceph.mon_host], "user": CEPH_USER, "secretName": SECRET}},
+                     "ceph": {"monitors": [pod_ceph.mon_host], "user": CEPH_USER, "secretName": SECRET},
+                     "diskIOLimits": {"writeBytesPerSecond": OPERATOR_WRITE_BPS}},
                  "cluster_controller_node_selector": placement["nodeSelector"],
                  "cluster_controller_tolerations": placement["tolerations"],
                  "cluster_controller_namespaces": [ns],
@@ -125,6 +144,11 @@ def test_site_then_vm_start_inventory_stop_start_backup_restore_delete_on_kubern
         pool, image = pv.spec.csi.volume_attributes["pool"], pv.spec.csi.volume_attributes["imageName"]
         assert _rbd(pod_ceph, "image-meta", "get", f"{pool}/{image}", "cloud.zjusct.io/owner").strip() == "alice"
         assert ssh(key, ep, "cat /proc/cmdline") != ""
+        # the operator's disk write limit (controller diskIOLimits) is every VM's default: QEMU's throttle group
+        limits = _launcher_config(core, ns, "alice")["rootDisk"]["ioLimits"]
+        assert limits == {"writeBytesPerSecond": OPERATOR_WRITE_BPS}, limits
+        operator_rate = _write_rate(key, ep)
+        assert operator_rate <= OPERATOR_WRITE_BPS * 1.1, operator_rate
 
         # the inventory lists her; Ansible reaches her guest
         source = tmp_path / "inventory" / "kubernetes.cloudvm.yml"
@@ -141,10 +165,22 @@ def test_site_then_vm_start_inventory_stop_start_backup_restore_delete_on_kubern
         # stop, start: boot 2 keeps the file
         op.play("vm_stop.yml", {"owner": "alice", "vm_namespace": ns})
         assert custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "alice")["status"]["phase"] == "Stopped"
-        restarted = task_result(op.play("vm_start.yml", vm_vars), "Start the VM and wait until its SSH answers")
+        # started again with limits of her own: a lower write limit wins, a read limit the operator has not set
+        # applies as asked
+        restarted = task_result(op.play("vm_start.yml", {**vm_vars, "disk_write_bytes_per_second": TENANT_WRITE_BPS,
+                                                         "disk_read_iops": 5000}),
+                                "Start the VM and wait until its SSH answers")
         assert (restarted["phase"], restarted["cloudvm"]["status"]["bootID"]) == ("Running", 2), restarted
+        assert restarted["cloudvm"]["spec"]["diskIO"] == {"writeBytesPerSecond": TENANT_WRITE_BPS, "readIOPS": 5000}
         ep = restarted["cloudvm"]["status"]["sshEndpoint"]["host"]
         assert ssh(key, ep, "cat /root/marker").strip() == "journey-1"
+        assert _launcher_config(core, ns, "alice")["rootDisk"]["ioLimits"] == {"writeBytesPerSecond": TENANT_WRITE_BPS,
+                                                                               "readIOPS": 5000}
+        tenant_rate = _write_rate(key, ep)
+        print(f"guest O_DIRECT writes on RBD: {operator_rate / 2**20:.2f} MiB/s under the operator's limit"
+              f" ({OPERATOR_WRITE_BPS / 2**20:g} MiB/s), {tenant_rate / 2**20:.2f} MiB/s under the tenant's"
+              f" ({TENANT_WRITE_BPS / 2**20:g} MiB/s)")
+        assert tenant_rate <= TENANT_WRITE_BPS * 1.1 < operator_rate, (tenant_rate, operator_rate)
 
         # offline backup (stops her VM first), restore into a new VM that boots with the file
         backup_dir = tmp_path / "backups"
