@@ -11,7 +11,7 @@ Kubernetes source (skipped with ``--skip-kubernetes``):
   each is created, then reported Running through the status subresource as the controller would).
   An existing namespace with enough Running VMs is reused.
 * Measures, in the same run and on the same objects, ``--runs`` rounds of:
-  - ``kubectl``: ``kubectl get cloudvms -A -o json`` end to end (the issue's peer; kubectl of the control
+  - ``kubectl``: ``kubectl get cloudvms -A -o json`` end to end (the peer; kubectl of the control
     plane's Kubernetes version, built by ``K8S_EXTRA_BINS=kubectl hack/build-k8s.sh`` into the same cache when
     missing; it lists in chunks of 500 as the plugin does);
   - ``baseline``: a fresh Python process that imports the kubernetes client and lists every

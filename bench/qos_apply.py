@@ -2,7 +2,7 @@
 """Benchmark: applying 1,000 HTB classes (+ their u32 filters) through netlink batches vs one `tc` process per
 object, in the same run on the same kind of device; and arbitrating 10,000 VM requests.
 
-Goals (issues 9, 20): netlink batch >= 10x faster than one tc process per class (same-run ratio); arbitration of
+Goals: netlink batch >= 10x faster than one tc process per class (same-run ratio); arbitration of
 10,000 VM requests < 100 ms measured (absolute), printed next to the same-run ratio against the previous algorithm
 (bench/qos_baseline.py) on the same requests.
 
@@ -211,7 +211,7 @@ def arbitrate(args: argparse.Namespace) -> None:
           f"{load()}")
     n, runs = args.vms, args.repeat
     # 1. The batch: n VM requests (10 pools, priorities 0-5, many preemptions) from an empty node, as the
-    # tc_qos requests form and a rebuild of a node's state do. Same-run baseline: the ledger before issue 20
+    # tc_qos requests form and a rebuild of a node's state do. Same-run baseline: the ledger before its optimisation
     # (bench/qos_baseline.py) on the same requests, alternating which side runs first.
     reqs = requests_of(n, 10, 3)
     state = q.State(q.NodeCapacity(400_000, 1.0), {f"p{i}": q.Pool(f"p{i}", 60_000) for i in range(10)})

@@ -1,4 +1,4 @@
-"""The arbitration ledger as it was before the optimisation of issue 20 (commit 66354e2), kept verbatim as the
+"""The arbitration ledger as it was before its optimisation (commit 66354e2), kept verbatim as the
 same-run baseline of bench/qos_apply.py. Not used by the collection."""
 # ruff: noqa
 from __future__ import annotations

@@ -3,7 +3,7 @@
 encoder (network.tc_netlink.encode_op) vs building the same requests with pyroute2's own message classes (tcmsg + the
 HTB and u32 option classes, .encode()), in the same run, alternating which side runs first, best of --repeat.
 
-Rule (issue 17): the hand-written encoder stays only if it is at least 2x faster than pyroute2's message building
+Rule: the hand-written encoder stays only if it is at least 2x faster than pyroute2's message building
 for 1,000 classes (same-run ratio); otherwise the adapter uses pyroute2's.
 
 Both sides encode the same ops (the diff from an empty device to the desired tree: the root qdisc, the root and

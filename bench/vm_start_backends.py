@@ -31,7 +31,7 @@ runs first. Per start:
 * B only: ``guest``: the launcher's spawn -> ready marker of that boot (bench/host_backend.py).
 
 Prints each pair, the means and the same-run ratios mean(A) / mean(B) for ``task`` and ``banner``. There is no
-numeric goal for this pair (issue #16 asks for the measurement); exits non-zero only when a step fails.
+numeric goal for this pair (the figure is reported as measured); exits non-zero only when a step fails.
 ``--host-only`` runs side B alone (no control plane, no real node): a dry run of the host half, no ratio.
 
 Usage (root; from the repository root):

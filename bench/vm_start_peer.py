@@ -24,7 +24,7 @@ guest time) for continuity. Then the stop: ``vm_stop.yml`` vs ``virsh shutdown -
 Each side boots once before the pairs (not measured; ``--no-peer-warmup`` skips the peer's); ``--pairs`` pairs
 alternate which side runs first. Prints each pair with the load average before and after and ours' phases (see
 :data:`PHASES`), then two fixed costs timed alone (an empty ``ansible-playbook``, the launcher check subprocess),
-the medians, the same-run ratio ours/peer of the overheads, and the verdicts against issue #20's goals (overhead
+the medians, the same-run ratio ours/peer of the overheads, and the verdicts against the goals (overhead
 <= 3 s absolute; <= the peer's). ``--ansible-peer`` adds a third side to each round, rotating the order: the same
 domain started by ``ansible-playbook`` (``virsh start`` through ``ansible.builtin.command``, then
 ``ansible.builtin.wait_for`` of the banner, 1 s between attempts); its overhead = wall - (the banner as this
