@@ -88,9 +88,9 @@ def surveys() -> dict[str, list[dict[str, Any]]]:
         what = {"readBytesPerSecond": "Disk read limit (bytes/s)", "writeBytesPerSecond": "Disk write limit (bytes/s)",
                 "readIOPS": "Disk read limit (requests/s)", "writeIOPS": "Disk write limit (requests/s)"}[key]
         start.append(_question(f"disk_{option}", what, f"Most {io.UNITS[key]} the VM's root disk serves "
-                               f"(spec.diskIO.{key}), {low} to {high}; 0: none of the VM's own (the operator's "
-                               "limit still applies); empty: unchanged. Takes effect at the next boot. Any of the "
-                               "four given replaces all four.", "integer", minimum=0, maximum=high))
+                               f"(spec.diskIO.{key}), {low} to {high}; 0 removes the VM's own limit (the "
+                               "operator's still applies); empty: unchanged. Takes effect at the next boot.",
+                               "integer", minimum=0, maximum=high))
     return {
         "site.yml": [
             _question("zjusct_cloud_backend", "Backend", "host: the hypervisor role only; kubernetes: also the "

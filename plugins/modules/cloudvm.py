@@ -120,24 +120,24 @@ options:
   disk_io:
     description:
       - Disk I/O limits of the VM's root disk (C(spec.diskIO); QEMU throttle group, Firecracker drive rate limiter;
-        docs/api/cloudvm.md "DiskIO"). Given, it replaces the VM's limits; a suboption left unset is no
-        limit of the VM's own, and all unset (V({})) removes them.
+        docs/api/cloudvm.md "DiskIO"). Each suboption given sets that limit and the others are kept; V(0)
+        removes the VM's own limit of that kind (the operator's still applies).
       - The operator's limits (host C(hypervisor_disk_io_limits), controller C(diskIOLimits)) are the default and
         the most a VM gets; a limit here can only lower one of them.
       - A change reaches the guest at its next boot; while a boot runs the task warns so (restart to apply it).
     type: dict
     suboptions:
       read_bytes_per_second:
-        description: Most bytes per second the guest reads, 1048576 (1 MiB/s) to 1099511627776.
+        description: Most bytes per second the guest reads, 1048576 (1 MiB/s) to 1099511627776; V(0) removes it.
         type: int
       write_bytes_per_second:
-        description: Most bytes per second the guest writes, 1048576 (1 MiB/s) to 1099511627776.
+        description: Most bytes per second the guest writes, 1048576 (1 MiB/s) to 1099511627776; V(0) removes it.
         type: int
       read_iops:
-        description: Most read requests per second, 20 to 10000000.
+        description: Most read requests per second, 20 to 10000000; V(0) removes it.
         type: int
       write_iops:
-        description: Most write requests per second, 20 to 10000000.
+        description: Most write requests per second, 20 to 10000000; V(0) removes it.
         type: int
   labels:
     description: Labels of the CloudVM (merged into existing labels).

@@ -200,8 +200,8 @@ def params_to_spec(params: dict, existing: Optional[dict]) -> dict:
     """Merge the module's options into a desired spec (powerState and bootID untouched).
 
     Options left unset keep the existing value (or the API default on create). ``bandwidth`` and
-    ``ssh_authorized_keys`` replace the existing value when given; so does ``disk_io`` (its unset suboptions are
-    no limit of the VM's own; all unset removes ``spec.diskIO``).
+    ``ssh_authorized_keys`` replace the existing value when given. ``disk_io`` sets each limit given and keeps the
+    others: a suboption 0 removes that limit, one left unset keeps it (``spec.diskIO`` is dropped when none is left).
 
     Args:
         params: module parameters (snake_case).
@@ -234,9 +234,14 @@ def params_to_spec(params: dict, existing: Optional[dict]) -> dict:
         spec["network"] = dict(spec["network"], bandwidth=band)
     io = params.get("disk_io")
     if io is not None:
-        limits = {key: io[option] for key, option in disk_io.OPTIONS.items() if io.get(option) is not None}
+        limits = dict(spec.get("diskIO") or {})
+        for key, option in disk_io.OPTIONS.items():
+            if io.get(option) == 0:
+                limits.pop(key, None)
+            elif io.get(option) is not None:
+                limits[key] = io[option]
         if limits:
-            spec["diskIO"] = limits
+            spec["diskIO"] = {key: limits[key] for key in disk_io.KEYS if key in limits}
         else:
             spec.pop("diskIO", None)
     if params.get("node_selector") is not None:

@@ -369,9 +369,14 @@ def test_disk_io_limits_are_written_replaced_removed_and_a_running_vm_is_told_th
     assert again["changed"] is False
     both = backend(api, clock).ensure(params(vcpus=2, disk_io={"read_iops": 500}), check_mode=True, diff=False)
     assert both["warnings"][0].startswith("spec.vcpus 1 -> 2 and spec.diskIO {writeBytesPerSecond: 4194304} ->"
-                                          " {readIOPS: 500}: takes effect")
+                                          " {writeBytesPerSecond: 4194304, readIOPS: 500}: takes effect")  # kept
     assert "keeps its size and disk I/O limits until it ends" in both["warnings"][0]
-    removed = backend(api, clock).ensure(params(disk_io={}), check_mode=False, diff=False)
+    nothing = backend(api, clock).ensure(params(disk_io={}), check_mode=False, diff=False)
+    assert nothing["changed"] is False
+    one_less = backend(api, clock).ensure(params(disk_io={"write_bytes_per_second": 0, "read_iops": 500}),
+                                          check_mode=False, diff=False)
+    assert one_less["changed"] is True and api.objects[("ns", "vm1")]["spec"]["diskIO"] == {"readIOPS": 500}
+    removed = backend(api, clock).ensure(params(disk_io={"read_iops": 0}), check_mode=False, diff=False)
     assert removed["changed"] is True and "diskIO" not in api.objects[("ns", "vm1")]["spec"]
 
 
