@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Disk I/O limits (``rootDisk.ioLimits``, QEMU's throttle group) as the guest sees them, and a noisy neighbour.
+"""Disk I/O limits (``rootDisk.ioLimits``, QEMU's block I/O throttling) as the guest sees them, and a noisy neighbour.
 
 Boots two guests of the cached Debian image through the launcher (user-mode network, QEMU/TCG, 1 vCPU / 512 MiB,
 each on a fresh copy of the root file system): the **victim**, whose root disk has a write limit and a read IOPS

@@ -413,7 +413,7 @@ def _parse_root_disk(c: _Checker, raw: Any) -> RootDisk:
     if "ioLimits" in d:
         io = c.obj("rootDisk.ioLimits", d["ioLimits"], tuple(IO_LIMIT_FIELDS), ())
         got = {key: c.integer(f"rootDisk.ioLimits.{key}", io[key], bounds)
-               for key, bounds in IO_LIMIT_FIELDS.items() if io.get(key) is not None}
+               for key, bounds in IO_LIMIT_FIELDS.items() if key in io}
         limits = IoLimits(got.get("readBytesPerSecond"), got.get("writeBytesPerSecond"), got.get("readIOPS"),
                           got.get("writeIOPS"))
     return RootDisk(path, rbd, cache, fmt, limits)

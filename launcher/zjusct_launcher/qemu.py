@@ -17,11 +17,13 @@ Command-line facts (QEMU 7.2 docs, qemu-options.hx / qapi/block-core.json):
   filter (which also sets no_new_privs). ``elevateprivileges=deny`` forbids setuid/setgid, so it is only used
   without ``-runas``: with it QEMU 7.2 dies of SIGSYS at the drop (measured). ``spawn=deny`` forbids
   fork/exec, hence ``script=no``.
-* Disk I/O limits (``rootDisk.ioLimits``): a ``throttle-group`` object (its ``limits``: ``bps-read``,
-  ``bps-write``, ``iops-read``, ``iops-write``) and a ``throttle`` filter node over the root node; the guest's
-  virtio-blk device is attached to the filter, so every request of the guest passes the group's leaky buckets
-  (burst: a tenth of a second's worth, QEMU's default when no ``*-max`` is set; qapi/block-core.json
-  ThrottleLimits, docs/throttle.txt).
+* Disk I/O limits (``rootDisk.ioLimits``) are the root device's BlockBackend throttling, set over QMP with
+  ``block_set_io_throttle`` (``bps_rd``, ``bps_wr``, ``iops_rd``, ``iops_wr``; the device named by its QOM path)
+  while QEMU waits paused (``-S``) before the guest's first instruction, then ``cont`` (:mod:`vmm_qemu`): libvirt's
+  ``<iotune>`` way. Not the ``throttle`` filter node: that one counts a discard as a write of all the bytes it
+  frees (block/throttle.c), so one ``fstrim`` of a free filesystem would hold the guest's writes for minutes; the
+  BlockBackend's buckets count reads and writes only. Burst: a tenth of a second's worth (QEMU's default without
+  ``*_max``; docs/throttle.txt).
 """
 
 from __future__ import annotations
@@ -39,7 +41,10 @@ DEFAULT_BINARY = "qemu-system-x86_64"
 PROFILE = Profile(type="qemu", default_binary=DEFAULT_BINARY, lacks={"jailer": ""})
 # Fixed PCI slots keep the disk order stable: vda = root (0x3), vdb = config disk (0x4), eth0 (0x5).
 ROOT_ADDR, IDENTITY_ADDR, NET_ADDR = "0x3", "0x4", "0x5"
-ROOT_THROTTLE_GROUP, ROOT_THROTTLE_NODE = "root-io", "root-throttle"
+ROOT_DEVICE_ID = "root-disk"  # the root virtio-blk-pci device's qdev id
+# What block_set_io_throttle names: the virtio-blk device inside that PCI proxy, which holds the BlockBackend (the
+# proxy's own id is refused, "Device does not have a block device backend"; QEMU 7.2, measured).
+ROOT_BLOCK_BACKEND = f"/machine/peripheral/{ROOT_DEVICE_ID}/virtio-backend"
 RBD_SECRET_ID = "rbdkey0"  # noqa: S105 - an object id, not a secret
 # The q35 machine without the chipset devices a headless virtio guest never uses (QEMU 7.2 ``-machine q35,help``):
 # the ICH9 AHCI controller (``sata``), the SMBus controller (``smbus``), the PS/2 keyboard and mouse controller
@@ -89,11 +94,14 @@ def root_blockdev(cfg: LauncherConfig, paths: RuntimePaths, is_block_device: boo
     return {"driver": cfg.root_disk.format, "node-name": "root", "cache": cache, "discard": "unmap", "file": proto}
 
 
-def throttle_limits(limits: IoLimits) -> dict[str, int]:
-    """The ``throttle-group`` object's ``limits`` for ``rootDisk.ioLimits`` (empty: none)."""
-    pairs = (("bps-read", limits.read_bytes_per_second), ("bps-write", limits.write_bytes_per_second),
-             ("iops-read", limits.read_iops), ("iops-write", limits.write_iops))
-    return {name: value for name, value in pairs if value is not None}
+def io_throttle(limits: IoLimits) -> dict[str, Any] | None:
+    """The ``block_set_io_throttle`` arguments of the root device for ``rootDisk.ioLimits`` (0: no limit of that
+    kind, as QMP has it), or None when nothing is limited."""
+    if not limits.any():
+        return None
+    return {"id": ROOT_BLOCK_BACKEND, "bps": 0, "bps_rd": limits.read_bytes_per_second or 0,
+            "bps_wr": limits.write_bytes_per_second or 0, "iops": 0, "iops_rd": limits.read_iops or 0,
+            "iops_wr": limits.write_iops or 0}
 
 
 def build_argv(cfg: LauncherConfig, binary: str, accel: str, paths: RuntimePaths,
@@ -124,16 +132,12 @@ def build_argv(cfg: LauncherConfig, binary: str, accel: str, paths: RuntimePaths
     if cfg.root_disk.rbd is not None and cfg.root_disk.rbd.keyring_path:
         argv += ["-object", f"secret,id={RBD_SECRET_ID},file={opt_escape(paths.rbd_secret)},format=base64"]
     argv += ["-blockdev", json.dumps(root_blockdev(cfg, paths, root_is_block_device), separators=(",", ":"))]
-    root_node = "root"
-    limits = throttle_limits(cfg.root_disk.io_limits)
-    if limits:
-        group = {"qom-type": "throttle-group", "id": ROOT_THROTTLE_GROUP, "limits": limits}
-        node = {"driver": "throttle", "node-name": ROOT_THROTTLE_NODE, "throttle-group": ROOT_THROTTLE_GROUP,
-                "file": "root"}
-        argv += ["-object", json.dumps(group, separators=(",", ":")),
-                 "-blockdev", json.dumps(node, separators=(",", ":"))]
-        root_node = ROOT_THROTTLE_NODE
-    argv += ["-device", f"virtio-blk-pci,drive={root_node},bus=pcie.0,addr={ROOT_ADDR}"]
+    root_device = f"virtio-blk-pci,drive=root,bus=pcie.0,addr={ROOT_ADDR}"
+    if cfg.root_disk.io_limits.any():
+        # paused until the launcher has set the limits over QMP (vmm_qemu.QemuVmm.attach), then ``cont``
+        argv += ["-S"]
+        root_device += f",id={ROOT_DEVICE_ID}"
+    argv += ["-device", root_device]
     identity = {"driver": "raw", "node-name": "identity", "read-only": True,
                 "file": {"driver": "file", "filename": paths.identity_disk, "read-only": True}}
     argv += ["-blockdev", json.dumps(identity, separators=(",", ":")),

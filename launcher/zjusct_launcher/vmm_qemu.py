@@ -7,6 +7,10 @@
   privileges itself (``-runas``) after opening everything, under its own seccomp filter (``-sandbox``).
 * Control: QMP on ``<runtimeDir>/qmp.sock``; its SHUTDOWN and GUEST_PANICKED events feed the reason
   (:mod:`decide`), and the graceful stop is ``system_powerdown`` (the ACPI power button).
+* Disk I/O limits: with ``rootDisk.ioLimits`` QEMU starts paused (``-S``); :meth:`QemuVmm.attach` sets the root
+  device's ``block_set_io_throttle`` and only then resumes it (``cont``), so no request of the guest runs
+  unlimited. Without QMP, or when QEMU refuses the limits, the boot fails (``LauncherError``) and QEMU is killed:
+  a guest never runs without the limits its config asks for.
 """
 
 from __future__ import annotations
@@ -74,10 +78,22 @@ class QemuVmm:
         return qemu.build_argv(self.cfg, binary, accel, self.paths, is_blk)
 
     def attach(self, alive: Callable[[], bool]) -> None:
+        throttle = qemu.io_throttle(self.cfg.root_disk.io_limits)
         try:
             self.qmp = QmpClient.connect(self.paths.qmp_socket, QMP_CONNECT_TIMEOUT_SECONDS, alive)
         except QmpError as exc:
+            if throttle is not None:
+                raise RunFailed("LauncherError", f"no QMP connection to set rootDisk.ioLimits: {exc}") from None
             log.warning("no QMP connection; a stop will end in a kill", error=str(exc))
+            return
+        if throttle is None:
+            return
+        try:
+            self.qmp.execute("block_set_io_throttle", throttle)
+            self.qmp.execute("cont")
+        except QmpError as exc:
+            raise RunFailed("LauncherError", f"rootDisk.ioLimits: QEMU refused the limits: {exc}") from None
+        log.info("disk I/O limits set", **{k: v for k, v in throttle.items() if k != "id" and v})
 
     def event_fds(self) -> list[int]:
         return [self.qmp.fileno()] if self.qmp is not None and not self.qmp.closed else []

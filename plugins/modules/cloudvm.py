@@ -119,9 +119,9 @@ options:
         default: 0
   disk_io:
     description:
-      - Disk I/O limits of the VM's root disk (C(spec.diskIO); QEMU throttle group, Firecracker drive rate limiter;
-        docs/api/cloudvm.md "DiskIO"). Each suboption given sets that limit and the others are kept; V(0)
-        removes the VM's own limit of that kind (the operator's still applies).
+      - Disk I/O limits of the VM's root disk (C(spec.diskIO); QEMU block I/O throttling, Firecracker drive rate
+        limiter; docs/api/cloudvm.md "DiskIO"). Each suboption given sets that limit and the others are kept;
+        V(0) removes the VM's own limit of that kind (the operator's still applies).
       - The operator's limits (host C(hypervisor_disk_io_limits), controller C(diskIOLimits)) are the default and
         the most a VM gets; a limit here can only lower one of them.
       - A change reaches the guest at its next boot; while a boot runs the task warns so (restart to apply it).

@@ -114,7 +114,7 @@ def _trail(store: HostStore, params: dict, existing: Optional[dict]) -> AuditTra
         action = {"running": "start", "stopped": "stop"}.get(params.get("power_state") or "", "update")
     owner = ((existing or {}).get("spec") or {}).get("owner") or params.get("owner") or ""
     data = {k: params[k] for k in ("power_state", "vcpus", "memory_mib", "image", "volume_size_mib",
-                                   "root_volume_claim", "bandwidth") if params.get(k) is not None}
+                                   "root_volume_claim", "bandwidth", "disk_io") if params.get(k) is not None}
     if params.get("ssh_authorized_keys") is not None:
         data["ssh_authorized_keys"] = len(params["ssh_authorized_keys"])
     if params["state"] == "absent":

@@ -8,7 +8,7 @@ Four limits, each optional: ``readBytesPerSecond``, ``writeBytesPerSecond`` (byt
 ``writeIOPS`` (requests/s), the terms of libvirt's ``<iotune>`` and OpenStack's ``disk_*_sec`` flavor keys. They
 are the same in three places: the CloudVM's ``spec.diskIO`` (what the tenant asks), the operator's limits (host
 configuration ``disk_io_limits``, the controller's ``diskIOLimits``) and the launcher's ``rootDisk.ioLimits``
-(what the VMM enforces: QEMU's throttle group, Firecracker's drive rate limiter).
+(what the VMM enforces: QEMU's block I/O throttling of the root device, Firecracker's drive rate limiter).
 
 The rule (:func:`effective`): the operator's limit is the default **and** the most any VM gets; a VM's own limit can
 only lower it. A tenant cannot lift a limit an operator set, so one VM saturating the host's disk is bounded by the

@@ -119,7 +119,7 @@ def size_change(before: Optional[dict], after: dict, launched_boot: Optional[int
                 status: Optional[dict]) -> Optional[str]:
     """A warning when a task changed ``spec.vcpus``, ``spec.memoryMiB`` or ``spec.diskIO`` while a boot launched with
     the old values is still up, else None. They are part of a boot's launcher config (the VMM's ``-smp``/``-m`` and
-    throttle group; on Kubernetes the launcher Pod's requests, docs/controller.md), so, as for keys
+    block I/O throttling; on Kubernetes the launcher Pod's requests, docs/controller.md), so, as for keys
     (:func:`keys_change`), a change takes effect at the next boot, whose start checks the node's capacity for the
     new size (placement).
 
@@ -236,10 +236,13 @@ def params_to_spec(params: dict, existing: Optional[dict]) -> dict:
     if io is not None:
         limits = dict(spec.get("diskIO") or {})
         for key, option in disk_io.OPTIONS.items():
-            if io.get(option) == 0:
+            value = io.get(option)
+            if value is None:
+                continue
+            if value == 0 and not isinstance(value, bool):
                 limits.pop(key, None)
-            elif io.get(option) is not None:
-                limits[key] = io[option]
+            else:
+                limits[key] = value  # validate_spec refuses a bool or a value out of range, naming the field
         if limits:
             spec["diskIO"] = {key: limits[key] for key in disk_io.KEYS if key in limits}
         else:

@@ -144,7 +144,7 @@ def test_site_then_vm_start_inventory_stop_start_backup_restore_delete_on_kubern
         pool, image = pv.spec.csi.volume_attributes["pool"], pv.spec.csi.volume_attributes["imageName"]
         assert _rbd(pod_ceph, "image-meta", "get", f"{pool}/{image}", "cloud.zjusct.io/owner").strip() == "alice"
         assert ssh(key, ep, "cat /proc/cmdline") != ""
-        # the operator's disk write limit (controller diskIOLimits) is every VM's default: QEMU's throttle group
+        # the operator's disk write limit (controller diskIOLimits) is every VM's default: QEMU's root device throup
         limits = _launcher_config(core, ns, "alice")["rootDisk"]["ioLimits"]
         assert limits == {"writeBytesPerSecond": OPERATOR_WRITE_BPS}, limits
         operator_rate = _write_rate(key, ep)

@@ -376,6 +376,8 @@ def test_disk_io_limits_are_written_replaced_removed_and_a_running_vm_is_told_th
     one_less = backend(api, clock).ensure(params(disk_io={"write_bytes_per_second": 0, "read_iops": 500}),
                                           check_mode=False, diff=False)
     assert one_less["changed"] is True and api.objects[("ns", "vm1")]["spec"]["diskIO"] == {"readIOPS": 500}
+    with pytest.raises(CloudVMError, match=r"spec.diskIO.readIOPS: False is not an integer"):  # never a 0
+        backend(api, clock).ensure(params(disk_io={"read_iops": False}), check_mode=False, diff=False)
     removed = backend(api, clock).ensure(params(disk_io={"read_iops": 0}), check_mode=False, diff=False)
     assert removed["changed"] is True and "diskIO" not in api.objects[("ns", "vm1")]["spec"]
 

@@ -246,6 +246,8 @@ def test_rootdisk_io_limits_are_optional_integers_in_range() -> None:
     assert 'rootDisk.ioLimits.writeIOPS: expected an integer, got string "fast"' in found
     assert any(p.startswith("rootDisk.ioLimits.readBPS: unknown field") for p in found)
     assert not schema_ok(doc)
+    doc["rootDisk"]["ioLimits"] = {"readIOPS": None}  # as its schema: a limit is a number or absent
+    assert "rootDisk.ioLimits.readIOPS: expected an integer, got null null" in problems(doc) and not schema_ok(doc)
 
 
 @pytest.mark.parametrize(("mutate", "message"), [

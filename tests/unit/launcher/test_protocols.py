@@ -174,3 +174,32 @@ def test_kvm_probe_with_a_kernel_that_never_prints_is_unusable_and_bounded(tmp_p
     refused = kvm.probe(qemu, 60, accel="tcg", kernel=str(not_a_kernel))
     assert not refused.usable and "did not start under tcg: qemu: invalid kernel header" in refused.detail, \
         refused.detail
+
+
+def test_a_qemu_boot_with_io_limits_fails_and_never_resumes_without_qmp(tmp_path: Path) -> None:
+    """With rootDisk.ioLimits QEMU waits paused until the launcher has set them over QMP; no QMP connection, or
+    QEMU refusing them, ends the boot (LauncherError) instead of running the guest unlimited."""
+    from zjusct_launcher import config
+    from zjusct_launcher.paths import RuntimePaths
+    from zjusct_launcher.vmm import RunFailed
+    from zjusct_launcher.vmm_qemu import QemuVmm
+
+    doc = json.loads((Path(__file__).resolve().parents[3] / "launcher" / "examples" / "config-qemu-tap.json")
+                     .read_text())
+    doc["runtimeDir"] = str(tmp_path)
+    doc["rootDisk"]["ioLimits"] = {"writeIOPS": 200}
+    limited = QemuVmm(config.parse(doc), RuntimePaths(str(tmp_path)))
+    start = time.monotonic()
+    with pytest.raises(RunFailed) as err:
+        limited.attach(alive=lambda: time.monotonic() - start < 0.3)
+    assert err.value.reason == "LauncherError" and "rootDisk.ioLimits" in err.value.message
+    fake_qmp_server(str(tmp_path / "qmp.sock"), [])  # answers every command; "bogus" alone is an error
+    limited.attach(alive=lambda: True)  # set, then resumed
+    assert limited.qmp is not None
+    limited.cleanup()
+    del doc["rootDisk"]["ioLimits"]
+    (tmp_path / "qmp.sock").unlink()
+    plain = QemuVmm(config.parse(doc), RuntimePaths(str(tmp_path)))
+    start = time.monotonic()
+    plain.attach(alive=lambda: time.monotonic() - start < 0.3)  # without limits: a warning, the boot goes on
+    assert plain.qmp is None

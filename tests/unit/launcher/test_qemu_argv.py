@@ -95,22 +95,23 @@ def test_disk_order_root_is_vda_identity_is_vdb_read_only() -> None:
     assert ident["read-only"] is True and ident["file"]["filename"] == f"{c.runtime_dir}/identity.tar"
 
 
-def test_io_limits_put_a_throttle_filter_between_the_root_node_and_its_device() -> None:
+def test_io_limits_start_qemu_paused_with_a_named_root_device_and_the_qmp_throttle_of_its_block_backend() -> None:
     doc = json.loads((EXAMPLES / "config-qemu-tap.json").read_text())
     doc["rootDisk"]["ioLimits"] = {"readBytesPerSecond": 8388608, "writeBytesPerSecond": 4194304,
                                    "readIOPS": 500, "writeIOPS": 200}
-    a = argv(config.parse(doc))
-    groups = [json.loads(o) for o in after(a, "-object") if o.startswith("{")]
-    assert groups == [{"qom-type": "throttle-group", "id": "root-io", "limits": {
-        "bps-read": 8388608, "bps-write": 4194304, "iops-read": 500, "iops-write": 200}}]
-    nodes = blockdevs(a)
-    assert nodes["root-throttle"] == {"driver": "throttle", "node-name": "root-throttle", "throttle-group": "root-io",
-                                      "file": "root"}
-    assert "virtio-blk-pci,drive=root-throttle,bus=pcie.0,addr=0x3" in after(a, "-device")
-    doc["rootDisk"]["ioLimits"] = {"writeIOPS": 200}  # only the limits given
-    assert json.loads(next(o for o in after(argv(config.parse(doc)), "-object") if o.startswith("{")))["limits"] \
-        == {"iops-write": 200}
-    assert not [o for o in after(argv(cfg()), "-object") if "throttle" in o]  # none without limits
+    c = config.parse(doc)
+    a = argv(c)
+    assert "-S" in a and "virtio-blk-pci,drive=root,bus=pcie.0,addr=0x3,id=root-disk" in after(a, "-device")
+    assert not [o for o in after(a, "-object") if "throttle" in o]  # no filter node: it would throttle discards
+    assert qemu.io_throttle(c.root_disk.io_limits) == {
+        "id": "/machine/peripheral/root-disk/virtio-backend", "bps": 0, "bps_rd": 8388608, "bps_wr": 4194304,
+        "iops": 0, "iops_rd": 500, "iops_wr": 200}
+    doc["rootDisk"]["ioLimits"] = {"writeIOPS": 200}  # only the limits given; 0 is "none" to QMP
+    assert qemu.io_throttle(config.parse(doc).root_disk.io_limits) == {
+        "id": "/machine/peripheral/root-disk/virtio-backend", "bps": 0, "bps_rd": 0, "bps_wr": 0, "iops": 0,
+        "iops_rd": 0, "iops_wr": 200}
+    plain = argv(cfg())
+    assert "-S" not in plain and qemu.io_throttle(cfg().root_disk.io_limits) is None  # none without limits
 
 
 def test_rbd_root_uses_librbd_with_a_secret_object_file_never_the_key() -> None:
