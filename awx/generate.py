@@ -82,12 +82,9 @@ def surveys() -> dict[str, list[dict[str, Any]]]:
                   "Used only with a guarantee.", "integer",
                   minimum=s.PRIORITY_MIN, maximum=s.PRIORITY_MAX),
     ]
-    io = s.disk_io
-    for key, option in io.OPTIONS.items():
-        low, high = io.RANGES[key]
-        what = {"readBytesPerSecond": "Disk read limit (bytes/s)", "writeBytesPerSecond": "Disk write limit (bytes/s)",
-                "readIOPS": "Disk read limit (requests/s)", "writeIOPS": "Disk write limit (requests/s)"}[key]
-        start.append(_question(f"disk_{option}", what, f"Most {io.UNITS[key]} the VM's root disk serves "
+    for key, (option, (low, high), unit) in s.DISK_IO.items():
+        what = f"Disk {'read' if key.startswith('read') else 'write'} limit ({unit})"
+        start.append(_question(f"disk_{option}", what, f"Most {unit} the VM's root disk serves "
                                f"(spec.diskIO.{key}), {low} to {high}; 0 removes the VM's own limit (the "
                                "operator's still applies); empty: unchanged. Takes effect at the next boot.",
                                "integer", minimum=0, maximum=high))

@@ -19,7 +19,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ansible_collections.zjusct.cloud.plugins.module_utils.model import disk_io
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.launcher_config import Placement
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.launcher_config import (
     launcher_config as build_launcher_config,
@@ -36,6 +35,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
     OWNER_MARK,
     PLURAL,
     VERSION,
+    validate_disk_io,
     with_defaults,
 )
 
@@ -200,7 +200,7 @@ class Config:
             mounted at :data:`BOOT_SLOTS_MOUNT` (docs/launcher-protocol.md).
         boot_slot_dir: the boot slots' directory on every node; host-backend launchers of the same node share it.
         disk_io_limits: the operator's disk I/O limits of every VM's root disk (``diskIOLimits``,
-            :mod:`model.disk_io` keys): the default and the most a VM gets; a VM's ``spec.diskIO`` can only lower
+            :data:`model.spec.DISK_IO` keys): the default and the most a VM gets; a VM's ``spec.diskIO`` can only lower
             them ({} = none).
     """
 
@@ -255,7 +255,7 @@ class Config:
                 or posixpath.normpath(slot_dir) != slot_dir:
             raise ValueError(f"controller config: bootSlotDir: {slot_dir!r} is not a normalised absolute path"
                              " other than / (a node directory mounted into every launcher Pod)")
-        io_problems = disk_io.validate(raw.get("diskIOLimits", {}), "diskIOLimits")
+        io_problems = validate_disk_io(raw.get("diskIOLimits", {}), "diskIOLimits")
         if io_problems:
             raise ValueError(f"controller config: {'; '.join(io_problems)}")
         args = {keys[k]: v for k, v in raw.items()}

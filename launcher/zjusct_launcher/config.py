@@ -55,7 +55,8 @@ DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0
 UUID_RE = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 MAC_RE = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 CEPH_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
-# rootDisk.ioLimits (the CloudVM's model.disk_io ranges, tests/unit/core): bytes/s and requests/s
+# rootDisk.ioLimits: bytes/s and requests/s, the CloudVM's spec.diskIO ranges (model.spec.DISK_IO; tests/unit/cloudvm/
+# test_crd_matches_spec_rules.py holds the two equal)
 IO_BYTES_PER_SECOND = (1048576, 1099511627776)
 IO_OPS_PER_SECOND = (20, 10000000)
 IO_LIMIT_FIELDS = {"readBytesPerSecond": IO_BYTES_PER_SECOND, "writeBytesPerSecond": IO_BYTES_PER_SECOND,

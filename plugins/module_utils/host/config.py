@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields
 from typing import Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.supervisor import LauncherPaths
-from ansible_collections.zjusct.cloud.plugins.module_utils.model import disk_io
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import validate_disk_io
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.driver import UnknownDriver, VolumeSettings, driver
 
 DEFAULT_PATH = "/etc/zjusct-cloud/host.json"
@@ -94,7 +94,7 @@ class HostConfig:
             StrictModes). Needs ``nat`` and a ``netns`` of its own (the gateway reaches guests over the uplink).
         gateway_port: the gateway sshd's TCP port (1-65535) in ``uplink_netns``.
         gateway_host: the name or address clients outside the host use for the gateway ("" = ``node``).
-        disk_io_limits: the operator's disk I/O limits of every VM's root disk (:mod:`model.disk_io` keys:
+        disk_io_limits: the operator's disk I/O limits of every VM's root disk (:data:`model.spec.DISK_IO` keys:
             ``readBytesPerSecond``, ``writeBytesPerSecond`` in bytes/s, ``readIOPS``, ``writeIOPS``): the default and
             the most a VM gets; a VM's ``spec.diskIO`` can only lower them ({} = none).
     """
@@ -266,7 +266,7 @@ def load(path: Optional[str] = None) -> HostConfig:
             or slot_dir == "/":
         raise ValueError(f"host_config: boot_slot_dir: {slot_dir!r} is not a normalised absolute path other than /"
                          " (hypervisor_boot_slot_dir; launcher bootSlots.directory)")
-    io_problems = disk_io.validate(data.get("disk_io_limits", {}), "disk_io_limits")
+    io_problems = validate_disk_io(data.get("disk_io_limits", {}), "disk_io_limits")
     if io_problems:
         raise ValueError(f"host_config: {'; '.join(io_problems)} (hypervisor_disk_io_limits)")
     if data.get("gateway_dir") and not os.path.isabs(data["gateway_dir"]):

@@ -39,7 +39,7 @@ class Placement:
         result: ``result`` (``path``, optionally ``terminationMessagePath``).
         ready_marker_path: ``readyMarkerPath`` (None: the launcher's default in its runtime directory).
         boot_slots: ``bootSlots`` (``{"directory", "count"}``), None for none.
-        disk_io_limits: the operator's disk I/O limits (:mod:`model.disk_io` keys), None for none; with the VM's
+        disk_io_limits: the operator's disk I/O limits (:data:`model.spec.DISK_IO` keys), None for none; with the VM's
             ``spec.diskIO`` they make ``rootDisk.ioLimits`` (:func:`model.disk_io.effective`).
     """
 

@@ -15,8 +15,11 @@ from __future__ import annotations
 from typing import Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
-from ansible_collections.zjusct.cloud.plugins.module_utils.model import disk_io
-from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import default_root_volume_claim, with_defaults
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
+    DISK_IO,
+    default_root_volume_claim,
+    with_defaults,
+)
 
 
 class CloudVMError(CloudError):
@@ -235,7 +238,7 @@ def params_to_spec(params: dict, existing: Optional[dict]) -> dict:
     io = params.get("disk_io")
     if io is not None:
         limits = dict(spec.get("diskIO") or {})
-        for key, option in disk_io.OPTIONS.items():
+        for key, (option, _bounds, _unit) in DISK_IO.items():
             value = io.get(option)
             if value is None:
                 continue
@@ -244,7 +247,7 @@ def params_to_spec(params: dict, existing: Optional[dict]) -> dict:
             else:
                 limits[key] = value  # validate_spec refuses a bool or a value out of range, naming the field
         if limits:
-            spec["diskIO"] = {key: limits[key] for key in disk_io.KEYS if key in limits}
+            spec["diskIO"] = {key: limits[key] for key in DISK_IO if key in limits}
         else:
             spec.pop("diskIO", None)
     if params.get("node_selector") is not None:

@@ -18,8 +18,7 @@ formats from sshd(8) "AUTHORIZED_KEYS FILE FORMAT".
 from __future__ import annotations
 
 import re
-
-from ansible_collections.zjusct.cloud.plugins.module_utils.model import disk_io
+from collections.abc import Mapping
 
 # The CloudVM API (config/crd/cloudvms.cloud.zjusct.io.yaml): defined here only; the Kubernetes client, the
 # inventory plugin, the controller and the tests import these.
@@ -39,6 +38,18 @@ MEMORY_MIB_MIN, MEMORY_MIB_MAX = 128, 4096
 BANDWIDTH_MBPS_MAX = 100000
 PRIORITY_MIN, PRIORITY_MAX = 0, 1000
 SSH_KEYS_MAX = 16
+# spec.diskIO (model/disk_io.py combines a VM's limits with the operator's): API key -> (the cloudvm module's disk_io
+# suboption; the playbook variable is disk_<suboption>), (minimum, maximum), unit. Below the minimums a root disk
+# cannot boot a guest within a readiness timeout (a Debian boot reads ~60 MiB in a few thousand requests); above
+# the maximums a limit limits nothing a virtio disk does.
+DISK_IO_BYTES_PER_SECOND = (1048576, 1099511627776)  # 1 MiB/s .. 1 TiB/s
+DISK_IO_REQUESTS_PER_SECOND = (20, 10000000)
+DISK_IO = {
+    "readBytesPerSecond": ("read_bytes_per_second", DISK_IO_BYTES_PER_SECOND, "bytes/s"),
+    "writeBytesPerSecond": ("write_bytes_per_second", DISK_IO_BYTES_PER_SECOND, "bytes/s"),
+    "readIOPS": ("read_iops", DISK_IO_REQUESTS_PER_SECOND, "requests/s"),
+    "writeIOPS": ("write_iops", DISK_IO_REQUESTS_PER_SECOND, "requests/s"),
+}
 SSH_KEY_LEN_MAX = 8192
 POWER_STATES = ("Running", "Stopped")
 # status.phase values (docs/api/cloudvm.md; model.phase.derive_status)
@@ -71,8 +82,8 @@ FIELDS = {
     "spec.network.bandwidth.priority": ("bandwidth_priority / bandwidth.priority",
                                         f"allowed {PRIORITY_MIN} to {PRIORITY_MAX}"),
 }
-FIELDS.update({f"spec.diskIO.{key}": (f"disk_{option} / disk_io.{option}", disk_io.rule(key))
-               for key, option in disk_io.OPTIONS.items()})
+FIELDS.update({f"spec.diskIO.{key}": (f"disk_{option} / disk_io.{option}", f"allowed {low} to {high} {unit}")
+               for key, (option, (low, high), unit) in DISK_IO.items()})
 _FIELD_REF = re.compile(r"(?<![\w.\[(])((?:spec|metadata)\.[A-Za-z.]*[A-Za-z])(\[\d+\])?:")
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -178,7 +189,27 @@ def validate_spec(spec: dict) -> list[str]:
     if bandwidth:
         errors.extend(_validate_bandwidth(bandwidth))
     if spec.get("diskIO") is not None:
-        errors.extend(disk_io.validate(spec["diskIO"], "spec.diskIO"))
+        errors.extend(validate_disk_io(spec["diskIO"], "spec.diskIO"))
+    return errors
+
+
+def validate_disk_io(limits: object, path: str) -> list[str]:
+    """Check a mapping of disk I/O limits (:data:`DISK_IO` keys): ``spec.diskIO`` or an operator's limits.
+
+    Args:
+        limits: the mapping (any value: a non-mapping is a problem).
+        path: the field path messages start with, e.g. ``spec.diskIO`` or ``disk_io_limits``.
+
+    Returns:
+        One message per problem (an unknown key, a value that is not an integer or out of its range), each
+        starting ``<path>.<key>:``; empty when valid.
+    """
+    if not isinstance(limits, Mapping):
+        return [f"{path}: must be a mapping of {', '.join(DISK_IO)}"]
+    errors = [f"{path}.{key}: unknown field (allowed: {', '.join(DISK_IO)})" for key in limits if key not in DISK_IO]
+    for key, (_option, (low, high), _unit) in DISK_IO.items():
+        if limits.get(key) is not None:
+            _int_in_range(errors, f"{path}.{key}", limits[key], low, high)
     return errors
 
 

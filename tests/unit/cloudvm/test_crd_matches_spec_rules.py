@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import yaml
-from ansible_collections.zjusct.cloud.plugins.module_utils.model import disk_io
 from ansible_collections.zjusct.cloud.plugins.module_utils.model import spec as _spec
 from zjusct_launcher import config as launcher_config
 
@@ -55,10 +54,9 @@ def test_disk_io_limits_agree_in_crd_model_and_launcher(schema: dict[str, Any]) 
     """spec.diskIO (CRD), model.disk_io (host backend, modules) and the launcher's rootDisk.ioLimits take the same
     keys and ranges: a limit one accepts, the others accept."""
     crd = schema["properties"]["spec"]["properties"]["diskIO"]["properties"]
-    assert tuple(crd) == disk_io.KEYS == tuple(launcher_config.IO_LIMIT_FIELDS)
-    for key in disk_io.KEYS:
-        assert (crd[key]["minimum"], crd[key]["maximum"]) == disk_io.RANGES[key] \
-            == launcher_config.IO_LIMIT_FIELDS[key]
+    assert tuple(crd) == tuple(_spec.DISK_IO) == tuple(launcher_config.IO_LIMIT_FIELDS)
+    for key, (_option, bounds, _unit) in _spec.DISK_IO.items():
+        assert (crd[key]["minimum"], crd[key]["maximum"]) == bounds == launcher_config.IO_LIMIT_FIELDS[key]
 
 
 @pytest.mark.parametrize("key", [
