@@ -21,7 +21,7 @@ from zjusct_launcher import lock
 from tests.cluster import wait_for
 from tests.conftest import require
 from tests.integration.launcher import busybox_guest as bg
-from tests.integration.launcher.harness import Launched, base_config, free_port, leftovers
+from tests.integration.launcher.harness import GUEST_STOP_TIMEOUT, Launched, base_config, free_port, leftovers
 
 pytestmark = [pytest.mark.guest]
 
@@ -68,7 +68,7 @@ def test_a_launcher_boots_only_when_a_slot_frees_and_frees_it_when_the_guest_is_
         assert logged(vm, "boot slot released")["cause"] == "guest ready"
         assert vm.proc.poll() is None and time.monotonic() - released_at < 400
         vm.signal(signal.SIGTERM)
-        rc, result = vm.wait(120)
+        rc, result = vm.wait(GUEST_STOP_TIMEOUT + 60)
         assert (rc, result and result["reason"]) == (0, "StopRequested"), result
     finally:
         vm.kill()

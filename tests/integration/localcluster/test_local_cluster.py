@@ -203,7 +203,7 @@ def test_node_lost_then_restored(local_cluster: LocalCluster, lc_core: Any, lc_n
         assert local_cluster.node("node-2").running() == {"containerd": False, "kubelet": False,
                                                           "kube-proxy": False, "kube-router": False, "link": False}
         assert not hostnet.cgroup_pids(local_cluster.node("node-2").addressing)  # its containers are gone
-        local_cluster.wait_node("node-1", ready=True, timeout=30)
+        local_cluster.wait_node("node-1", ready=True, timeout=WAIT)
     finally:
         local_cluster.restore_node("node-2", timeout=WAIT)
     local_cluster.wait_node("node-2", ready=True, timeout=WAIT)
