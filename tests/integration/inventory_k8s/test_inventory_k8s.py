@@ -173,10 +173,30 @@ def test_cache_is_used_and_flush_cache_lists_again(k8s_cluster, vms, k8s_namespa
     assert run_inventory(src).hosts() == names(["first", "second"], k8s_namespace), "the flush rewrote the cache"
 
 
-def test_shipped_inventory_cache_never_answers_for_another_identity(k8s_cluster, vms, k8s_namespace, tmp_path):
-    """Issue case: inventory/kubernetes.cloudvm.yml (cache on, credentials from K8S_AUTH_*) run by the admin,
-    then by the tenant: the tenant must get what --flush-cache gives her (a refusal), not the admin's VMs."""
+def test_shipped_inventory_gives_a_restarted_vms_new_address(k8s_cluster, vms, k8s_namespace, tmp_path):
+    """inventory/kubernetes.cloudvm.yml lists on every run: after a stop and start (a new boot, a new launcher Pod
+    with a new IP) the next run gives the new address, never the one a cache kept (a newcomer's `ansible` timed
+    out on the old address after vm_stop + vm_start with the cache the file used to turn on)."""
     shipped = REPO / "inventory" / "kubernetes.cloudvm.yml"
+    home = tmp_path / "home"
+    home.mkdir()
+    env = ansible_env(K8S_AUTH_KUBECONFIG=str(k8s_cluster.kubeconfig), HOME=str(home), KUBECONFIG="/nonexistent")
+    host = f"moved.{k8s_namespace}"
+    vms.start(k8s_namespace, "moved")
+    assert run_inventory(shipped, env=env).hostvars(host)["ansible_host"] == "192.0.2.10"
+    vms.report(k8s_namespace, "moved", "Running", ip="192.0.2.77", node="node-b")  # boot 2's Pod elsewhere
+    assert run_inventory(shipped, env=env).hostvars(host)["ansible_host"] == "192.0.2.77"
+    assert not (home / ".cache" / "zjusct-cloud" / "inventory").exists(), "the shipped file caches nothing"
+
+
+def test_shipped_inventory_cache_never_answers_for_another_identity(k8s_cluster, vms, k8s_namespace, tmp_path):
+    """Issue case: inventory/kubernetes.cloudvm.yml with the cache its comment shows turned on (credentials from
+    K8S_AUTH_*) run by the admin, then by the tenant: the tenant must get what --flush-cache gives her (a
+    refusal), not the admin's VMs."""
+    shipped = tmp_path / "kubernetes.cloudvm.yml"
+    text = (REPO / "inventory" / "kubernetes.cloudvm.yml").read_text()
+    assert "\ncache: false\n" in text and "#   cache_timeout: 300\n" in text
+    shipped.write_text(text.replace("\ncache: false\n", "\n").replace("\n#   cache", "\ncache"))
     vms.start(k8s_namespace, "admins-vm", owner="bob")
     home = tmp_path / "home"  # the file's cache_connection is ~/.cache/zjusct-cloud/inventory
     home.mkdir()
