@@ -184,7 +184,20 @@ def timeout_message(namespace: str, name: str, target: str, timeout: float, obj:
     finalizers = ((obj or {}).get("metadata") or {}).get("finalizers")
     if target == "absent" and finalizers:
         last += f"; deletion waits for finalizers {', '.join(finalizers)}"
+    if (status.get("phase"), status.get("reason")) == ("Unknown", "NodeLost") and target in ("Stopped", "absent"):
+        last += "; " + lost_node_advice(status.get("node"))
     return f"CloudVM {namespace}/{name}: timed out after {timeout:g} s waiting until {want}; last {last}"
+
+
+def lost_node_advice(node: Optional[str]) -> str:
+    """What an operator can do about a stop or delete that waits on a launcher whose node is lost (the rule of
+    docs/controller.md "Fencing": only a new boot fences; the old launcher may still write the root disk, so
+    nothing removes it while its node may still run)."""
+    where = f"node {node}" if node else "its node"
+    return (f"the launcher runs on {where}, which is lost: the stop completes once the node is back (its kubelet "
+            "stops the launcher); if the node is off for good, taint it node.kubernetes.io/out-of-service="
+            "nodeshutdown:NoExecute and start the VM again (the controller fences the old launcher and boots it "
+            "on another node), then stop or delete it (docs/controller.md, Fencing)")
 
 
 def result(obj: Optional[dict], changed: bool, before: Optional[dict], diff: bool, warnings: list,

@@ -432,6 +432,22 @@ def test_wait_timeout_names_last_phase_and_reason() -> None:
     assert err.value.details["changed"] is True
 
 
+def test_a_stop_waiting_on_a_lost_node_says_what_the_operator_can_do() -> None:
+    api = FakeApi()
+    backend(api).ensure(params(power_state="running"), check_mode=False, diff=False)
+
+    def lost() -> None:
+        api.set_status("ns", "vm1", phase="Unknown", reason="NodeLost", bootID=1, node="node-2",
+                       message="node node-2 is not Ready; the launcher of boot 1 cannot be observed")
+
+    with pytest.raises(CloudVMError) as err:
+        backend(api, Clock(lost)).ensure(params(power_state="stopped", wait=True, wait_timeout=5),
+                                         check_mode=False, diff=False)
+    msg = str(err.value)
+    assert "phase Unknown, reason NodeLost" in msg and "node node-2, which is lost" in msg, msg
+    assert "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute" in msg and "start the VM again" in msg, msg
+
+
 def test_wait_for_running_fails_fast_when_the_boot_failed() -> None:
     api = FakeApi()
 
