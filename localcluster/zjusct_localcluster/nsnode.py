@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from . import hostnet
-from .controlplane import load_state, pid_alive, pid_is_ours
+from .controlplane import LIFECYCLE_TAINTS, load_state, pid_alive, pid_is_ours
 from .node import RealNode, RealNodeError
 from .pki import PKI, write_kubeconfig
 
@@ -261,9 +261,18 @@ class NamespacedNode(RealNode):
                 self._wait(lambda: self._ctr(["version"], check=False).returncode == 0, "containerd serving",
                            deadline, self.containerd_log)
             elif name == "kubelet":
-                self._wait(self._ready, f"Node {self.name} Ready without taints", deadline, self.kubelet_log)
+                self._wait(self._ready_again, f"Node {self.name} Ready without lifecycle taints", deadline,
+                           self.kubelet_log)
             else:
                 self._wait_agent(name, deadline)
+
+    def _ready_again(self) -> bool:
+        """Ready, and the node lifecycle controller's taints (not-ready, unreachable) gone. Taints an operator set
+        while the node was lost (``node.kubernetes.io/out-of-service``, a cordon) stay: removing them is the
+        operator's step once the node is back (KEP-2268)."""
+        n = self._core_cached().read_node(self.name)
+        ready = any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
+        return ready and not {t.key for t in (n.spec.taints or [])} & LIFECYCLE_TAINTS
 
     def rss_kib(self) -> dict[str, int]:
         """Resident set size (KiB) of each agent now (``VmRSS``)."""

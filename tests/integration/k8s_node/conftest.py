@@ -19,7 +19,6 @@ fails them (tests/conftest.py gate).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -34,7 +33,6 @@ from tests.ceph import Cluster as CephCluster
 from tests.ceph import start_cluster
 from tests.cluster import Cluster, ClusterError, RealNode, RealNodeError, wait_for
 from tests.conftest import require, require_real_node
-from tests.guest_image_fixture import ansible_playbook
 from tests.integration.ceph.conftest import _have_ceph
 from tests.integration.k8s.conftest import (  # noqa: F401  (fixtures re-exported for this directory)
     _k8s_component_gate,
@@ -42,6 +40,7 @@ from tests.integration.k8s.conftest import (  # noqa: F401  (fixtures re-exporte
     k8s_namespace,
     require_k8s_binaries,
 )
+from tests.integration.k8s_node.controller_helpers import image_archive
 from tests.integration.k8s_node.test_real_node import busybox_pod
 
 REPO = Path(__file__).resolve().parents[3]
@@ -78,15 +77,8 @@ def real_node(k8s_cluster: Cluster) -> Iterator[RealNode]:
 
 
 def build_image(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory, kind: str) -> dict[str, Any]:
-    """Run ``playbooks/<kind>_image.yml`` (``launcher`` or ``controller``) without its own import, then import the
-    archive into the real node. Returns the playbook's report, ``{"tag", "archive", "key"}``."""
-    report = tmp_path_factory.mktemp(f"{kind}-image") / "report.json"
-    argv = [ansible_playbook(), f"playbooks/{kind}_image.yml", "-e", f'{{"{kind}_image_import": false}}',
-            "-e", f"{kind}_image_report_file={report}"]
-    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=3600, check=False)
-    if proc.returncode != 0:
-        pytest.fail(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}")
-    info: dict[str, Any] = json.loads(report.read_text())
+    """:func:`image_archive` of ``kind`` imported into the real node. Returns the playbook's report."""
+    info = image_archive(tmp_path_factory.mktemp(f"{kind}-image"), kind)
     real_node.import_image(Path(info["archive"]))
     return info
 

@@ -10,6 +10,7 @@ Used by test_controller.py, test_controller_rbd.py and test_controller_fencing.p
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import threading
 import time
@@ -25,6 +26,7 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from tests.cluster import wait_for
+from tests.guest_image_fixture import ansible_playbook
 from tests.integration.controller_process import CONTROLLER_ROLE, Controller, controller_kubeconfig  # noqa: F401 (re-exported)
 
 REPO = Path(__file__).resolve().parents[3]
@@ -32,6 +34,25 @@ CRD_FILE = REPO / "config" / "crd" / "cloudvms.cloud.zjusct.io.yaml"
 BOOT_TIMEOUT = 1500
 LABEL_VM = "cloud.zjusct.io/vm"
 UNUSED_PUBKEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl unused"  # no boot
+
+
+def image_archive(work: Path, kind: str) -> dict[str, Any]:
+    """Run ``playbooks/<kind>_image.yml`` (``launcher`` or ``controller``) without its own import (the archive is
+    cached under ``${ZJUSCT_CACHE}``; a warm run only checks it). Returns the playbook's report,
+    ``{"tag", "archive", "key"}``; the caller imports the archive into its nodes.
+
+    Raises:
+        AssertionError: the playbook failed (its output's tail in the message).
+    """
+    report = work / f"{kind}-image-report.json"
+    argv = [ansible_playbook(), f"playbooks/{kind}_image.yml", "-e", f'{{"{kind}_image_import": false}}',
+            "-e", f"{kind}_image_report_file={report}"]
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=3600, check=False)
+    if proc.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n"
+                             f"{proc.stderr[-2000:]}")
+    info: dict[str, Any] = json.loads(report.read_text())
+    return info
 
 
 def create_or_keep(create: Callable[[], Any]) -> None:
@@ -226,6 +247,32 @@ def ssh(key: Path, host: str, command: str) -> str:
             return out.stdout
         time.sleep(5)
     raise AssertionError(f"ssh {host} {command!r}: {out.stderr if out else ''}")
+
+
+OUT_OF_SERVICE = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
+
+
+def set_out_of_service(core: Any, node: str, on: bool) -> None:
+    """Add or remove the taint an operator sets on a node that is off (KEP-2268, ``kubectl taint nodes <node>
+    node.kubernetes.io/out-of-service=nodeshutdown:NoExecute``): read-modify-write with the Node's
+    resourceVersion, as ``kubectl taint``, retried on a Conflict with the node lifecycle controller's own taint
+    updates.
+
+    Raises:
+        AssertionError: ten Conflicts in a row.
+    """
+    for _ in range(10):
+        n = core.read_node(node)
+        taints = [t for t in (n.spec.taints or []) if t.key != OUT_OF_SERVICE["key"]]
+        body = [client.ApiClient().sanitize_for_serialization(t) for t in taints] + ([OUT_OF_SERVICE] if on else [])
+        try:
+            core.patch_node(node, {"metadata": {"resourceVersion": n.metadata.resource_version},
+                                   "spec": {"taints": body}})
+            return
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    raise AssertionError(f"node {node}: taint update kept conflicting")
 
 
 def ceph_user_secret(ceph: Any, core: Any, ns: str, user: str, secret: str) -> str:

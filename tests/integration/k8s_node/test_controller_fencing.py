@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from tests.ceph import Cluster as CephCluster
 from tests.cluster import Cluster, RealNode, wait_for
@@ -43,33 +42,16 @@ from tests.integration.k8s_node.controller_helpers import (
     hostpath_root_volume,
     install_crd,
     rbd_root_volume,
+    set_out_of_service,
     ssh,
     ssh_argv,
     teardown_vms,
 )
 
 pytestmark = [pytest.mark.k8s, pytest.mark.kubelet, pytest.mark.slow]
-OUT_OF_SERVICE = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
 CEPH_USER = "zjusct-vm"
 FENCE_USER = "zjusct-fence"
 SECRET = "ceph-vm"
-
-
-def _set_out_of_service(core: Any, node: str, on: bool) -> None:
-    """Add or remove the out-of-service taint (read-modify-write with the Node's resourceVersion, as ``kubectl
-    taint``; retried on a Conflict with the node lifecycle controller's own taint updates)."""
-    for _ in range(10):
-        n = core.read_node(node)
-        taints = [t for t in (n.spec.taints or []) if t.key != OUT_OF_SERVICE["key"]]
-        body = [client.ApiClient().sanitize_for_serialization(t) for t in taints] + ([OUT_OF_SERVICE] if on else [])
-        try:
-            core.patch_node(node, {"metadata": {"resourceVersion": n.metadata.resource_version},
-                                   "spec": {"taints": body}})
-            return
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-    raise AssertionError(f"node {node}: taint update kept conflicting")
 
 
 @pytest.mark.ceph
@@ -136,7 +118,7 @@ def test_kubelet_killed_is_unknown_with_no_second_writer_until_out_of_service_fe
             assert rbd.status(image) != [], "the old QEMU is still a watcher (it runs on the lost node)"
 
             # (b) the operator states the node is off: the controller fences, then removes the old Pod
-            _set_out_of_service(core, node, True)
+            set_out_of_service(core, node, True)
             wait_for(lambda: old_pod.metadata.name not in [p.metadata.name for p in vms.pods("vm1")], 180,
                      "old launcher Pod removed after the fence")
             blocklist = pod_ceph.ceph("osd", "blocklist", "ls")
@@ -157,7 +139,7 @@ def test_kubelet_killed_is_unknown_with_no_second_writer_until_out_of_service_fe
 
             # the node comes back; the operator removes the taint (KEP-2268's procedure): boot 2 runs
             real_node.start_kubelet()
-            _set_out_of_service(core, node, False)
+            set_out_of_service(core, node, False)
             again = vms.status_when("vm1", lambda s: s.get("bootID") == 2 and s.get("phase") in (
                 "Running", "Failed"), BOOT_TIMEOUT, "vm1 boot 2 Running", interval=2)
             st = again["status"]
@@ -173,7 +155,7 @@ def test_kubelet_killed_is_unknown_with_no_second_writer_until_out_of_service_fe
     finally:
         if real_node.popens["kubelet"].poll() is not None:
             real_node.start_kubelet()
-        _set_out_of_service(core, node, False)
+        set_out_of_service(core, node, False)
         teardown_vms(vms, ["vm1"], [pv_name])
 
 

@@ -79,7 +79,8 @@ def test_logs_and_exec_through_the_api_server(real_node: RealNode, k8s_api: Any,
     running = wait_phase(core, k8s_namespace, "talk", {"Running"})
     assert running.status.pod_ip.startswith("10.233.0.")  # from the node's CNI bridge
     logs = wait_for(
-        lambda: "zjusct-log-line" in core.read_namespaced_pod_log("talk", k8s_namespace), CONTROL_PLANE_WAIT, "the log line"
+        lambda: "zjusct-log-line" in core.read_namespaced_pod_log("talk", k8s_namespace), CONTROL_PLANE_WAIT,
+        "the log line",
     )
     assert logs
     out = stream(core.connect_get_namespaced_pod_exec, "talk", k8s_namespace,

@@ -1,0 +1,311 @@
+"""CloudVMs on two real nodes of the local cluster: what only a second node shows (docs/kubernetes.md, "VMs on two
+nodes"; docs/controller.md, Fencing and Bandwidth).
+
+The local cluster (zjusct_localcluster: two nodes in their own namespaces, kube-proxy, kube-router, Ceph with three
+OSDs on the host bridge) runs the real launcher image on both nodes (imported into each node's containerd, as an
+operator without a registry does) and the controller as a process with the rights of
+config/rbac/controller-role.yaml; root disks are RBD clones of the guest image's template.
+
+* **Node loss.** alice's VM boots on whichever node the scheduler picks. That node then loses its kubelet and
+  containerd (``lose_node(how="agents")``: the launcher and its QEMU keep running and keep reaching Ceph, the case in
+  which a second writer would corrupt the disk). The operator does what docs/controller.md says: taint the node
+  ``node.kubernetes.io/out-of-service`` and start the VM again (a new bootID, what ``vm_start`` writes). The
+  controller blocklists the old QEMU's RBD client, removes the old Pod, and the new boot runs on the *other* node:
+  the file synced before the loss is there, the one the old guest wrote after the fence is not. Throughout, a
+  sampler reads the image's watchers and exclusive-lock owners and then the OSD blocklist: at no sample do two
+  clients that are not blocklisted hold the image.
+* **Capacity per node.** Both nodes advertise 1000 Mbit/s of guaranteed bandwidth (module ``k8s_node_resources``, as
+  the cluster role does). A VM guaranteed 600 Mbit/s leaves its node 400, so the next such VM lands on the other
+  node; a third fits nowhere and is Pending/Unschedulable with the scheduler's message naming
+  ``cloud.zjusct.io/bandwidth-mbps``; once the first is stopped the third is placed on the node it left.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.node_resources import run as node_resources
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import Connection, ImageRef, Rbd
+from kubernetes import client
+from zjusct_localcluster.cluster import LocalCluster
+
+from tests.cluster import BANDWIDTH_RESOURCE, wait_for
+from tests.conftest import TEST_BOOT_SLOT_DIR, TEST_BOOT_SLOTS
+from tests.integration.k8s_node.controller_helpers import (
+    BOOT_TIMEOUT,
+    Controller,
+    PodWatch,
+    StatusWatch,
+    Vms,
+    ceph_user_secret,
+    cloudvm,
+    controller_kubeconfig,
+    image_archive,
+    install_crd,
+    rbd_root_volume,
+    set_out_of_service,
+    ssh,
+    ssh_argv,
+    teardown_vms,
+)
+from tests.integration.localcluster.conftest import WAIT
+
+pytestmark = [pytest.mark.multinode, pytest.mark.kubelet, pytest.mark.k8s, pytest.mark.ceph, pytest.mark.guest,
+              pytest.mark.slow]
+CEPH_USER = "zjusct-vm"
+FENCE_USER = "zjusct-fence"
+SECRET = "ceph-vm"
+
+
+@pytest.fixture(scope="module")
+def launcher_tag(local_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The launcher image (``playbooks/launcher_image.yml``, cached archive) imported into every node's containerd;
+    its tag."""
+    info = image_archive(tmp_path_factory.mktemp("launcher-image"), "launcher")
+    for name in local_cluster.node_names:
+        local_cluster.node(name).import_image(Path(info["archive"]))
+    return str(info["tag"])
+
+
+@dataclass
+class Cloud:
+    """One test's CloudVM world on the local cluster: the controller watching the test's namespace, alice's ssh key,
+    and what to remove afterwards."""
+
+    cluster: LocalCluster
+    ns: str
+    core: Any
+    custom: Any
+    rbd: Rbd
+    vms: Vms
+    guest_image: Any
+    ssh_key: Path
+    pubkey: str
+    names: list[str] = field(default_factory=list)
+    pv_names: list[str] = field(default_factory=list)
+
+    def create(self, name: str, **spec: Any) -> ImageRef:
+        """CloudVM ``name`` of alice (1 vCPU / 512 MiB, powerState Running, bootID 1, ``spec`` merged) on an RBD
+        clone of the template; returns the image."""
+        _rbd, image, pv_name = rbd_root_volume(self.cluster.ceph, self.core, self.guest_image, self.ns,
+                                               claim=f"{name}-root")
+        self.pv_names.append(pv_name)
+        body = cloudvm(name, self.pubkey, "Running", 1)
+        body["spec"].update(spec)
+        self.names.append(name)
+        self.vms.create(body)
+        return image
+
+
+@pytest.fixture
+def cloud(local_cluster: LocalCluster, lc_core: Any, lc_namespace: str, launcher_tag: str, guest_image: Any,
+          tmp_path: Path) -> Iterator[Cloud]:
+    ns, core = lc_namespace, lc_core
+    ceph = local_cluster.ceph
+    assert ceph is not None
+    api = local_cluster.api_client()
+    install_crd(api)
+    ceph_user_secret(ceph, core, ns, CEPH_USER, SECRET)
+    # the controller's own cephx identity for fencing: profile rbd on the monitors allows `osd blocklist add`
+    fence_keyring = tmp_path / "fence.keyring"
+    fence_keyring.write_text(ceph.ceph("auth", "get-or-create", f"client.{FENCE_USER}", "mon", "profile rbd",
+                                       "osd", "profile rbd pool=rbd"))
+    fence_keyring.chmod(0o600)
+    cfg = tmp_path / "controller.json"
+    cfg.write_text(json.dumps({"launcherImage": launcher_tag, "imageDir": str(guest_image.dir),
+                               "cmdline": guest_image.default_cmdline, "accel": "tcg",
+                               "maxConcurrentBoots": TEST_BOOT_SLOTS, "bootSlotDir": TEST_BOOT_SLOT_DIR,
+                               "ceph": {"monitors": [ceph.mon_host], "user": CEPH_USER, "secretName": SECRET,
+                                        "fenceUser": FENCE_USER, "fenceKeyring": str(fence_keyring)}}))
+    ssh_key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(ssh_key)], check=True, timeout=60)
+    kubeconfig = controller_kubeconfig(api, local_cluster.kubeconfig, tmp_path / "controller.kubeconfig")
+    ctl = Controller(kubeconfig, cfg, ns, tmp_path / "controller.log").start()
+    custom: Any = client.CustomObjectsApi(api)
+    rbd = Rbd(Connection(conf=str(ceph.conf), keyring=str(ceph.keyring), timeout=120))
+    world = Cloud(local_cluster, ns, core, custom, rbd, Vms(core, custom, ns, ctl), guest_image, ssh_key,
+                  ssh_key.with_suffix(".pub").read_text().strip())
+    try:
+        yield world
+    finally:
+        teardown_vms(world.vms, world.names, world.pv_names)
+        api.close()
+
+
+def _blocklist(ceph: Any) -> set[str]:
+    """The OSD blocklist's address entries (``addr:port/nonce``; ``ip:0/0`` blocks every client of that IP). The
+    plain output, one ``<address> <expiry>`` per line: ``--format json`` prints two documents (the address list and
+    the range list) back to back."""
+    out = ceph.ceph("osd", "blocklist", "ls")
+    return {line.split()[0] for line in out.splitlines() if line.strip() and ":" in line.split()[0]}
+
+
+def _blocked(address: str, blocklist: set[str]) -> bool:
+    return address in blocklist or f"{address.split(':')[0]}:0/0" in blocklist
+
+
+class WriterSampler:
+    """Until stopped, samples the image's watchers and exclusive-lock owners, then the OSD blocklist (in that order:
+    the blocklist only grows here, so a client read as a holder and then found blocklisted was fenced before any
+    later holder could exist). ``samples``: (time, the holders not blocklisted)."""
+
+    def __init__(self, rbd: Rbd, image: ImageRef, ceph: Any) -> None:
+        self.rbd, self.image, self.ceph = rbd, image, ceph
+        self.samples: list[tuple[float, list[str]]] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> WriterSampler:
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join(timeout=180)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                holders = {str(w["address"]) for w in self.rbd.status(self.image)}
+                holders |= {str(lk["address"]) for lk in self.rbd.locks(self.image) if lk.get("address")}
+                blocklist = _blocklist(self.ceph)
+                self.samples.append((time.monotonic(), sorted(a for a in holders if not _blocked(a, blocklist))))
+            except Exception as exc:  # a sample lost under load is recorded, not fatal
+                self.errors.append(str(exc)[:200])
+            self._stop.wait(1.0)
+
+    def most_live(self) -> int:
+        return max((len(live) for _, live in self.samples), default=0)
+
+
+def _watchers(rbd: Rbd, image: ImageRef) -> list[str]:
+    return [str(w["address"]).split(":")[0] for w in rbd.status(image)]
+
+
+@pytest.mark.timeout(3600)
+def test_node_lost_vm_fenced_and_running_on_the_other_node_with_its_rbd_disk(
+        cloud: Cloud, local_cluster: LocalCluster) -> None:
+    core, vms, rbd, key = cloud.core, cloud.vms, cloud.rbd, cloud.ssh_key
+    ceph = local_cluster.ceph
+    lost: str | None = None
+    image = cloud.create("vm1")
+    try:
+        with StatusWatch(cloud.custom, cloud.ns) as statuses, PodWatch(core, cloud.ns, "vm1") as pods, \
+                WriterSampler(rbd, image, ceph) as writers:
+            running = vms.status_when("vm1", lambda s: s.get("phase") in ("Running", "Failed", "Blocked"),
+                                      BOOT_TIMEOUT, "vm1 boot 1 Running", interval=2)
+            st = running["status"]
+            assert (st["phase"], st["bootID"]) == ("Running", 1), st
+            first, old_ip = st["node"], st["sshEndpoint"]["host"]
+            (other,) = [n for n in local_cluster.node_names if n != first]
+            ssh(key, old_ip, "echo synced-before-the-loss > /root/marker && sync")
+            old_clients = [str(w["address"]) for w in rbd.status(image)]
+            assert old_clients and all(a.startswith(f"{old_ip}:") for a in old_clients), old_clients
+            (old_pod,) = vms.pods("vm1")
+
+            # the node loses its agents; the launcher and QEMU keep running and keep reaching Ceph
+            lost, lost_at = first, time.monotonic()
+            local_cluster.lose_node(first, how="agents")
+            unknown = vms.status_when("vm1", lambda s: s.get("phase") == "Unknown", WAIT, "vm1 Unknown")
+            assert (unknown["status"]["reason"], unknown["status"]["bootID"]) == ("NodeLost", 1), unknown["status"]
+            assert first in unknown["status"]["message"]
+            assert "written" in ssh(key, old_ip, "echo while-not-ready > /root/alive && sync && echo written"), \
+                "the old guest still writes its disk while its node is NotReady (what fencing exists for)"
+
+            # the operator: the node is off (out-of-service), and the VM is started again (a new bootID)
+            set_out_of_service(core, first, True)
+            vms.patch_spec("vm1", bootID=2)
+            wait_for(lambda: old_pod.metadata.name not in [p.metadata.name for p in vms.pods("vm1")], WAIT,
+                     "the old launcher Pod removed after the fence")
+            blocklist = _blocklist(ceph)
+            assert all(_blocked(a, blocklist) for a in old_clients), (old_clients, blocklist)
+            try:
+                late = subprocess.run(ssh_argv(key, old_ip, "echo written-after-the-fence > /root/late && "
+                                               "sync -f /root/late", connect_timeout=20),
+                                      capture_output=True, text=True, timeout=120, check=False)
+                late_rc: int | None = late.returncode
+            except subprocess.TimeoutExpired:
+                late_rc = None  # the old guest's flush hangs on the blocklisted client: not written either
+            assert late_rc != 0, "the old guest's write and flush succeeded after the fence"
+
+            again = vms.status_when("vm1", lambda s: s.get("bootID") == 2 and s.get("phase") in (
+                "Running", "Failed"), BOOT_TIMEOUT, "vm1 boot 2 Running on the other node", interval=2)
+            failover_s = time.monotonic() - lost_at
+            st = again["status"]
+            assert (st["phase"], st["reason"], st["pod"], st["node"]) == (
+                "Running", "SSHReady", "vm1-boot-2", other), st
+            new_ip = st["sshEndpoint"]["host"]
+            assert ssh(key, new_ip, "cat /root/marker").strip() == "synced-before-the-loss"
+            assert ssh(key, new_ip, "test -e /root/late && echo present || echo absent").strip() == "absent"
+            assert _watchers(rbd, image) == [new_ip]
+            print(f"node {first} lost -> vm1 Running on {other} after {failover_s:.0f} s (fence and boot included)")
+
+            # the node comes back: its kubelet finds the old Pod gone and ends the old QEMU; one writer remains
+            local_cluster.restore_node(first, timeout=WAIT)
+            set_out_of_service(core, first, False)
+            lost = None
+            wait_for(lambda: _watchers(rbd, image) == [new_ip], WAIT,
+                     "only the new boot's QEMU watching the image once the lost node is back")
+            assert vms.vm("vm1")["status"]["phase"] == "Running"
+        assert pods.names == [old_pod.metadata.name, "vm1-boot-2"], pods.names
+        assert pods.max_alive == 1, pods.overlaps
+        after_loss = statuses.seen[statuses.seen.index((1, "Unknown", "NodeLost")):]
+        assert not [s for s in after_loss if s[0] == 1 and s[1] == "Running"], statuses.seen
+        holders = [live for _, live in writers.samples]
+        print(f"{len(holders)} samples of the image's holders ({len(writers.errors)} lost): "
+              f"{sum(1 for h in holders if h)} with one live holder, {sum(1 for h in holders if not h)} with none, "
+              f"{len({a for h in holders for a in h})} distinct live holders")
+        assert len(writers.samples) >= 10, (writers.samples, writers.errors)
+        assert writers.most_live() <= 1, [s for s in writers.samples if len(s[1]) > 1]
+        assert any(live for _, live in writers.samples), "the sampler saw the image's holder"
+    finally:
+        if lost is not None:
+            local_cluster.restore_node(lost, timeout=WAIT)
+            set_out_of_service(core, lost, False)
+
+
+def _bound(vms: Vms, name: str) -> str | None:
+    """The node the VM's launcher Pod is bound to, once the scheduler bound it."""
+    pods = vms.pods(name)
+    return pods[0].spec.node_name if len(pods) == 1 and pods[0].spec.node_name else None
+
+
+@pytest.mark.timeout(1800)
+def test_a_node_out_of_bandwidth_sends_the_vm_to_the_other_node_and_none_left_is_unschedulable(
+        cloud: Cloud, local_cluster: LocalCluster) -> None:
+    core, vms = cloud.core, cloud.vms
+    nodes = local_cluster.node_names
+    guaranteed = {"network": {"bandwidth": {"guaranteedMbps": 600}}}
+    try:
+        for node in nodes:
+            node_resources({"name": node, "resources": {BANDWIDTH_RESOURCE: 1000}, "state": "present"}, False,
+                           core=core)
+        cloud.create("bw-a", **guaranteed)
+        node_a = wait_for(lambda: _bound(vms, "bw-a"), WAIT, "bw-a's launcher Pod bound")
+        cloud.create("bw-b", **guaranteed)
+        node_b = wait_for(lambda: _bound(vms, "bw-b"), WAIT, "bw-b's launcher Pod bound")
+        assert node_b != node_a, f"bw-b bound to {node_b}, where bw-a already holds 600 of 1000 Mbit/s"
+
+        cloud.create("bw-c", **guaranteed)
+        refused = vms.status_when("bw-c", lambda s: s.get("reason") == "Unschedulable", WAIT,
+                                  "bw-c Pending/Unschedulable")
+        st = refused["status"]
+        assert st["phase"] == "Pending", st
+        assert f"Insufficient {BANDWIDTH_RESOURCE}" in st["message"] and "0/2 nodes are available" in st["message"], st
+        assert _bound(vms, "bw-c") is None
+
+        vms.patch_spec("bw-a", powerState="Stopped")  # its 600 Mbit/s are given back when its Pod is gone
+        node_c = wait_for(lambda: _bound(vms, "bw-c"), BOOT_TIMEOUT, "bw-c's launcher Pod bound once bw-a stopped")
+        assert node_c == node_a, f"bw-c bound to {node_c}; only {node_a} had 600 Mbit/s free"
+    finally:
+        for node in nodes:
+            node_resources({"name": node, "resources": {BANDWIDTH_RESOURCE: 0}, "state": "absent"}, False, core=core)
