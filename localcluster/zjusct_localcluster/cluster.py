@@ -448,8 +448,10 @@ def down_from_state(state_dir: Path, state: dict[str, Any], live_nodes: dict[str
 
 def status_from_state(state_dir: Path) -> dict[str, Any]:
     """What runs, read from the state files and /proc (no API call): ``{"ready", "supervisor", "server",
-    "kubeconfig", "control_plane": {component: alive}, "nodes": {name: {"ip", "pod_cidr", agent: alive, "link":
-    up}}, "ceph": {daemon: alive}}``.
+    "kubeconfig", "tenant_kubeconfig", "ceph_conf", "ceph_keyring", "ceph_mon_host", "control_plane": {component:
+    alive}, "nodes": {name: {"ip", "pod_cidr", "containerd_address", agent: alive, "link": up}}, "ceph": {daemon:
+    alive}}``. ``containerd_address`` is the node's containerd socket (``ctr --address``; where an operator imports
+    images into that node); the Ceph fields are None without Ceph (``ceph_mon_host`` as ``mon_host`` takes it).
 
     Raises:
         FileNotFoundError: no local cluster state in ``state_dir``.
@@ -459,9 +461,16 @@ def status_from_state(state_dir: Path) -> dict[str, Any]:
 
     state = load_state(state_dir)
     out: dict[str, Any] = {"ready": bool(state.get("ready")), "server": state.get("server"),
-                           "kubeconfig": state.get("kubeconfig"), "ceph_conf": state.get("ceph_conf"),
+                           "kubeconfig": state.get("kubeconfig"), "tenant_kubeconfig": state.get("tenant_kubeconfig"),
+                           "ceph_conf": state.get("ceph_conf"), "ceph_keyring": None, "ceph_mon_host": None,
                            "supervisor": pid_alive(int(state.get("supervisor", 0) or 0)), "control_plane": {},
                            "nodes": {}, "ceph": {}}
+    if state.get("ceph_conf"):
+        out["ceph_keyring"] = str(Path(state["ceph_conf"]).parent / "ceph.client.admin.keyring")
+        with contextlib.suppress(OSError):
+            out["ceph_mon_host"] = next((line.split("=", 1)[1].strip() for line in
+                                         Path(state["ceph_conf"]).read_text().splitlines()
+                                         if line.strip().startswith("mon_host")), None)
     if state.get("control_plane"):
         with contextlib.suppress(OSError, ValueError):
             cp = load_cp_state(Path(state["control_plane"]))
@@ -469,8 +478,9 @@ def status_from_state(state_dir: Path) -> dict[str, Any]:
                                     if n != "supervisor"}
     for a in state.get("addressing", []):
         addressing = hostnet.NodeAddressing(a["name"], a["index"])
-        info: dict[str, Any] = {"ip": addressing.ip, "pod_cidr": addressing.pod_cidr}
         work = state.get("nodes", {}).get(a["name"])
+        sock = str(Path(work, "containerd", "containerd.sock")) if work else None
+        info: dict[str, Any] = {"ip": addressing.ip, "pod_cidr": addressing.pod_cidr, "containerd_address": sock}
         pids: dict[str, int] = {}
         if work:
             with contextlib.suppress(OSError, ValueError):

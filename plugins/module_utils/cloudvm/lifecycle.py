@@ -29,6 +29,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle impor
     CloudVMError,
     authorize,
     keys_change,
+    node_lost,
     off_but_failed,
     params_to_spec,
     plan_power,
@@ -196,8 +197,9 @@ def lost_node_advice(node: Optional[str]) -> str:
     where = f"node {node}" if node else "its node"
     return (f"the launcher runs on {where}, which is lost: the stop completes once the node is back (its kubelet "
             "stops the launcher); if the node is off for good, taint it node.kubernetes.io/out-of-service="
-            "nodeshutdown:NoExecute and start the VM again (the controller fences the old launcher and boots it "
-            "on another node), then stop or delete it (docs/controller.md, Fencing)")
+            "nodeshutdown:NoExecute and start the VM again (power_state running, playbook vm_start: a new boot, "
+            "which the controller starts on another node once it has fenced the old launcher), then stop or "
+            "delete it (docs/controller.md, Fencing)")
 
 
 def result(obj: Optional[dict], changed: bool, before: Optional[dict], diff: bool, warnings: list,
@@ -346,9 +348,18 @@ class Lifecycle:
         return result(after, changed, before, diff, warnings, self.keys_notice(before, after, launched))
 
     def restart(self, params: dict, check_mode: bool, diff: bool, warnings: list) -> dict:
-        """Stop, wait Stopped (always, bounded by wait_timeout), start with bootID + 1, wait Running if asked."""
+        """Stop, wait Stopped (always, bounded by wait_timeout), start with bootID + 1, wait Running if asked.
+
+        A VM whose launcher's node is lost (``Unknown/NodeLost``) can never be seen Stopped: its restart is the
+        start of a new boot (:func:`model.lifecycle.current_boot_live`), which the controller holds until the old
+        launcher is fenced or gone."""
         ns, name = params["namespace"], params["name"]
         timeout = float(params.get("wait_timeout") or 0)
+        existing = self.api.get(ns, name)
+        if existing is not None and node_lost(existing.get("status")):
+            # the stop could never be seen (the launcher's node is lost): the new boot is the restart, and the
+            # controller starts it only once the old launcher is fenced or gone
+            return self.ensure(dict(params, restart=False, power_state="running"), check_mode, diff)
         before, stopped, _changed = self.apply(params, "stopped", check_mode)
         launched = self.launched(before, stopped)
         if check_mode:  # predict the start on top of the predicted stop; nothing is written

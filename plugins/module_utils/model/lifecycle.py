@@ -64,7 +64,10 @@ def current_boot_live(spec: dict, status: Optional[dict]) -> bool:
 
     That is ``powerState: Running`` and either the status has not caught up with ``spec.bootID``
     yet (the request is still being carried out) or the status describes this boot in a phase
-    other than Stopped/Failed.
+    other than Stopped/Failed, and other than Unknown/NodeLost: a boot whose launcher's node is lost can
+    never be seen Running again, so only a new boot brings the VM back. The controller starts that boot
+    only once the old launcher is fenced or gone (docs/controller.md, Fencing), so asking for it never
+    makes a second writer; when the node comes back first, the old boot is stopped before the new one starts.
     """
     if spec.get("powerState") != "Running":
         return False
@@ -72,7 +75,16 @@ def current_boot_live(spec: dict, status: Optional[dict]) -> bool:
     observed = status.get("bootID")
     if observed is None or int(observed) < int(spec.get("bootID", 0)):
         return True
+    if (status.get("phase"), status.get("reason")) == ("Unknown", "NodeLost"):
+        return False
     return status.get("phase") not in ("Stopped", "Failed")
+
+
+def node_lost(status: Optional[dict]) -> bool:
+    """True when ``status`` says the current boot's launcher is on a lost node (``Unknown/NodeLost``): a stop
+    cannot be observed until the node is back or the launcher fenced."""
+    status = status or {}
+    return (status.get("phase"), status.get("reason")) == ("Unknown", "NodeLost")
 
 
 def off_but_failed(namespace: str, name: str, status: Optional[dict]) -> Optional[str]:

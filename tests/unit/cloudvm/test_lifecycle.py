@@ -448,6 +448,21 @@ def test_a_stop_waiting_on_a_lost_node_says_what_the_operator_can_do() -> None:
     assert "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute" in msg and "start the VM again" in msg, msg
 
 
+def test_start_and_restart_of_a_vm_on_a_lost_node_ask_for_one_new_boot() -> None:
+    """vm_start / vm_restart of a VM whose launcher's node is lost: boot 1 can never be seen Running or Stopped
+    again, so each asks for boot 2 (without waiting for a stop), and a second run asks for nothing more."""
+    for restart in (False, True):
+        api = FakeApi()
+        backend(api).ensure(params(power_state="running"), check_mode=False, diff=False)
+        api.set_status("ns", "vm1", phase="Unknown", reason="NodeLost", bootID=1, node="node-2")
+        ask = params(power_state="running", restart=restart, wait=False)
+        first = backend(api).ensure(ask, check_mode=False, diff=False)
+        assert first["changed"] is True and first["boot_id"] == 2, (restart, first)
+        assert api.objects[("ns", "vm1")]["spec"]["powerState"] == "Running"
+        again = backend(api).ensure(params(power_state="running", wait=False), check_mode=False, diff=False)
+        assert again["changed"] is False and again["boot_id"] == 2, (restart, again)
+
+
 def test_wait_for_running_fails_fast_when_the_boot_failed() -> None:
     api = FakeApi()
 

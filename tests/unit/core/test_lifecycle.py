@@ -113,6 +113,16 @@ def test_operator_owner_names_the_owner_of_a_new_vm_only():
     (dict(BASE, powerState="Running", bootID=3), {"phase": "Failed", "bootID": 3}, True),
     (dict(BASE, powerState="Running", bootID=3), {"phase": "Pending", "bootID": 3}, False),
     (dict(BASE, powerState="Running", bootID=3), {"phase": "Blocked", "bootID": 3}, False),
+    # the launcher's node is lost: boot 3 can never be seen Running again, a start asks for boot 4 (the controller
+    # starts it once boot 3 is fenced or gone); a second start while boot 4 waits asks for nothing more
+    (dict(BASE, powerState="Running", bootID=3), {"phase": "Unknown", "reason": "NodeLost", "bootID": 3}, True),
+    (dict(BASE, powerState="Stopped", bootID=3), {"phase": "Unknown", "reason": "NodeLost", "bootID": 3}, True),
+    (dict(BASE, powerState="Running", bootID=4), {"phase": "Unknown", "reason": "NodeLost", "bootID": 3}, False),
+    (dict(BASE, powerState="Running", bootID=4), {"phase": "Blocked", "reason": "PreviousBootRunning", "bootID": 4},
+     False),
+    # an observation that failed for another reason is not a lost node: no new boot
+    (dict(BASE, powerState="Running", bootID=3), {"phase": "Unknown", "reason": "ObservationFailed", "bootID": 3},
+     False),
 ])
 def test_one_rule_decides_whether_a_start_requests_a_new_boot(spec, status, new_boot):
     assert current_boot_live(spec, status) is not new_boot

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The README's third command (`make quickstart-kubernetes`): the Kubernetes backend on this one machine, as an
+# operator without a cluster of their own tries it (docs/kubernetes.md):
+#   a local cluster (hack/cluster.sh: control plane, two real nodes, kube-proxy, kube-router, Ceph with 3 OSDs)
+#   -> the launcher and controller images imported into every node's containerd (no registry)
+#   -> the cephx users and their Secrets (playbooks/ceph_credentials.yml)
+#   -> site.yml with the kubernetes backend (CRDs, RBAC, owner policies, the controller Deployment with fencing)
+#   -> vm_start.yml -e owner=alice on an RBD root disk, the dynamic inventory, a command in her guest.
+# Re-running it is safe: a running local cluster is reused and every step is idempotent (a running VM is left
+# alone). Environment: OWNER (default alice), ZJUSCT_LOCALCLUSTER (state dir, default /var/lib/zjusct-localcluster),
+# ACCEL (tcg by default: nested KVM does not boot guests on every machine; kvm where /dev/kvm works).
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+cd "$here"
+export ZJUSCT_CACHE=${ZJUSCT_CACHE:-/var/cache/zjusct-cloud}
+export PATH="$ZJUSCT_CACHE/venv/bin:$PATH"
+export ANSIBLE_CONFIG="$here/ansible.cfg"
+owner=${OWNER:-alice}
+accel=${ACCEL:-tcg}
+state=${ZJUSCT_LOCALCLUSTER:-/var/lib/zjusct-localcluster}
+export ZJUSCT_LOCALCLUSTER=$state
+
+echo "==> 1/8 install packages, the Python venv and the collection link (the full set: containerd, Ceph, ...)"
+hack/install-deps.sh
+
+echo "==> 2/8 build the Kubernetes binaries into $ZJUSCT_CACHE (cached: minutes the first time only)"
+hack/build-k8s.sh
+
+echo "==> 3/8 the local cluster (hack/cluster.sh up: control plane, 2 nodes, Ceph)"
+if hack/cluster.sh status >/dev/null 2>&1; then
+  echo "    already running in $state: reused"
+else
+  hack/cluster.sh up >/dev/null
+fi
+# what the cluster's status says (one value a line): kubeconfig, Ceph conf, keyring, monitors, then each node's
+# containerd socket
+mapfile -t cluster < <(hack/cluster.sh status --json | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+print("\n".join([d["kubeconfig"], d["ceph_conf"], d["ceph_keyring"], d["ceph_mon_host"],
+                 *(n["containerd_address"] for n in d["nodes"].values())]))')
+export K8S_AUTH_KUBECONFIG=${cluster[0]} CEPH_CONF=${cluster[1]} CEPH_KEYRING=${cluster[2]} CEPH_USER=admin
+mon_host=${cluster[3]}
+sockets=("${cluster[@]:4}")
+
+echo "==> 4/8 the guest image set (debootstrap: minutes the first time)"
+work="$state/quickstart"
+mkdir -p "$work"
+ansible-playbook playbooks/guest_image.yml -e "guest_image_dir=$ZJUSCT_CACHE/images" \
+  -e "guest_image_report_file=$work/guest-image.json"
+image_dir=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["path"])' "$work/guest-image.json")
+cmdline=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["defaultCmdline"])' "$image_dir/manifest.json")
+
+echo "==> 5/8 the launcher and controller images, imported into each node's containerd"
+for sock in "${sockets[@]}"; do
+  for kind in launcher controller; do
+    ansible-playbook "playbooks/${kind}_image.yml" -e "${kind}_image_containerd_address=$sock" \
+      -e "${kind}_image_report_file=$work/$kind-image.json"
+  done
+done
+launcher_tag=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["tag"])' "$work/launcher-image.json")
+controller_tag=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["key_tag"])' "$work/controller-image.json")
+
+echo "==> 6/8 cephx users for the VMs' disks and for fencing, their keyrings in Secrets"
+ansible-playbook playbooks/ceph_credentials.yml
+
+echo "==> 7/8 ansible-playbook site.yml -e zjusct_cloud_backend=kubernetes (CRDs, RBAC, policies, the controller)"
+python3 - "$work/site-vars.json" "$launcher_tag" "$controller_tag" "$image_dir" "$cmdline" "$accel" "$mon_host" <<'EOF'
+import json, sys
+path, launcher, controller, image_dir, cmdline, accel, mon_host = sys.argv[1:]
+json.dump({"zjusct_cloud_backend": "kubernetes",
+           "cluster_controller_image": controller,
+           "cluster_controller_fence_secret": "cloudvm-fence",
+           "cluster_launcher_namespaces": ["default"],
+           "cluster_controller_config": {
+               "launcherImage": launcher, "imageDir": image_dir, "cmdline": cmdline, "accel": accel,
+               "ceph": {"monitors": [mon_host], "user": "zjusct-vm", "secretName": "ceph-vm",
+                        "fenceUser": "zjusct-fence"}}}, open(path, "w"), indent=2)
+EOF
+ansible-playbook site.yml -e "@$work/site-vars.json"
+
+key="$HOME/.ssh/id_ed25519"
+if [ ! -f "$key" ]; then
+  echo "==> creating an SSH key for this operator: $key"
+  mkdir -p "$HOME/.ssh" && chmod 700 "$HOME/.ssh"
+  ssh-keygen -q -t ed25519 -N '' -f "$key"
+fi
+export ZJUSCT_CLOUD_BACKEND=kubernetes
+echo "==> 8/8 start $owner's VM on an RBD root disk: ansible-playbook playbooks/vm_start.yml -e owner=$owner"
+ansible-playbook playbooks/vm_start.yml -e "owner=$owner" -e "images_dir=$ZJUSCT_CACHE/images" \
+  -e "ssh_public_key_file=$key.pub"
+echo "==> the dynamic inventory, and a command inside the guest over SSH"
+ansible-inventory -i inventory/kubernetes.cloudvm.yml --graph
+ansible -i inventory/kubernetes.cloudvm.yml "owner_$owner" -m ansible.builtin.command -a "uname -a"
+
+cat <<EOF
+==> done: $owner's VM runs on the local cluster. In this shell first:
+    export PATH=$ZJUSCT_CACHE/venv/bin:\$PATH ZJUSCT_CLOUD_BACKEND=kubernetes K8S_AUTH_KUBECONFIG=$K8S_AUTH_KUBECONFIG \\
+      KUBECONFIG=$K8S_AUTH_KUBECONFIG CEPH_CONF=$CEPH_CONF CEPH_KEYRING=$CEPH_KEYRING CEPH_USER=admin
+    where it runs:   ansible-inventory -i inventory/kubernetes.cloudvm.yml --graph
+    stop / start:    ansible-playbook playbooks/vm_stop.yml -e owner=$owner   (vm_start.yml as above)
+    lose its node:   hack/cluster.sh lose-node <node> --how agents   (docs/kubernetes.md "VMs on two nodes")
+    the cluster:     hack/cluster.sh status | down
+EOF
