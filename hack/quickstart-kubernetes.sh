@@ -91,7 +91,7 @@ ansible-playbook playbooks/vm_start.yml -e "owner=$owner" -e "images_dir=$ZJUSCT
   -e "ssh_public_key_file=$key.pub"
 echo "==> the dynamic inventory, and a command inside the guest over SSH"
 ansible-inventory -i inventory/kubernetes.cloudvm.yml --graph
-ansible -i inventory/kubernetes.cloudvm.yml "owner_$owner" -m ansible.builtin.command -a "uname -a"
+ansible -i inventory/kubernetes.cloudvm.yml "owner_$owner" --private-key "$key" -m ansible.builtin.command -a "uname -a"
 
 cat <<EOF
 ==> done: $owner's VM runs on the local cluster. In this shell first:

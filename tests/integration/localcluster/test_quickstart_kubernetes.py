@@ -1,0 +1,118 @@
+"""``make quickstart-kubernetes`` as a new operator runs it (hack/quickstart-kubernetes.sh, README), then a node lost
+and alice's VM recovered the way docs/kubernetes.md tells the operator, with the controller as its Deployment.
+
+* The script from nothing of the cluster's (its own state dir, its own HOME for the operator's SSH key): the local
+  cluster, the images on both nodes, the cephx Secrets, site.yml on the kubernetes backend, alice's VM on RBD; it
+  ends with the dynamic inventory listing her and ``uname -a`` from her guest. A second run changes nothing (every
+  play's recap ``changed=0``) and reuses the cluster.
+* Her node loses its kubelet and containerd (``hack/cluster.sh lose-node --how agents``: QEMU keeps running) → her VM
+  Unknown/NodeLost; the operator's two steps (the out-of-service taint through ``kubernetes.core.k8s_taint``, then
+  ``vm_start.yml -e owner=alice``) → the Deployment's controller fences the old client with the fence Secret
+  ``playbooks/ceph_credentials.yml`` made and her VM is Running on the other node (bootID 2) with the file synced
+  before the loss. This is the path that a keyring Secret without its last newline and a vm_start that waited for
+  the lost boot had broken while every other test passed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+
+from tests.cluster import wait_for
+from tests.integration.k8s_node.controller_helpers import ssh
+from tests.integration.localcluster.conftest import WAIT
+
+pytestmark = [pytest.mark.multinode, pytest.mark.kubelet, pytest.mark.k8s, pytest.mark.ceph, pytest.mark.guest,
+              pytest.mark.slow, pytest.mark.timeout(3600)]
+REPO = Path(__file__).resolve().parents[3]
+GROUP, VERSION, PLURAL = "cloud.zjusct.io", "v1alpha1", "cloudvms"
+
+
+@pytest.fixture
+def operator(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """The operator's environment: a short state dir of its own (containerd's socket paths must fit 107 bytes) and a
+    HOME of its own (the script makes the operator's SSH key there); the cluster is taken down afterwards."""
+    parent = Path(tempfile.mkdtemp(prefix="zjqk-"))
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "ZJUSCT_LOCALCLUSTER": str(parent / "s"), "HOME": str(home)}
+    try:
+        yield env
+    finally:
+        subprocess.run([str(REPO / "hack" / "cluster.sh"), "down"], env=env, capture_output=True, timeout=600,
+                       check=False)
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def _run(argv: list[str], env: dict[str, str], timeout: float = 2400) -> str:
+    """Run ``argv`` from the repository root; its output (stdout and stderr) when it succeeds.
+
+    Raises:
+        AssertionError: it failed (the output's tail in the message).
+    """
+    proc = subprocess.run(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout, check=False)
+    assert proc.returncode == 0, f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stdout[-8000:]}"
+    return proc.stdout
+
+
+def _recaps(out: str) -> list[int]:
+    """The ``changed=N`` of every play recap in an ansible-playbook output."""
+    return [int(n) for n in re.findall(r"^localhost\s+: ok=\d+\s+changed=(\d+)", out, re.MULTILINE)]
+
+
+def test_quickstart_kubernetes_then_a_lost_node_and_alice_running_on_the_other_node(
+        operator: dict[str, str]) -> None:
+    first = _run(["make", "quickstart-kubernetes"], operator)
+    assert "alice.default | CHANGED | rc=0" in first and "Linux alice " in first, first[-3000:]
+    assert "==> done: alice's VM runs on the local cluster" in first
+    second = _run(["make", "quickstart-kubernetes"], operator)
+    assert "already running" in second and len(_recaps(second)) >= 8, second[-3000:]
+    assert set(_recaps(second)) == {0}, f"a second run changed something: {_recaps(second)}\n{second[-6000:]}"
+
+    status = json.loads(_run([str(REPO / "hack" / "cluster.sh"), "status", "--json"], operator))
+    api = config.new_client_from_config(status["kubeconfig"])
+    custom: Any = client.CustomObjectsApi(api)
+    env = {**operator, "PATH": f"{Path(sys.executable).parent}:{operator.get('PATH', '')}",
+           "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ZJUSCT_CLOUD_BACKEND": "kubernetes",
+           "K8S_AUTH_KUBECONFIG": status["kubeconfig"], "CEPH_CONF": status["ceph_conf"],
+           "CEPH_KEYRING": status["ceph_keyring"], "CEPH_USER": "admin"}
+
+    def alice() -> dict[str, Any]:
+        return dict(custom.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "alice"))
+
+    try:
+        st = alice()["status"]
+        assert (st["phase"], st["bootID"]) == ("Running", 1), st
+        lost, old_ip = st["node"], st["sshEndpoint"]["host"]
+        (other,) = [n for n in status["nodes"] if n != lost]
+        key = Path(operator["HOME"]) / ".ssh" / "id_ed25519"
+        ssh(key, old_ip, "echo before-the-loss > /root/marker && sync")
+
+        _run([str(REPO / "hack" / "cluster.sh"), "lose-node", lost, "--how", "agents"], operator)
+        unknown = wait_for(lambda: (s := alice()["status"])["phase"] == "Unknown" and s, WAIT, "alice Unknown")
+        assert (unknown["reason"], unknown["node"]) == ("NodeLost", lost), unknown
+        taint = {"name": lost, "taints": [{"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown",
+                                           "effect": "NoExecute"}]}
+        _run(["ansible", "localhost", "-m", "kubernetes.core.k8s_taint", "-a", json.dumps(taint)], env)
+        _run(["ansible-playbook", "playbooks/vm_start.yml", "-e", "owner=alice"], env)
+
+        st = alice()["status"]
+        assert (st["phase"], st["bootID"], st["node"]) == ("Running", 2, other), st
+        assert ssh(key, st["sshEndpoint"]["host"], "cat /root/marker").strip() == "before-the-loss"
+        blocklist = subprocess.run(["ceph", "-c", status["ceph_conf"], "osd", "blocklist", "ls"], capture_output=True,
+                                   text=True, timeout=60, check=True).stdout
+        assert f"{old_ip}:" in blocklist, blocklist  # the old QEMU's client, fenced by the Deployment's controller
+    finally:
+        api.close()
