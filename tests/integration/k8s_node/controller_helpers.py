@@ -287,6 +287,35 @@ def ceph_user_secret(ceph: Any, core: Any, ns: str, user: str, secret: str) -> s
     return str(key)
 
 
+def fencing_controller_config(ceph: Any, work: Path, launcher_tag: str, guest_image: Any, user: str, secret: str,
+                              fence_user: str, **extra: Any) -> Path:
+    """``work/controller.json`` for RBD root disks with fencing: the launcher image, the guest image set, TCG and
+    the test suite's boot slots, the ``ceph`` section (QEMU's cephx ``user`` whose keyring is in Secret ``secret``)
+    and the controller's own fence identity ``client.<fence_user>`` (``profile rbd`` on the monitors allows ``osd
+    blocklist add``), its keyring written to ``work/fence.keyring`` (0600). ``extra`` fields are merged in (e.g.
+    ``nodeSelector``, ``tolerations``). Returns the config's path."""
+    from tests.conftest import TEST_BOOT_SLOT_DIR, TEST_BOOT_SLOTS
+
+    keyring = work / "fence.keyring"
+    keyring.write_text(ceph.ceph("auth", "get-or-create", f"client.{fence_user}", "mon", "profile rbd", "osd",
+                                 "profile rbd pool=rbd"))
+    keyring.chmod(0o600)
+    cfg = work / "controller.json"
+    cfg.write_text(json.dumps({"launcherImage": launcher_tag, "imageDir": str(guest_image.dir),
+                               "cmdline": guest_image.default_cmdline, "accel": "tcg",
+                               "maxConcurrentBoots": TEST_BOOT_SLOTS, "bootSlotDir": TEST_BOOT_SLOT_DIR, **extra,
+                               "ceph": {"monitors": [ceph.mon_host], "user": user, "secretName": secret,
+                                        "fenceUser": fence_user, "fenceKeyring": str(keyring)}}))
+    return cfg
+
+
+def ssh_keypair(work: Path) -> tuple[Path, str]:
+    """A new ed25519 key without passphrase at ``work/id_ed25519``: ``(private key path, public key line)``."""
+    key = work / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True, timeout=60)
+    return key, key.with_suffix(".pub").read_text().strip()
+
+
 def rbd_root_volume(ceph: Any, core: Any, guest_image: Any, ns: str, claim: str = "vm1-root",
                     ) -> tuple[Rbd, ImageRef, str]:
     """The root volume of a VM as ``rbd_volume`` makes it: a clone of the guest image's template snapshot

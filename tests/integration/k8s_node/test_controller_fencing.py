@@ -27,7 +27,6 @@ from kubernetes import client
 
 from tests.ceph import Cluster as CephCluster
 from tests.cluster import Cluster, RealNode, wait_for
-from tests.conftest import TEST_BOOT_SLOT_DIR, TEST_BOOT_SLOTS
 from tests.integration.k8s_node.controller_helpers import (
     BOOT_TIMEOUT,
     UNUSED_PUBKEY,
@@ -39,12 +38,14 @@ from tests.integration.k8s_node.controller_helpers import (
     cloudvm,
     controller_kubeconfig,
     controller_role_docs,
+    fencing_controller_config,
     hostpath_root_volume,
     install_crd,
     rbd_root_volume,
     set_out_of_service,
     ssh,
     ssh_argv,
+    ssh_keypair,
     teardown_vms,
 )
 
@@ -66,23 +67,12 @@ def test_kubelet_killed_is_unknown_with_no_second_writer_until_out_of_service_fe
     custom: Any = client.CustomObjectsApi(k8s_api)
     install_crd(k8s_api)
     ceph_user_secret(pod_ceph, core, ns, CEPH_USER, SECRET)
-    # the controller's own cephx identity for fencing: profile rbd on the monitors allows `osd blocklist add`
-    fence_keyring = tmp_path / "fence.keyring"
-    fence_keyring.write_text(pod_ceph.ceph("auth", "get-or-create", f"client.{FENCE_USER}", "mon", "profile rbd",
-                                           "osd", "profile rbd pool=rbd"))
-    fence_keyring.chmod(0o600)
     rbd, image, pv_name = rbd_root_volume(pod_ceph, core, guest_image, ns)
     placement = real_node.pod_placement()
-    cfg = tmp_path / "controller.json"
-    cfg.write_text(json.dumps({"launcherImage": launcher_image["tag"], "imageDir": str(guest_image.dir),
-                               "cmdline": guest_image.default_cmdline, "accel": "tcg",
-                               "maxConcurrentBoots": TEST_BOOT_SLOTS, "bootSlotDir": TEST_BOOT_SLOT_DIR,
-                               "nodeSelector": placement["nodeSelector"], "tolerations": placement["tolerations"],
-                               "ceph": {"monitors": [pod_ceph.mon_host], "user": CEPH_USER, "secretName": SECRET,
-                                        "fenceUser": FENCE_USER, "fenceKeyring": str(fence_keyring)}}))
-    ssh_key = tmp_path / "id_ed25519"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(ssh_key)], check=True, timeout=60)
-    pubkey = ssh_key.with_suffix(".pub").read_text().strip()
+    cfg = fencing_controller_config(pod_ceph, tmp_path, launcher_image["tag"], guest_image, CEPH_USER, SECRET,
+                                    FENCE_USER, nodeSelector=placement["nodeSelector"],
+                                    tolerations=placement["tolerations"])
+    ssh_key, pubkey = ssh_keypair(tmp_path)
     kubeconfig = controller_kubeconfig(k8s_api, k8s_cluster.kubeconfig, tmp_path / "controller.kubeconfig")
     ctl = Controller(kubeconfig, cfg, ns, tmp_path / "controller.log").start()
     vms = Vms(core, custom, ns, ctl)

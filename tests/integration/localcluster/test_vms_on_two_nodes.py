@@ -22,7 +22,6 @@ config/rbac/controller-role.yaml; root disks are RBD clones of the guest image's
 
 from __future__ import annotations
 
-import json
 import subprocess
 import threading
 import time
@@ -38,7 +37,6 @@ from kubernetes import client
 from zjusct_localcluster.cluster import LocalCluster
 
 from tests.cluster import BANDWIDTH_RESOURCE, wait_for
-from tests.conftest import TEST_BOOT_SLOT_DIR, TEST_BOOT_SLOTS
 from tests.integration.k8s_node.controller_helpers import (
     BOOT_TIMEOUT,
     Controller,
@@ -48,12 +46,14 @@ from tests.integration.k8s_node.controller_helpers import (
     ceph_user_secret,
     cloudvm,
     controller_kubeconfig,
+    fencing_controller_config,
     image_archive,
     install_crd,
     rbd_root_volume,
     set_out_of_service,
     ssh,
     ssh_argv,
+    ssh_keypair,
     teardown_vms,
 )
 from tests.integration.localcluster.conftest import WAIT
@@ -114,25 +114,13 @@ def cloud(local_cluster: LocalCluster, lc_core: Any, lc_namespace: str, launcher
     api = local_cluster.api_client()
     install_crd(api)
     ceph_user_secret(ceph, core, ns, CEPH_USER, SECRET)
-    # the controller's own cephx identity for fencing: profile rbd on the monitors allows `osd blocklist add`
-    fence_keyring = tmp_path / "fence.keyring"
-    fence_keyring.write_text(ceph.ceph("auth", "get-or-create", f"client.{FENCE_USER}", "mon", "profile rbd",
-                                       "osd", "profile rbd pool=rbd"))
-    fence_keyring.chmod(0o600)
-    cfg = tmp_path / "controller.json"
-    cfg.write_text(json.dumps({"launcherImage": launcher_tag, "imageDir": str(guest_image.dir),
-                               "cmdline": guest_image.default_cmdline, "accel": "tcg",
-                               "maxConcurrentBoots": TEST_BOOT_SLOTS, "bootSlotDir": TEST_BOOT_SLOT_DIR,
-                               "ceph": {"monitors": [ceph.mon_host], "user": CEPH_USER, "secretName": SECRET,
-                                        "fenceUser": FENCE_USER, "fenceKeyring": str(fence_keyring)}}))
-    ssh_key = tmp_path / "id_ed25519"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(ssh_key)], check=True, timeout=60)
+    cfg = fencing_controller_config(ceph, tmp_path, launcher_tag, guest_image, CEPH_USER, SECRET, FENCE_USER)
+    ssh_key, pubkey = ssh_keypair(tmp_path)
     kubeconfig = controller_kubeconfig(api, local_cluster.kubeconfig, tmp_path / "controller.kubeconfig")
     ctl = Controller(kubeconfig, cfg, ns, tmp_path / "controller.log").start()
     custom: Any = client.CustomObjectsApi(api)
     rbd = Rbd(Connection(conf=str(ceph.conf), keyring=str(ceph.keyring), timeout=120))
-    world = Cloud(local_cluster, ns, core, custom, rbd, Vms(core, custom, ns, ctl), guest_image, ssh_key,
-                  ssh_key.with_suffix(".pub").read_text().strip())
+    world = Cloud(local_cluster, ns, core, custom, rbd, Vms(core, custom, ns, ctl), guest_image, ssh_key, pubkey)
     try:
         yield world
     finally:
