@@ -17,11 +17,13 @@ config/rbac/controller-role.yaml; root disks are RBD clones of the guest image's
 * **Capacity per node.** Both nodes advertise 1000 Mbit/s of guaranteed bandwidth (module ``k8s_node_resources``, as
   the cluster role does). A VM guaranteed 600 Mbit/s leaves its node 400, so the next such VM lands on the other
   node; a third fits nowhere and is Pending/Unschedulable with the scheduler's message naming
-  ``cloud.zjusct.io/bandwidth-mbps``; once the first is stopped the third is placed on the node it left.
+  ``cloud.zjusct.io/bandwidth-mbps``; once the first is stopped the third is placed on the node it left. Its
+  launchers wait on a boot slot the test holds: placement is what it is about, and no guest boots.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 import time
@@ -108,13 +110,37 @@ class Cloud:
 @pytest.fixture
 def cloud(local_cluster: LocalCluster, lc_core: Any, lc_namespace: str, launcher_tag: str, guest_image: Any,
           tmp_path: Path) -> Iterator[Cloud]:
-    ns, core = lc_namespace, lc_core
+    """The controller with the test suite's boot slots: guests boot."""
+    yield from _cloud(local_cluster, lc_core, lc_namespace, launcher_tag, guest_image, tmp_path)
+
+
+@pytest.fixture
+def cloud_without_boots(local_cluster: LocalCluster, lc_core: Any, lc_namespace: str, launcher_tag: str,
+                        guest_image: Any, tmp_path: Path) -> Iterator[Cloud]:
+    """The controller with one boot slot of its own, which the test holds: every launcher runs (its Pod bound and
+    Running, holding its requests) but waits for the slot and starts no guest, so a test about placement burns no
+    TCG boot; a stop ends such a launcher at once (docs/launcher-protocol.md, boot slots)."""
+    from zjusct_launcher import lock
+
+    slots = tmp_path / "held-boot-slot"
+    held = lock.try_boot_slot(str(slots), 1)
+    assert held is not None
+    try:
+        yield from _cloud(local_cluster, lc_core, lc_namespace, launcher_tag, guest_image, tmp_path,
+                          maxConcurrentBoots=1, bootSlotDir=str(slots))
+    finally:
+        os.close(held[0])
+
+
+def _cloud(local_cluster: LocalCluster, core: Any, ns: str, launcher_tag: str, guest_image: Any, tmp_path: Path,
+           **controller: Any) -> Iterator[Cloud]:
     ceph = local_cluster.ceph
     assert ceph is not None
     api = local_cluster.api_client()
     install_crd(api)
     ceph_user_secret(ceph, core, ns, CEPH_USER, SECRET)
-    cfg = fencing_controller_config(ceph, tmp_path, launcher_tag, guest_image, CEPH_USER, SECRET, FENCE_USER)
+    cfg = fencing_controller_config(ceph, tmp_path, launcher_tag, guest_image, CEPH_USER, SECRET, FENCE_USER,
+                                    **controller)
     ssh_key, pubkey = ssh_keypair(tmp_path)
     kubeconfig = controller_kubeconfig(api, local_cluster.kubeconfig, tmp_path / "controller.kubeconfig")
     ctl = Controller(kubeconfig, cfg, ns, tmp_path / "controller.log").start()
@@ -269,7 +295,8 @@ def _bound(vms: Vms, name: str) -> str | None:
 
 @pytest.mark.timeout(1800)
 def test_a_node_out_of_bandwidth_sends_the_vm_to_the_other_node_and_none_left_is_unschedulable(
-        cloud: Cloud, local_cluster: LocalCluster) -> None:
+        cloud_without_boots: Cloud, local_cluster: LocalCluster) -> None:
+    cloud = cloud_without_boots
     core, vms = cloud.core, cloud.vms
     nodes = local_cluster.node_names
     guaranteed = {"network": {"bandwidth": {"guaranteedMbps": 600}}}
