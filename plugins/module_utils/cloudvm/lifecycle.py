@@ -350,14 +350,14 @@ class Lifecycle:
     def restart(self, params: dict, check_mode: bool, diff: bool, warnings: list) -> dict:
         """Stop, wait Stopped (always, bounded by wait_timeout), start with bootID + 1, wait Running if asked.
 
-        A VM whose launcher's node is lost (``Unknown/NodeLost``) can never be seen Stopped: its restart is the
-        start of a new boot (:func:`model.lifecycle.current_boot_live`), which the controller holds until the old
-        launcher is fenced or gone."""
+        A VM whose launcher's node is lost (``Unknown/NodeLost``) cannot be seen Stopped while the node is lost:
+        its restart is the start of a new boot (:func:`model.lifecycle.current_boot_live`), which the controller
+        holds until the old launcher is fenced or gone."""
         ns, name = params["namespace"], params["name"]
         timeout = float(params.get("wait_timeout") or 0)
         existing = self.api.get(ns, name)
         if existing is not None and node_lost(existing.get("status")):
-            # the stop could never be seen (the launcher's node is lost): the new boot is the restart, and the
+            # the stop cannot be seen while the launcher's node is lost: the new boot is the restart, and the
             # controller starts it only once the old launcher is fenced or gone
             return self.ensure(dict(params, restart=False, power_state="running"), check_mode, diff)
         before, stopped, _changed = self.apply(params, "stopped", check_mode)

@@ -59,15 +59,24 @@ def authorize(vm: Optional[dict], params: dict) -> None:
             reason="Forbidden", vm_owner=owner)
 
 
+def node_lost(status: Optional[dict]) -> bool:
+    """True when ``status`` says the current boot's launcher is on a lost node (``Unknown/NodeLost``, set only by
+    the Kubernetes controller): neither its run nor its stop can be observed until the node is back, which may be
+    never, or the launcher is fenced."""
+    status = status or {}
+    return (status.get("phase"), status.get("reason")) == ("Unknown", "NodeLost")
+
+
 def current_boot_live(spec: dict, status: Optional[dict]) -> bool:
     """True when the spec's current boot is requested and not known to have ended.
 
     That is ``powerState: Running`` and either the status has not caught up with ``spec.bootID``
     yet (the request is still being carried out) or the status describes this boot in a phase
-    other than Stopped/Failed, and other than Unknown/NodeLost: a boot whose launcher's node is lost can
-    never be seen Running again, so only a new boot brings the VM back. The controller starts that boot
-    only once the old launcher is fenced or gone (docs/controller.md, Fencing), so asking for it never
-    makes a second writer; when the node comes back first, the old boot is stopped before the new one starts.
+    other than Stopped/Failed, and other than Unknown/NodeLost (:func:`node_lost`): a boot whose launcher's
+    node is lost cannot be seen Running until the node is back, which may be never, so a start asks for a new
+    boot. The controller starts that boot only once the old launcher is fenced or gone (docs/controller.md,
+    Fencing), so asking for it never makes a second writer; when the node comes back first, the old boot is
+    stopped before the new one starts (the start then amounts to a restart).
     """
     if spec.get("powerState") != "Running":
         return False
@@ -75,16 +84,9 @@ def current_boot_live(spec: dict, status: Optional[dict]) -> bool:
     observed = status.get("bootID")
     if observed is None or int(observed) < int(spec.get("bootID", 0)):
         return True
-    if (status.get("phase"), status.get("reason")) == ("Unknown", "NodeLost"):
+    if node_lost(status):
         return False
     return status.get("phase") not in ("Stopped", "Failed")
-
-
-def node_lost(status: Optional[dict]) -> bool:
-    """True when ``status`` says the current boot's launcher is on a lost node (``Unknown/NodeLost``): a stop
-    cannot be observed until the node is back or the launcher fenced."""
-    status = status or {}
-    return (status.get("phase"), status.get("reason")) == ("Unknown", "NodeLost")
 
 
 def off_but_failed(namespace: str, name: str, status: Optional[dict]) -> Optional[str]:
