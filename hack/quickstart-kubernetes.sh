@@ -7,8 +7,9 @@
 #   -> site.yml with the kubernetes backend (CRDs, RBAC, owner policies, the controller Deployment with fencing)
 #   -> vm_start.yml -e owner=alice on an RBD root disk, the dynamic inventory, a command in her guest.
 # Re-running it is safe: a running local cluster is reused and every step is idempotent (a running VM is left
-# alone). Environment: OWNER (default alice), ZJUSCT_LOCALCLUSTER (state dir, default /var/lib/zjusct-localcluster),
-# ACCEL (tcg by default: nested KVM does not boot guests on every machine; kvm where /dev/kvm works).
+# alone). Environment: OWNER (default alice), ZJUSCT_LOCALCLUSTER (state dir, default /var/lib/zjusct-localcluster).
+# Guests run under TCG: the launcher Pod mounts no /dev/kvm (controller/zjusct_controller/decide.py), and nested KVM does not boot
+# guests on these machines anyway.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
@@ -16,7 +17,6 @@ export ZJUSCT_CACHE=${ZJUSCT_CACHE:-/var/cache/zjusct-cloud}
 export PATH="$ZJUSCT_CACHE/venv/bin:$PATH"
 export ANSIBLE_CONFIG="$here/ansible.cfg"
 owner=${OWNER:-alice}
-accel=${ACCEL:-tcg}
 state=${ZJUSCT_LOCALCLUSTER:-/var/lib/zjusct-localcluster}
 export ZJUSCT_LOCALCLUSTER=$state
 
@@ -65,15 +65,15 @@ echo "==> 6/8 cephx users for the VMs' disks and for fencing, their keyrings in 
 ansible-playbook playbooks/ceph_credentials.yml
 
 echo "==> 7/8 ansible-playbook site.yml -e zjusct_cloud_backend=kubernetes (CRDs, RBAC, policies, the controller)"
-python3 - "$work/site-vars.json" "$launcher_tag" "$controller_tag" "$image_dir" "$cmdline" "$accel" "$mon_host" <<'EOF'
+python3 - "$work/site-vars.json" "$launcher_tag" "$controller_tag" "$image_dir" "$cmdline" "$mon_host" <<'EOF'
 import json, sys
-path, launcher, controller, image_dir, cmdline, accel, mon_host = sys.argv[1:]
+path, launcher, controller, image_dir, cmdline, mon_host = sys.argv[1:]
 json.dump({"zjusct_cloud_backend": "kubernetes",
            "cluster_controller_image": controller,
            "cluster_controller_fence_secret": "cloudvm-fence",
            "cluster_launcher_namespaces": ["default"],
            "cluster_controller_config": {
-               "launcherImage": launcher, "imageDir": image_dir, "cmdline": cmdline, "accel": accel,
+               "launcherImage": launcher, "imageDir": image_dir, "cmdline": cmdline, "accel": "tcg",
                "ceph": {"monitors": [mon_host], "user": "zjusct-vm", "secretName": "ceph-vm",
                         "fenceUser": "zjusct-fence"}}}, open(path, "w"), indent=2)
 EOF
