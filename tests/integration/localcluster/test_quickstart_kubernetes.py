@@ -3,8 +3,8 @@ and alice's VM recovered the way docs/kubernetes.md tells the operator, with the
 
 * The script from nothing of the cluster's (its own state dir, its own HOME for the operator's SSH key): the local
   cluster, the images on both nodes, the cephx Secrets, site.yml on the kubernetes backend, alice's VM on RBD; it
-  ends with the dynamic inventory listing her and ``uname -a`` from her guest. A second run changes nothing (every
-  play's recap ``changed=0``) and reuses the cluster.
+  ends with the dynamic inventory listing her and ``uname -a`` from her guest. Its new playbook run again
+  (``ceph_credentials.yml``) changes nothing.
 * Her node loses its kubelet and containerd (``hack/cluster.sh lose-node --how agents``: QEMU keeps running) → her VM
   Unknown/NodeLost; the operator's two steps (the out-of-service taint through ``kubernetes.core.k8s_taint``, then
   ``vm_start.yml -e owner=alice``) → the Deployment's controller fences the old client with the fence Secret
@@ -77,10 +77,6 @@ def test_quickstart_kubernetes_then_a_lost_node_and_alice_running_on_the_other_n
     first = _run(["make", "quickstart-kubernetes"], operator)
     assert "alice.default | CHANGED | rc=0" in first and "Linux alice " in first, first[-3000:]
     assert "==> done: alice's VM runs on the local cluster" in first
-    second = _run(["make", "quickstart-kubernetes"], operator)
-    assert "already running" in second and len(_recaps(second)) >= 8, second[-3000:]
-    assert set(_recaps(second)) == {0}, f"a second run changed something: {_recaps(second)}\n{second[-6000:]}"
-
     status = json.loads(_run([str(REPO / "hack" / "cluster.sh"), "status", "--json"], operator))
     api = config.new_client_from_config(status["kubeconfig"])
     custom: Any = client.CustomObjectsApi(api)
@@ -88,6 +84,11 @@ def test_quickstart_kubernetes_then_a_lost_node_and_alice_running_on_the_other_n
            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ZJUSCT_CLOUD_BACKEND": "kubernetes",
            "K8S_AUTH_KUBECONFIG": status["kubeconfig"], "CEPH_CONF": status["ceph_conf"],
            "CEPH_KEYRING": status["ceph_keyring"], "CEPH_USER": "admin"}
+    # the step no other test runs twice: the cephx users and their Secrets are kept as they are (site.yml's second
+    # run on this backend, the image playbooks' and vm_start's are each tested elsewhere; a whole second
+    # quickstart costs minutes of the CI lane that holds the machine lock)
+    again = _run(["ansible-playbook", "playbooks/ceph_credentials.yml"], env)
+    assert _recaps(again) == [0], again[-3000:]
 
     def alice() -> dict[str, Any]:
         return dict(custom.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "alice"))
