@@ -618,6 +618,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "maxPods": 20,
             "allowedUnsafeSysctls": ["net.ipv4.ip_forward"],
             "nodeStatusReportFrequency": "10s",
+            # the kubelet renews its Lease every quarter of this (3 s): the control plane's 16-s grace period then
+            # spans about five renewals, so a kubelet stalled a few seconds on a loaded machine is not taken for a
+            # lost node (with the default 40 s, one renewal every 10 s: one late renewal marked a busy node
+            # Unknown in a CI run, and its VM Unknown/NodeLost, while the guest booted)
+            "nodeLeaseDurationSeconds": 12,
             "registerWithTaints": list(self.taints),
             **self._kubelet_overrides(),
         }
