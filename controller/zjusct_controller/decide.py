@@ -68,6 +68,14 @@ LAUNCHER_TOLERATIONS = (
     {"key": OUT_OF_SERVICE_TAINT, "operator": "Exists", "effect": "NoExecute"},
 )
 SSH_PORT = 22
+# A launcher Pod deleted so that its VM runs elsewhere: the API server's DisruptionTarget condition reasons
+# (k8s.io/api core/v1 PodReasonEvictionByEvictionAPI - kubectl drain, kubernetes.core.k8s_drain, any Eviction -
+# and PodReasonDeletionByTaintManager - a NoExecute taint the launcher does not tolerate). The VM keeps its bootID:
+# once the old Pod is gone the controller creates the boot's Pod again, and the scheduler places it on another node
+# (docs/controller.md, Drain).
+MOVE_REASONS = ("EvictionByEvictionAPI", "DeletionByTaintManager")
+EVICTED = "Evicted"
+STOP_OUTCOMES = ("StopRequested", "StopTimeoutKilled")  # LauncherResult reasons of a stop (graceful or by force)
 # The extended resource a node advertises for guaranteed bandwidth (roles/cluster, module k8s_node_resources):
 # integer units of Mbit/s on the wire, the unit of spec.network.bandwidth and model.placement's bandwidth dimension.
 BANDWIDTH_RESOURCE = "cloud.zjusct.io/bandwidth-mbps"
@@ -577,6 +585,18 @@ def unschedulable(pod: dict) -> Optional[str]:
     return str(cond.get("message") or "no node fits")
 
 
+def moved_away(pod: dict) -> Optional[str]:
+    """The DisruptionTarget reason (one of :data:`MOVE_REASONS`) when ``pod`` is being deleted so that it runs
+    elsewhere (an eviction, the taint manager), else None. The API server sets the condition before it marks the
+    Pod deleted (KEP-3329, GA in Kubernetes 1.31)."""
+    if not (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return None
+    cond = _condition(pod, "DisruptionTarget")
+    if cond is None or cond.get("status") != "True" or cond.get("reason") not in MOVE_REASONS:
+        return None
+    return str(cond["reason"])
+
+
 def out_of_service(node: Optional[dict]) -> bool:
     """True when the Node carries the taint :data:`OUT_OF_SERVICE_TAINT` (any effect): the operator has stated
     that the node is off (KEP-2268 non-graceful node shutdown)."""
@@ -776,7 +796,8 @@ def decide(vm: dict, pods: list, nodes: dict, claim: Optional[dict], claim_write
     Args:
         vm: the CloudVM (with ``metadata.uid``, ``generation``).
         pods: every launcher Pod labelled with this VM (:data:`LABEL_VM`), any boot.
-        nodes: node name -> Node dict (or None when the Node does not exist) for the Pods' nodes.
+        nodes: node name -> Node dict (or None when the Node does not exist) for the Pods' nodes and the node
+            ``status.node`` names.
         claim: the PVC named by ``spec.rootVolumeClaim`` in the VM's namespace, or None.
         claim_writers: names of Pods not belonging to this VM that mount the claim or name it in their
             :data:`ROOT_CLAIM` annotation, and have not ended.
@@ -791,7 +812,10 @@ def decide(vm: dict, pods: list, nodes: dict, claim: Optional[dict], claim_write
         it), no older boot's launcher may still run or cannot be observed, and the root volume claim is Bound
         and not used by another CloudVM or Pod. Pods of older boots, and the current one when the VM should be
         off or is deleted, are deleted with the grace period that lets the launcher stop the guest. A Pod of
-        the current boot deleted by someone else while the VM should run is ``Failed/LauncherLost``.
+        the current boot deleted by someone else while the VM should run is ``Failed/LauncherLost``, except an
+        eviction (:func:`moved_away`): ``Stopping/Evicted`` while the launcher stops the guest, and once that
+        Pod is gone from a node that is Ready, the boot's Pod is created again (the one exception to "never
+        twice": the old Pod ended by a graceful stop on a node that answers, so its guest is off).
     """
     md = vm["metadata"]
     spec = with_defaults(vm.get("spec") or {})
@@ -824,21 +848,31 @@ def decide(vm: dict, pods: list, nodes: dict, claim: Optional[dict], claim_write
 
     others = tuple(obs(p) for p in older)
     recorded = prev.get("bootID") == boot and bool(prev.get("pod"))  # a Pod of this boot was created before
+    # the boot's evicted Pod is gone and its node answers: its guest was stopped, the boot starts again elsewhere
+    moving = (recorded and want and cur is None and (prev.get("phase"), prev.get("reason")) == ("Stopping", EVICTED)
+              and node_ready(nodes.get(str(prev.get("node")))) is True)
     name = pod_name(md["name"], boot)
     extra: dict[str, Any] = {}
     status: Status
     if cur is not None:
         current = obs(cur)
+        evicted = moved_away(cur) if want and current.state != "unknown" and (
+            current.state != "exited" or (current.result or {}).get("reason") in STOP_OUTCOMES) else None
         if want and (cur.get("metadata") or {}).get("deletionTimestamp") and current.state != "exited":
             current = BootObservation(boot, "lost", started_at=current.started_at, node=current.node,
                                       detail=f"launcher Pod {name} is being deleted while the VM should run")
         elif want and (cur.get("metadata") or {}).get("deletionTimestamp"):
             result = current.result or {}
             # the outcome of a stop (graceful or by force) that was not ours: someone deleted the Pod
-            if result.get("reason") in ("StopRequested", "StopTimeoutKilled"):
+            if result.get("reason") in STOP_OUTCOMES:
                 current = BootObservation(boot, "lost", started_at=current.started_at, node=current.node,
                                           detail=f"launcher Pod {name} was deleted while the VM should run")
         status = derive_status(spec, current, others)
+        if evicted is not None:
+            status = Status("Stopping", EVICTED,
+                            f"launcher Pod {name} is evicted from node {current.node} ({evicted}): the guest is "
+                            f"stopped, then boot {boot} starts again on a node the scheduler picks", boot,
+                            node=current.node, started_at=current.started_at)
         if current.state == "starting" and (status.phase, status.reason) == ("Pending", "Starting"):
             # created (and perhaps bound), its container not started: the status the create wrote stands, so
             # the scheduler's binding costs no status write; the node is recorded once the container runs
@@ -850,7 +884,7 @@ def decide(vm: dict, pods: list, nodes: dict, claim: Optional[dict], claim_write
         pod_ip = (cur.get("status") or {}).get("podIP")
         if status.phase == "Running" and pod_ip:
             extra["sshEndpoint"] = {"host": pod_ip, "port": SSH_PORT}
-    elif recorded:
+    elif recorded and not moving:
         extra["pod"] = prev["pod"]
         if prev.get("phase") in ("Stopped", "Failed"):  # the boot ended and was recorded; the Pod is gone since
             status = Status(prev["phase"], prev.get("reason", ""), prev.get("message", ""), boot,

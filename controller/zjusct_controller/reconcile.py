@@ -197,13 +197,13 @@ class Reconciler:
         return self.store.apply(kind, event_type, obj)
 
     def _read(self, vm: dict) -> tuple[list, dict, Optional[dict]]:
-        """The VM's launcher Pods, their Nodes and its root volume claim, from the caches."""
+        """The VM's launcher Pods, their Nodes and the one its status names, and its root volume claim, from the
+        caches."""
         ns, name = vm["metadata"]["namespace"], vm["metadata"]["name"]
         claim_name = (vm.get("spec") or {}).get("rootVolumeClaim")
         pods = self.store.launcher_pods(ns, name)
         nodes: dict[str, Optional[dict]] = {}
-        for p in pods:
-            node = (p.get("spec") or {}).get("nodeName")
+        for node in [(p.get("spec") or {}).get("nodeName") for p in pods] + [(vm.get("status") or {}).get("node")]:
             if node and node not in nodes:
                 nodes[node] = self.store.get("node", "", node)
         claim = self.store.get("claim", ns, claim_name) if claim_name else None

@@ -13,7 +13,9 @@ config/rbac/controller-role.yaml; root disks are RBD clones of the guest image's
   controller blocklists the old QEMU's RBD client, removes the old Pod, and the new boot runs on the *other* node:
   the file synced before the loss is there, the one the old guest wrote after the fence is not. Throughout, a
   sampler reads the image's watchers and exclusive-lock owners and then the OSD blocklist: at no sample do two
-  clients that are not blocklisted hold the image.
+  clients that are not blocklisted hold the image. Then the lost node comes back and the operator drains the other
+  one (``kubernetes.core.k8s_drain``): the launcher stops the guest (Stopping/Evicted) and, once its Pod is gone, the
+  same boot starts again on the node that came back, with both files; one writer still.
 * **Capacity per node.** Both nodes advertise 1000 Mbit/s of guaranteed bandwidth (module ``k8s_node_resources``, as
   the cluster role does). A VM guaranteed 600 Mbit/s leaves its node 400, so the next such VM lands on the other
   node; a third fits nowhere and is Pending/Unschedulable with the scheduler's message naming
@@ -23,8 +25,10 @@ config/rbac/controller-role.yaml; root disks are RBD clones of the guest image's
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -60,6 +64,7 @@ from tests.integration.k8s_node.controller_helpers import (
 )
 from tests.integration.localcluster.conftest import WAIT
 
+REPO = Path(__file__).resolve().parents[3]
 pytestmark = [pytest.mark.multinode, pytest.mark.kubelet, pytest.mark.k8s, pytest.mark.ceph, pytest.mark.guest,
               pytest.mark.slow]
 CEPH_USER = "zjusct-vm"
@@ -206,11 +211,12 @@ def _watchers(rbd: Rbd, image: ImageRef) -> list[str]:
 
 
 @pytest.mark.timeout(3600)
-def test_node_lost_vm_fenced_and_running_on_the_other_node_with_its_rbd_disk(
+def test_node_lost_vm_fenced_and_running_on_the_other_node_with_its_rbd_disk_then_drained_back(
         cloud: Cloud, local_cluster: LocalCluster) -> None:
     core, vms, rbd, key = cloud.core, cloud.vms, cloud.rbd, cloud.ssh_key
     ceph = local_cluster.ceph
     lost: str | None = None
+    drained: str | None = None
     image = cloud.create("vm1")
     try:
         with StatusWatch(cloud.custom, cloud.ns) as statuses, PodWatch(core, cloud.ns, "vm1") as pods, \
@@ -270,6 +276,23 @@ def test_node_lost_vm_fenced_and_running_on_the_other_node_with_its_rbd_disk(
             wait_for(lambda: _watchers(rbd, image) == [new_ip], WAIT,
                      "only the new boot's QEMU watching the image once the lost node is back")
             assert vms.vm("vm1")["status"]["phase"] == "Running"
+            ssh(key, new_ip, "echo synced-before-the-drain > /root/drained && sync")
+
+            # maintenance: the operator drains the node the VM now runs on (kubectl drain's module); the launcher
+            # stops the guest, and once its Pod is gone the same boot starts again on the node that came back
+            drained, seen_before_drain = other, len(statuses.seen)
+            _k8s_drain(local_cluster, other, "drain")
+            back = vms.status_when("vm1", lambda s: s.get("phase") in ("Running", "Failed") and s.get(
+                "node") == first, BOOT_TIMEOUT, f"vm1 Running on {first} after the drain of {other}", interval=2)
+            st = back["status"]
+            assert (st["phase"], st["bootID"], st["pod"]) == ("Running", 2, "vm1-boot-2"), st
+            assert (2, "Stopping", "Evicted") in statuses.seen[seen_before_drain:], statuses.seen
+            back_ip = st["sshEndpoint"]["host"]
+            assert ssh(key, back_ip, "cat /root/marker /root/drained").split() == [
+                "synced-before-the-loss", "synced-before-the-drain"]
+            assert _watchers(rbd, image) == [back_ip]
+            _k8s_drain(local_cluster, other, "uncordon")
+            drained = None
         assert pods.names == [old_pod.metadata.name, "vm1-boot-2"], pods.names
         assert pods.max_alive == 1, pods.overlaps
         # from the loss on (a busy node may have been NotReady for a moment before it, which is no loss)
@@ -287,6 +310,21 @@ def test_node_lost_vm_fenced_and_running_on_the_other_node_with_its_rbd_disk(
         if lost is not None:
             local_cluster.restore_node(lost, timeout=WAIT)
             set_out_of_service(core, lost, False)
+        if drained is not None:
+            _k8s_drain(local_cluster, drained, "uncordon")
+
+
+def _k8s_drain(local_cluster: LocalCluster, node: str, state: str) -> None:
+    """``kubernetes.core.k8s_drain`` as the operator runs it (docs/controller.md, Drain): ``state`` drain (waits
+    until the evicted Pods are gone) or uncordon, with the cluster's admin kubeconfig."""
+    args = {"name": node, "state": state}
+    if state == "drain":
+        args["delete_options"] = {"delete_emptydir_data": True, "ignore_daemonsets": True, "wait_timeout": 900}
+    env = dict(os.environ, K8S_AUTH_KUBECONFIG=str(local_cluster.kubeconfig), ANSIBLE_CONFIG=str(REPO / "ansible.cfg"))
+    proc = subprocess.run([str(Path(sys.executable).parent / "ansible"), "localhost", "-m", "kubernetes.core.k8s_drain",
+                           "-a", json.dumps(args)], cwd=REPO, env=env, capture_output=True, text=True, timeout=1200,
+                          check=False)
+    assert proc.returncode == 0, (proc.stdout[-4000:], proc.stderr[-4000:])
 
 
 def _bound(vms: Vms, name: str) -> str | None:

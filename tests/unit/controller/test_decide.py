@@ -155,6 +155,58 @@ def test_pod_deleted_by_someone_else_while_running_is_launcher_lost_at_once() ->
     assert panicked.status is not None and panicked.status["reason"] == "GuestPanic"
 
 
+def _disrupted(p: dict[str, Any], reason: str) -> dict[str, Any]:
+    p["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True", "reason": reason})
+    return p
+
+
+def test_an_evicted_launcher_stops_its_guest_then_the_same_boot_starts_again_once_the_pod_is_gone() -> None:
+    running = {"phase": "Running", "reason": "SSHReady", "bootID": 1, "pod": "web-boot-1", "node": "n1"}
+    for reason in ("EvictionByEvictionAPI", "DeletionByTaintManager"):
+        evicting = decide(vm(status=running), [_disrupted(pod(ready=True, deleting=True), reason)], READY_NODE,
+                          claim(), [], CFG, NOW)
+        assert evicting.status is not None and (evicting.status["phase"], evicting.status["reason"]) == (
+            "Stopping", "Evicted"), reason
+        assert reason in evicting.status["message"] and "n1" in evicting.status["message"]
+        assert evicting.create_pod is None and evicting.delete_pods == [] and "sshEndpoint" not in evicting.status
+    # the launcher stopped the guest; the Pod is still there: still Stopping, nothing created
+    stopped = _disrupted(pod(phase="Succeeded", terminated=result("StopRequested"), deleting=True),
+                         "EvictionByEvictionAPI")
+    ended = decide(vm(status=running), [stopped], READY_NODE, claim(), [], CFG, NOW)
+    assert ended.status is not None and ended.status["reason"] == "Evicted" and ended.create_pod is None
+    # gone, its node Ready (cordoned by the drain): the boot's Pod again, the same name and bootID
+    again = decide(vm(status=ended.status), [], READY_NODE, claim(), [], CFG, NOW)
+    assert again.create_pod is not None and again.create_pod["metadata"]["name"] == "web-boot-1"
+    assert again.status is not None and (again.status["phase"], again.status["reason"], again.status["bootID"]) == (
+        "Pending", "Starting", 1)
+
+
+def test_an_eviction_is_not_a_move_when_the_node_is_lost_or_the_guest_failed() -> None:
+    running = {"phase": "Running", "reason": "SSHReady", "bootID": 1, "pod": "web-boot-1", "node": "n1"}
+    evicting = _disrupted(pod(ready=True, deleting=True), "EvictionByEvictionAPI")
+    lost = decide(vm(status=running), [evicting], NOT_READY_NODE, claim(), [], CFG, NOW)
+    assert lost.status is not None and lost.status["reason"] != "Evicted" and lost.create_pod is None
+    # the evicted Pod vanished while its node does not answer (or is gone): its guest may still run
+    was = dict(running, phase="Stopping", reason="Evicted")
+    for nodes in (NOT_READY_NODE, {}):
+        gone = decide(vm(status=was), [], nodes, claim(), [], CFG, NOW)
+        assert gone.create_pod is None
+        assert gone.status is not None and (gone.status["phase"], gone.status["reason"]) == ("Failed", "LauncherLost")
+    # the guest panicked as it was stopped: Failed with its reason, not started again
+    panicked = _disrupted(pod(phase="Failed", terminated=result("GuestPanic", 1), deleting=True),
+                          "EvictionByEvictionAPI")
+    failed = decide(vm(status=running), [panicked], READY_NODE, claim(), [], CFG, NOW)
+    assert failed.status is not None and failed.status["reason"] == "GuestPanic" and failed.create_pod is None
+    # a deletion that is no eviction (the pod GC, a person) stays LauncherLost
+    collected = decide(vm(status=running), [_disrupted(pod(ready=True, deleting=True), "DeletionByPodGC")],
+                       READY_NODE, claim(), [], CFG, NOW)
+    assert collected.status is not None and collected.status["reason"] == "LauncherLost"
+    # the VM was stopped meanwhile: no new Pod
+    off = decide(vm("Stopped", status=dict(running, phase="Stopping", reason="Evicted")), [], READY_NODE, claim(),
+                 [], CFG, NOW)
+    assert off.create_pod is None and off.status is not None and off.status["phase"] == "Stopped"
+
+
 def test_stop_deletes_the_pod_with_the_grace_period_then_stopped_and_kept_after_the_pod_is_gone() -> None:
     prev = {"phase": "Running", "reason": "SSHReady", "bootID": 1, "pod": "web-boot-1"}
     plan = decide(vm("Stopped", status=prev), [pod(ready=True)], READY_NODE, claim(), [], CFG, NOW)
