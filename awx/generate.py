@@ -88,6 +88,9 @@ def surveys() -> dict[str, list[dict[str, Any]]]:
                                f"(spec.diskIO.{key}), {low} to {high}; 0 removes the VM's own limit (the "
                                "operator's still applies); empty: unchanged. Takes effect at the next boot.",
                                "integer", minimum=0, maximum=high))
+    start.append(_question("anti_affinity_group", "Anti-affinity group", "Your running VMs of the same group never "
+                           f"share a node (spec.antiAffinityGroup); {s.DNS_LABEL_RULE}; none removes it; empty: "
+                           "unchanged. Takes effect at the next boot.", "text", minimum=0, maximum=DNS_LABEL_MAX))
     return {
         "site.yml": [
             _question("zjusct_cloud_backend", "Backend", "host: the hypervisor role only; kubernetes: also the "

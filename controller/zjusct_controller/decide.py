@@ -42,6 +42,8 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
 FINALIZER = "cloud.zjusct.io/launcher"
 LABEL_VM = "cloud.zjusct.io/vm"
 LABEL_BOOT = "cloud.zjusct.io/boot-id"
+# spec.antiAffinityGroup on the launcher Pod: with the owner label, what its required pod anti-affinity selects
+LABEL_ANTI_AFFINITY_GROUP = "cloud.zjusct.io/anti-affinity-group"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "zjusct-controller"
 CONFIG_ANNOTATION = "cloud.zjusct.io/launcher-config"
@@ -527,12 +529,21 @@ def launcher_pod(vm: dict, cfg: Config, rbd: Optional[dict] = None) -> dict:
         pod_spec["nodeSelector"] = node_selector
     lost_node = [dict(t) for t in LAUNCHER_TOLERATIONS if t not in cfg.tolerations]
     pod_spec["tolerations"] = [*cfg.tolerations, *lost_node]
+    labels = {"app.kubernetes.io/name": "zjusct-launcher", LABEL_MANAGED_BY: MANAGED_BY,
+              LABEL_VM: md["name"], LABEL_BOOT: str(boot), OWNER_LABEL: spec["owner"]}
+    group = spec.get("antiAffinityGroup")
+    if group:
+        # the owner's launcher Pods of the group, in every namespace: only the controller writes these labels (the
+        # launcher-pod policy), so another owner's VMs, whatever their group, neither match nor are matched
+        labels[LABEL_ANTI_AFFINITY_GROUP] = group
+        pod_spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            "labelSelector": {"matchLabels": {OWNER_LABEL: spec["owner"], LABEL_ANTI_AFFINITY_GROUP: group}},
+            "namespaceSelector": {}, "topologyKey": "kubernetes.io/hostname"}]}}
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
             "name": name, "namespace": md["namespace"],
-            "labels": {"app.kubernetes.io/name": "zjusct-launcher", LABEL_MANAGED_BY: MANAGED_BY,
-                       LABEL_VM: md["name"], LABEL_BOOT: str(boot), OWNER_LABEL: spec["owner"]},
+            "labels": labels,
             "annotations": annotations,
             "ownerReferences": [owner_reference(vm)],
         },
@@ -880,6 +891,9 @@ def decide(vm: dict, pods: list, nodes: dict, claim: Optional[dict], claim_write
         why = unschedulable(cur) if (status.phase, status.reason) == ("Pending", "Starting") else None
         if why is not None:  # the scheduler's verdict, e.g. not enough cloud.zjusct.io/bandwidth-mbps anywhere
             status.reason, status.message = "Unschedulable", f"launcher Pod {name} cannot be scheduled: {why}"
+            if spec.get("antiAffinityGroup") and "anti-affinity" in why:
+                status.message += (f" (spec.antiAffinityGroup {spec['antiAffinityGroup']!r}: running VMs of owner "
+                                   f"{spec['owner']} in this group never share a node)")
         extra["pod"] = name
         pod_ip = (cur.get("status") or {}).get("podIP")
         if status.phase == "Running" and pod_ip:

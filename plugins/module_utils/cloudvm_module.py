@@ -64,6 +64,7 @@ def cloudvm_argument_spec() -> dict:
         }},
         labels={"type": "dict"},
         node_selector={"type": "dict"},
+        anti_affinity_group={"type": "str"},
         image={"type": "str"},
         volume_size_mib={"type": "int"},
         delete_volume={"type": "bool", "default": False},

@@ -146,6 +146,16 @@ options:
     description:
       - Kubernetes backend only. Node labels the VM's launcher Pod must match (C(spec.nodeSelector)).
     type: dict
+  anti_affinity_group:
+    description:
+      - Anti-affinity group (C(spec.antiAffinityGroup)), an RFC 1123 DNS label such as C(web). Running VMs of the
+        same owner in the same group never share a node; a boot that finds every node taken by the group is
+        C(Pending/Unschedulable), its message naming the group. Groups of different owners never constrain each
+        other.
+      - On Kubernetes the launcher Pod's required pod anti-affinity (C(kubernetes.io/hostname)); on the host
+        backend, one node, a second VM of a group that already runs there is Unschedulable.
+      - Takes effect at the VM's next boot; V("") removes it.
+    type: str
   image:
     description:
       - Host backend only. Image set (name such as C(debian-bookworm), a full versioned name, or a path to an

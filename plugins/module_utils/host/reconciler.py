@@ -113,6 +113,17 @@ def launcher_config(cfg: HostConfig, vm: dict, volume: dict, lease: dict, root_d
     ))
 
 
+def group_peers(store: Store, spec: dict, placed: set) -> list[str]:
+    """``namespace/name`` of the VMs among ``placed`` (uids of VMs holding an allocation on this node, i.e. with a
+    launcher) that have the owner and ``spec.antiAffinityGroup`` of ``spec``; empty when it names no group.
+    The rule (docs/api/cloudvm.md): running VMs of one owner's group never share a node."""
+    group = spec.get("antiAffinityGroup")
+    if not group:
+        return []
+    return sorted(f"{v['metadata']['namespace']}/{v['metadata']['name']}" for v in store.list_vms(owner=spec["owner"])
+                  if v["metadata"]["uid"] in placed and (v.get("spec") or {}).get("antiAffinityGroup") == group)
+
+
 def ssh_routes(cfg: HostConfig, owner: str) -> dict:
     """How a VM of ``owner`` with an SSH endpoint is reached, as the host configuration says now:
     ``sshProxyCommand`` (from this host, into the guests' network namespace) and, while the SSH gateway is on,
@@ -254,8 +265,10 @@ class HostReconciler:
 
         Raises:
             CloudVMError: the volume is missing or claimed, it does not fit (``dimension``: a
-                ``InsufficientCapacity`` Warning event is recorded), the bandwidth is not admitted; or what a
-                port raises (:data:`START_ERRORS`).
+                ``InsufficientCapacity`` Warning event is recorded), another running VM of its owner's
+                ``spec.antiAffinityGroup`` is on this node (``reason: Unschedulable``, ``rule: antiAffinityGroup``;
+                an ``AntiAffinity`` Warning event), the bandwidth is not admitted; or what a port raises
+                (:data:`START_ERRORS`).
         """
         cfg, store = self.cfg, self.store
         meta, spec = vm["metadata"], vm["spec"]
@@ -270,8 +283,9 @@ class HostReconciler:
         node = host_node(cfg)
         with store.transaction():
             others = [a for a in store.allocations(cfg.node) if a["vm_uid"] != uid]
+            taken = group_peers(store, spec, {a["vm_uid"] for a in others})
             verdict = check(node, used(others, cfg.node), request)
-            if verdict.fits:
+            if verdict.fits and not taken:
                 store.put_allocation({"vm_uid": uid, "node": cfg.node, "vcpus": spec["vcpus"],
                                       "memory_mib": spec["memoryMiB"], "disk_mib": volume["size_mib"],
                                       "bandwidth_mbps": bandwidth})
@@ -282,7 +296,13 @@ class HostReconciler:
                 if volume.get("claimed_by") != uid:
                     volume["claimed_by"] = uid
                     store.put_volume(volume)
-        if not verdict.fits:  # recorded after the transaction, which wrote nothing (a raise inside would roll it back)
+        if taken:  # recorded after the transaction, which wrote nothing (a raise inside would roll it back)
+            message = (f"spec.antiAffinityGroup: {spec['antiAffinityGroup']!r}: {', '.join(taken)} of owner "
+                       f"{spec['owner']} in this group already runs on {cfg.node}, and running VMs of one group never"
+                       " share a node (the host backend has one); stop it, or start this VM without the group")
+            store.record_event("Warning", subject, "AntiAffinity", message)
+            raise CloudVMError(message, reason="Unschedulable", rule="antiAffinityGroup")
+        if not verdict.fits:
             store.record_event("Warning", subject, "InsufficientCapacity", verdict.message)
             raise CloudVMError(verdict.message, dimension=verdict.dimension)
         # the storage's own mark (rbd: the image-meta, for other hosts and the backup tools; none for files)
@@ -328,7 +348,7 @@ class HostReconciler:
         boot = int(spec["bootID"])
         status = derive_status(spec, current, others, volume_writer=volume_writer).as_dict()
         if start_error is not None:
-            unschedulable = "dimension" in start_error.details
+            unschedulable = "dimension" in start_error.details or start_error.details.get("reason") == "Unschedulable"
             status.update(phase="Pending" if unschedulable else "Failed",
                           reason="Unschedulable" if unschedulable else "StartFailed",
                           message=str(start_error), bootID=boot)

@@ -121,7 +121,7 @@ def older_boot_up(status: Optional[dict], first: int) -> Optional[int]:
     return int(running)
 
 
-BOOT_FIXED_FIELDS = ("sshAuthorizedKeys", "vcpus", "memoryMiB", "diskIO")
+BOOT_FIXED_FIELDS = ("sshAuthorizedKeys", "vcpus", "memoryMiB", "diskIO", "antiAffinityGroup")
 """The spec fields a boot's launcher config fixes when the boot is made (docs/api/cloudvm.md "Boot semantics"): a
 change reaches the guest at its next boot (:func:`keys_change`, :func:`size_change`)."""
 
@@ -134,17 +134,17 @@ def _shown(value: object) -> str:
 
 def size_change(before: Optional[dict], after: dict, launched_boot: Optional[int],
                 status: Optional[dict]) -> Optional[str]:
-    """A warning when a task changed ``spec.vcpus``, ``spec.memoryMiB`` or ``spec.diskIO`` while a boot launched with
-    the old values is still up, else None. They are part of a boot's launcher config (the VMM's ``-smp``/``-m`` and
-    block I/O throttling; on Kubernetes the launcher Pod's requests, docs/controller.md), so, as for keys
-    (:func:`keys_change`), a change takes effect at the next boot, whose start checks the node's capacity for the
-    new size (placement).
+    """A warning when a task changed ``spec.vcpus``, ``spec.memoryMiB``, ``spec.diskIO`` or
+    ``spec.antiAffinityGroup`` while a boot launched with the old values is still up, else None. They are part of a
+    boot's launcher config (the VMM's ``-smp``/``-m`` and block I/O throttling; on Kubernetes the launcher Pod's
+    requests and anti-affinity, docs/controller.md), so, as for keys (:func:`keys_change`), a change takes effect at
+    the next boot, whose start checks the node's capacity for the new size and the group (placement).
 
     Args: as :func:`keys_change` (``before`` None: the VM was created).
     """
     if before is None:
         return None
-    fields = [f for f in ("vcpus", "memoryMiB", "diskIO") if before.get(f) != after.get(f)]
+    fields = [f for f in ("vcpus", "memoryMiB", "diskIO", "antiAffinityGroup") if before.get(f) != after.get(f)]
     if not fields:
         return None
     first = first_boot_with_change(before, launched_boot)
@@ -152,8 +152,8 @@ def size_change(before: Optional[dict], after: dict, launched_boot: Optional[int
     if running is None:
         return None
     changed = [f"{f} {_shown(before.get(f))} -> {_shown(after.get(f))}" for f in fields]
-    kept = " and ".join(what for what, names in (("size", {"vcpus", "memoryMiB"}), ("disk I/O limits", {"diskIO"}))
-                        if names & set(fields))
+    kept = " and ".join(what for what, names in (("size", {"vcpus", "memoryMiB"}), ("disk I/O limits", {"diskIO"}),
+                                                 ("node", {"antiAffinityGroup"})) if names & set(fields))
     return (f"spec.{' and spec.'.join(changed)}: takes effect at the next boot (bootID {first}); boot {running} keeps"
             f" its {kept} until it ends; restart the VM (restart: true, playbook vm_restart) to apply it now")
 
@@ -266,6 +266,11 @@ def params_to_spec(params: dict, existing: Optional[dict]) -> dict:
             spec.pop("diskIO", None)
     if params.get("node_selector") is not None:
         spec["nodeSelector"] = params["node_selector"]
+    group = params.get("anti_affinity_group")
+    if group == "":
+        spec.pop("antiAffinityGroup", None)
+    elif group is not None:
+        spec["antiAffinityGroup"] = group
     return with_defaults(spec)
 
 

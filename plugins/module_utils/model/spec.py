@@ -81,6 +81,7 @@ FIELDS = {
     "spec.network.bandwidth.pool": ("bandwidth_pool / bandwidth.pool", DNS_LABEL_RULE),
     "spec.network.bandwidth.priority": ("bandwidth_priority / bandwidth.priority",
                                         f"allowed {PRIORITY_MIN} to {PRIORITY_MAX}"),
+    "spec.antiAffinityGroup": ("anti_affinity_group", f"{DNS_LABEL_RULE}; empty removes it"),
 }
 FIELDS.update({f"spec.diskIO.{key}": (f"disk_{option} / disk_io.{option}", f"allowed {low} to {high} {unit}")
                for key, (option, (low, high), unit) in DISK_IO.items()})
@@ -190,6 +191,9 @@ def validate_spec(spec: dict) -> list[str]:
         errors.extend(_validate_bandwidth(bandwidth))
     if spec.get("diskIO") is not None:
         errors.extend(validate_disk_io(spec["diskIO"], "spec.diskIO"))
+    group = spec.get("antiAffinityGroup")
+    if group is not None and not is_dns_label(group):
+        errors.append(f"spec.antiAffinityGroup: {group!r} is not a DNS label")
     return errors
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import HostConfig
 
+from tests.e2e.playbook_results import failure as failed_msg
 from tests.e2e.playbook_results import task_result
 from tests.integration.inventory_host.inventory_host_helpers import ping_via_inventory
 
@@ -282,6 +283,32 @@ def test_a_resize_of_a_running_vm_takes_effect_at_its_next_boot(cloud: Cloud, al
     assert restarted["boot_id"] == boot + 1 and restarted["phase"] == "Running", restarted
     cpus, mib = size()
     assert cpus == vcpus and memory - 64 <= mib <= memory, (cpus, mib)  # MemTotal: what the kernel keeps is not in it
+
+
+def test_a_second_running_vm_of_an_anti_affinity_group_is_unschedulable_on_the_one_host(cloud: Cloud, alice: dict):
+    """vm_start -e anti_affinity_group=web on alice's running VM, then on a second VM of hers: the host is one node,
+    so the second start fails naming the variable, the field and alice's VM, is Pending/Unschedulable, and holds no
+    launcher or address; without the group it would start. Everything is removed afterwards."""
+    grouped = task_result(cloud.playbook("vm_start", "owner=alice", "anti_affinity_group=web"), START)
+    assert grouped["changed"] is True and grouped["cloudvm"]["spec"]["antiAffinityGroup"] == "web", grouped
+    try:
+        doc = cloud.playbook("vm_start", "owner=alice", "name=alice-web2", "anti_affinity_group=web", check=False)
+        assert doc["rc"] != 0, failure("vm_start", doc)
+        msg = failed_msg(doc)
+        assert "anti_affinity_group (spec.antiAffinityGroup;" in msg and "'web': default/alice of owner alice" in msg
+        second = cloud.vm("alice-web2")
+        assert (second["status"]["phase"], second["status"]["reason"]) == ("Pending", "Unschedulable"), second
+        assert launcher_pids(cloud, "alice-web2") == []
+        conn = sqlite3.connect(cloud.config["store_path"])
+        assert conn.execute("SELECT COUNT(*) FROM leases WHERE vm_uid = ?",
+                            (second["metadata"]["uid"],)).fetchone()[0] == 0
+        assert cloud.vm("alice")["status"]["phase"] == "Running"
+    finally:
+        cloud.playbook("vm_delete", "owner=alice", "name=alice-web2", "delete_volume=true")
+        ungrouped = task_result(cloud.playbook("vm_start", "owner=alice", "anti_affinity_group=none"), START)
+        assert "antiAffinityGroup" not in ungrouped["cloudvm"]["spec"], ungrouped
+    assert cloud.vm("alice-web2") == {}
+    assert not (Path(cloud.config["volumes_dir"]) / "alice-web2-root.raw").exists()
 
 
 DD_LINE = re.compile(r"^(\d+) bytes .* copied, ([0-9.]+) s,", re.M)

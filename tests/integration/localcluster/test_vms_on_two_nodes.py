@@ -21,6 +21,9 @@ config/rbac/controller-role.yaml; root disks are RBD clones of the guest image's
   node; a third fits nowhere and is Pending/Unschedulable with the scheduler's message naming
   ``cloud.zjusct.io/bandwidth-mbps``; once the first is stopped the third is placed on the node it left. Its
   launchers wait on a boot slot the test holds: placement is what it is about, and no guest boots.
+* **Spread.** Three VMs of alice's anti-affinity group ``web``: two land on different nodes, the third is
+  Pending/Unschedulable naming the scheduler's anti-affinity rule and the group; bob's VM of a group also called
+  ``web`` is placed regardless; once one of hers stops, the third takes its node. No guest boots either.
 """
 
 from __future__ import annotations
@@ -364,3 +367,32 @@ def test_a_node_out_of_bandwidth_sends_the_vm_to_the_other_node_and_none_left_is
     finally:
         for node in nodes:
             node_resources({"name": node, "resources": {BANDWIDTH_RESOURCE: 0}, "state": "absent"}, False, core=core)
+
+
+@pytest.mark.timeout(1800)
+def test_vms_of_one_owners_anti_affinity_group_never_share_a_node_and_one_more_is_unschedulable(
+        cloud_without_boots: Cloud, local_cluster: LocalCluster) -> None:
+    cloud = cloud_without_boots
+    vms = cloud.vms
+    cloud.create("web-1", antiAffinityGroup="web")
+    node_1 = wait_for(lambda: _bound(vms, "web-1"), WAIT, "web-1's launcher Pod bound")
+    cloud.create("web-2", antiAffinityGroup="web")
+    node_2 = wait_for(lambda: _bound(vms, "web-2"), WAIT, "web-2's launcher Pod bound")
+    assert node_2 != node_1, f"web-2 bound to {node_2}, where web-1 of the same group runs"
+
+    cloud.create("web-3", antiAffinityGroup="web")
+    refused = vms.status_when("web-3", lambda s: s.get("reason") == "Unschedulable", WAIT,
+                              "web-3 Pending/Unschedulable")
+    st = refused["status"]
+    assert st["phase"] == "Pending", st
+    assert "0/2 nodes are available" in st["message"] and "anti-affinity" in st["message"], st
+    assert "spec.antiAffinityGroup 'web'" in st["message"] and "owner alice" in st["message"], st
+    assert _bound(vms, "web-3") is None
+
+    # another owner's group of the same name neither blocks nor is blocked by hers
+    cloud.create("bob-web", owner="bob", antiAffinityGroup="web")
+    assert wait_for(lambda: _bound(vms, "bob-web"), WAIT, "bob-web's launcher Pod bound") in (node_1, node_2)
+
+    vms.patch_spec("web-1", powerState="Stopped")  # its node is free for the group once its Pod is gone
+    node_3 = wait_for(lambda: _bound(vms, "web-3"), BOOT_TIMEOUT, "web-3's launcher Pod bound once web-1 stopped")
+    assert node_3 == node_1, f"web-3 bound to {node_3}; only {node_1} had no VM of the group"

@@ -60,7 +60,8 @@ class FakeStore:
             self._depth = 0
 
     def list_vms(self, namespace: Optional[str] = None, owner: Optional[str] = None) -> list[dict]:
-        return [copy.deepcopy(vm) for vm in self.vms.values()]
+        return [copy.deepcopy(vm) for (ns, _), vm in self.vms.items()
+                if namespace in (None, ns) and owner in (None, vm["spec"].get("owner"))]
 
     def update_vm(self, namespace: str, name: str, spec: Optional[dict] = None, status: Optional[dict] = None,
                   labels: Optional[dict] = None) -> None:
@@ -334,6 +335,22 @@ def test_a_start_that_does_not_fit_writes_nothing_and_spawns_nothing(tmp_path: P
     assert world.store.volume("vm1-root")["claimed_by"] is None and world.volumes.fake.claims == []
     assert world.network.taps == set() and world.supervisor.configs == [] and world.bandwidth.applied == {}
     assert world.reasons() == ["InsufficientCapacity"]
+
+
+def test_a_vm_whose_anti_affinity_group_runs_here_is_pending_unschedulable_and_holds_nothing(tmp_path: Path) -> None:
+    world = World(tmp_path, power="Running", boot=1)
+    world.store.vms[("default", "vm1")]["spec"]["antiAffinityGroup"] = "web"
+    peer = copy.deepcopy(world.store.vms[("default", "vm1")])
+    peer["metadata"].update(name="vm0", uid="uid-0")
+    world.store.vms[("default", "vm0")] = peer
+    world.store.put_allocation({"vm_uid": "uid-0", "node": "test-host", "vcpus": 1, "memory_mib": 512,
+                                "disk_mib": 1, "bandwidth_mbps": 0})
+    with pytest.raises(CloudVMError, match=r"spec\.antiAffinityGroup: 'web': default/vm0 of owner alice"):
+        world.backend.reconcile(world.vm)
+    status = world.vm["status"]
+    assert (status["phase"], status["reason"]) == ("Pending", "Unschedulable") and "default/vm0" in status["message"]
+    assert [a["vm_uid"] for a in world.store.allocations()] == ["uid-0"] and world.store.lease_for(UID) is None
+    assert world.network.taps == set() and world.supervisor.configs == [] and world.reasons() == ["AntiAffinity"]
 
 
 def test_another_writer_of_the_volume_blocks_the_start(tmp_path: Path) -> None:

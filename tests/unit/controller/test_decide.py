@@ -319,6 +319,28 @@ def test_pod_manifest_owner_labels_config_and_resources() -> None:
     assert {"name": "vm", "persistentVolumeClaim": {"claimName": "web-root"}} in spec["volumes"]
 
 
+def test_an_anti_affinity_group_keeps_the_owners_launchers_of_the_group_apart_and_is_named_when_unschedulable() -> None:
+    grouped = vm()
+    grouped["spec"]["antiAffinityGroup"] = "web"
+    body = launcher_pod(grouped, CFG)
+    assert body["metadata"]["labels"]["cloud.zjusct.io/anti-affinity-group"] == "web"
+    assert body["spec"]["affinity"] == {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+        "labelSelector": {"matchLabels": {"cloud.zjusct.io/owner": "alice",
+                                          "cloud.zjusct.io/anti-affinity-group": "web"}},
+        "namespaceSelector": {}, "topologyKey": "kubernetes.io/hostname"}]}}
+    assert "affinity" not in launcher_pod(vm(), CFG)["spec"]
+    assert "cloud.zjusct.io/anti-affinity-group" not in launcher_pod(vm(), CFG)["metadata"]["labels"]
+    waiting = pod(node=None, phase="Pending")
+    waiting["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                        "message": "0/2 nodes are available: 2 node(s) didn't match pod "
+                                                   "anti-affinity rules."}]
+    prev = {"phase": "Pending", "reason": "Starting", "bootID": 1, "pod": "web-boot-1"}
+    grouped["status"] = prev
+    plan = decide(grouped, [waiting], {}, claim(), [], CFG, NOW)
+    assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == ("Pending", "Unschedulable")
+    assert "anti-affinity rules" in plan.status["message"] and "spec.antiAffinityGroup 'web'" in plan.status["message"]
+
+
 def test_resources_formula() -> None:
     assert pod_resources({"vcpus": 1, "memoryMiB": 512}, CFG) == {"requests": {"cpu": "350m", "memory": "534Mi"}}
     kvm = Config(launcher_image="x", image_dir="/x", cmdline="c", accel="kvm")

@@ -10,6 +10,12 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle impor
     keys_change,
     params_to_spec,
     plan_power,
+    size_change,
+)
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
+    DNS_LABEL_RULE,
+    in_user_terms,
+    validate_spec,
 )
 
 BASE = {"owner": "alice", "rootVolumeClaim": "alice-root", "vcpus": 1, "memoryMiB": 512}
@@ -67,6 +73,20 @@ def test_bandwidth_ceiling_defaults_to_the_guarantee_and_is_left_out_without_one
     assert shaped["network"]["bandwidth"] == {"guaranteedMbps": 20, "ceilMbps": 20, "priority": 0}
     unshaped = params_to_spec({"name": "a", "owner": "a", "bandwidth": {"guaranteed_mbps": 0}}, None)
     assert "ceilMbps" not in unshaped["network"]["bandwidth"]
+
+
+def test_anti_affinity_group_is_set_kept_removed_by_empty_and_checked_in_user_terms():
+    grouped = params_to_spec({"name": "a", "owner": "a", "anti_affinity_group": "web"}, None)
+    assert grouped["antiAffinityGroup"] == "web"
+    assert params_to_spec({"name": "a", "vcpus": 2}, grouped)["antiAffinityGroup"] == "web"
+    assert "antiAffinityGroup" not in params_to_spec({"name": "a", "anti_affinity_group": ""}, grouped)
+    (problem,) = validate_spec(params_to_spec({"name": "a", "owner": "a", "anti_affinity_group": "Web_1"}, None))
+    assert in_user_terms(problem) == ("anti_affinity_group (spec.antiAffinityGroup; " + DNS_LABEL_RULE
+                                      + "; empty removes it): 'Web_1' is not a DNS label")
+    # a change while a boot of the old group runs takes effect at the next boot, and says so
+    up = dict(grouped, powerState="Running", bootID=1)
+    warning = size_change(up, dict(up, antiAffinityGroup="db"), 1, {"phase": "Running", "bootID": 1})
+    assert warning is not None and "spec.antiAffinityGroup web -> db" in warning and "keeps its node" in warning
 
 
 def test_authorize_refuses_another_owner_and_names_both():
