@@ -145,13 +145,15 @@ class Vms:
             raise
 
 
-class _WatchThread:
-    """A watch of its own in a daemon thread, reconnecting (also across an API server restart) until the ``with``
-    block ends; subclasses give the list call and handle each event."""
+class BackgroundLoop:
+    """A loop in a daemon thread from the start of a ``with`` block to its end: subclasses give ``_run``, which
+    returns soon after ``_stop`` is set; ``__exit__`` sets it, calls ``_halt`` (to interrupt a blocking call) and
+    waits up to ``join_timeout`` s for the thread (0: does not wait)."""
+
+    join_timeout = 0.0
 
     def __init__(self) -> None:
         self._stop = threading.Event()
-        self._w = watch.Watch()
         self._t = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> Any:
@@ -160,6 +162,26 @@ class _WatchThread:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
+        self._halt()
+        if self.join_timeout:
+            self._t.join(timeout=self.join_timeout)
+
+    def _halt(self) -> None:
+        """Interrupt what ``_run`` blocks on (nothing here)."""
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class _WatchThread(BackgroundLoop):
+    """A watch of its own in a daemon thread, reconnecting (also across an API server restart) until the ``with``
+    block ends; subclasses give the list call and handle each event."""
+
+    def __init__(self) -> None:
+        self._w = watch.Watch()
+        super().__init__()
+
+    def _halt(self) -> None:
         self._w.stop()
 
     def _stream(self) -> Any:

@@ -32,7 +32,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ from zjusct_localcluster.cluster import LocalCluster
 from tests.cluster import BANDWIDTH_RESOURCE, wait_for
 from tests.integration.k8s_node.controller_helpers import (
     BOOT_TIMEOUT,
+    BackgroundLoop,
     Controller,
     PodWatch,
     StatusWatch,
@@ -174,25 +174,18 @@ def _blocked(address: str, blocklist: set[str]) -> bool:
     return address in blocklist or f"{address.split(':')[0]}:0/0" in blocklist
 
 
-class WriterSampler:
-    """Until stopped, samples the image's watchers and exclusive-lock owners, then the OSD blocklist (in that order:
-    the blocklist only grows here, so a client read as a holder and then found blocklisted was fenced before any
-    later holder could exist). ``samples``: (time, the holders not blocklisted)."""
+class WriterSampler(BackgroundLoop):
+    """Until the ``with`` block ends, samples the image's watchers and exclusive-lock owners, then the OSD blocklist
+    (in that order: the blocklist only grows here, so a client read as a holder and then found blocklisted was
+    fenced before any later holder could exist). ``samples``: (time, the holders not blocklisted)."""
+
+    join_timeout = 180.0
 
     def __init__(self, rbd: Rbd, image: ImageRef, ceph: Any) -> None:
         self.rbd, self.image, self.ceph = rbd, image, ceph
         self.samples: list[tuple[float, list[str]]] = []
         self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> WriterSampler:
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._t.join(timeout=180)
+        super().__init__()
 
     def _run(self) -> None:
         while not self._stop.is_set():
