@@ -43,13 +43,17 @@ export K8S_AUTH_KUBECONFIG=${cluster[0]} CEPH_CONF=${cluster[1]} CEPH_KEYRING=${
 mon_host=${cluster[3]}
 sockets=("${cluster[@]:4}")
 
+json_field() { # json_field FILE KEY: the top-level KEY of the JSON document FILE
+  python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"
+}
+
 echo "==> 4/8 the guest image set (debootstrap: minutes the first time)"
 work="$state/quickstart"
 mkdir -p "$work"
 ansible-playbook playbooks/guest_image.yml -e "guest_image_dir=$ZJUSCT_CACHE/images" \
   -e "guest_image_report_file=$work/guest-image.json"
-image_dir=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["path"])' "$work/guest-image.json")
-cmdline=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["defaultCmdline"])' "$image_dir/manifest.json")
+image_dir=$(json_field "$work/guest-image.json" path)
+cmdline=$(json_field "$image_dir/manifest.json" defaultCmdline)
 
 echo "==> 5/8 the launcher and controller images, imported into each node's containerd"
 for sock in "${sockets[@]}"; do
@@ -58,8 +62,8 @@ for sock in "${sockets[@]}"; do
       -e "${kind}_image_report_file=$work/$kind-image.json"
   done
 done
-launcher_tag=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["tag"])' "$work/launcher-image.json")
-controller_tag=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["key_tag"])' "$work/controller-image.json")
+launcher_tag=$(json_field "$work/launcher-image.json" tag)
+controller_tag=$(json_field "$work/controller-image.json" key_tag)
 
 echo "==> 6/8 cephx users for the VMs' disks and for fencing, their keyrings in Secrets"
 ansible-playbook playbooks/ceph_credentials.yml
@@ -99,6 +103,10 @@ cat <<EOF
       KUBECONFIG=$K8S_AUTH_KUBECONFIG CEPH_CONF=$CEPH_CONF CEPH_KEYRING=$CEPH_KEYRING CEPH_USER=admin
     where it runs:   ansible-inventory -i inventory/kubernetes.cloudvm.yml --graph
     stop / start:    ansible-playbook playbooks/vm_stop.yml -e owner=$owner   (vm_start.yml as above)
+    another VM:      ansible-playbook playbooks/vm_start.yml -e owner=bob -e images_dir=$ZJUSCT_CACHE/images
+                     (a new VM's RBD root volume is cloned from the image set there; add -e name=... for more)
     lose its node:   hack/cluster.sh lose-node <node> --how agents   (docs/kubernetes.md "VMs on two nodes")
+    drain a node:    ansible localhost -m kubernetes.core.k8s_drain -a '{"name": "<node>", "state": "drain",
+                       "delete_options": {"delete_emptydir_data": true, "wait_timeout": 900}}'   (docs/controller.md)
     the cluster:     hack/cluster.sh status | down
 EOF

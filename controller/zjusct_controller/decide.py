@@ -304,14 +304,21 @@ def is_block_claim(claim: Optional[dict]) -> bool:
 def needs_volume(vm: dict, claim: Optional[dict]) -> bool:
     """True when the adapter must read the claim's PersistentVolume before deciding: the claim is Bound and a
     launcher Pod of ``spec.bootID`` may be created (``powerState`` Running, the VM not being deleted, no Pod of
-    this boot recorded in the status): its owner mark is checked (:func:`owner_problem`) and, for a Block claim,
-    it names the RBD image (:func:`rbd_root_disk`). Otherwise the PV is not needed (no extra API call)."""
+    this boot recorded in the status, or the boot's Pod was evicted and is created again once gone): its owner mark
+    is checked (:func:`owner_problem`) and, for a Block claim, it names the RBD image (:func:`rbd_root_disk`).
+    Otherwise the PV is not needed (no extra API call)."""
     if ((claim or {}).get("status") or {}).get("phase") != "Bound":
         return False
     spec, prev = with_defaults(vm.get("spec") or {}), vm.get("status") or {}
     if spec["powerState"] != "Running" or (vm.get("metadata") or {}).get("deletionTimestamp"):
         return False
-    return not (prev.get("bootID") == int(spec["bootID"]) and prev.get("pod"))
+    return not (prev.get("bootID") == int(spec["bootID"]) and prev.get("pod")) or being_moved(prev)
+
+
+def being_moved(status: dict) -> bool:
+    """True when ``status`` says the current boot's launcher Pod was evicted (``Stopping/Evicted``): once that Pod is
+    gone, the boot's Pod is created again (:func:`decide`, docs/controller.md Drain)."""
+    return (status.get("phase"), status.get("reason")) == ("Stopping", EVICTED)
 
 
 def rbd_root_disk(claim: dict, volume: Optional[dict], cfg: Config) -> dict:
@@ -860,7 +867,7 @@ def decide(vm: dict, pods: list, nodes: dict, claim: Optional[dict], claim_write
     others = tuple(obs(p) for p in older)
     recorded = prev.get("bootID") == boot and bool(prev.get("pod"))  # a Pod of this boot was created before
     # the boot's evicted Pod is gone and its node answers: its guest was stopped, the boot starts again elsewhere
-    moving = (recorded and want and cur is None and (prev.get("phase"), prev.get("reason")) == ("Stopping", EVICTED)
+    moving = (recorded and want and cur is None and being_moved(prev)
               and node_ready(nodes.get(str(prev.get("node")))) is True)
     name = pod_name(md["name"], boot)
     extra: dict[str, Any] = {}

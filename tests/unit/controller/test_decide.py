@@ -19,6 +19,7 @@ from zjusct_controller.decide import (
     Config,
     decide,
     launcher_pod,
+    needs_volume,
     pod_name,
     pod_resources,
     status_patch,
@@ -174,7 +175,10 @@ def test_an_evicted_launcher_stops_its_guest_then_the_same_boot_starts_again_onc
                          "EvictionByEvictionAPI")
     ended = decide(vm(status=running), [stopped], READY_NODE, claim(), [], CFG, NOW)
     assert ended.status is not None and ended.status["reason"] == "Evicted" and ended.create_pod is None
-    # gone, its node Ready (cordoned by the drain): the boot's Pod again, the same name and bootID
+    # gone, its node Ready (cordoned by the drain): the boot's Pod again, the same name and bootID, its claim's
+    # PersistentVolume read again as for any Pod created (the owner mark, the RBD image)
+    assert needs_volume(vm(status=ended.status), claim())
+    assert not needs_volume(vm(status=running), claim())
     again = decide(vm(status=ended.status), [], READY_NODE, claim(), [], CFG, NOW)
     assert again.create_pod is not None and again.create_pod["metadata"]["name"] == "web-boot-1"
     assert again.status is not None and (again.status["phase"], again.status["reason"], again.status["bootID"]) == (
