@@ -32,16 +32,18 @@ if hack/cluster.sh status >/dev/null 2>&1; then
 else
   hack/cluster.sh up >/dev/null
 fi
-# what the cluster's status says (one value a line): kubeconfig, Ceph conf, keyring, monitors, then each node's
-# containerd socket
+# what the cluster's status says (one value a line): kubeconfig, Ceph conf, keyring, monitors, the nodes' Pod
+# ranges (comma-separated), then each node's containerd socket
 mapfile -t cluster < <(hack/cluster.sh status --json | python3 -c '
 import json, sys
 d = json.load(sys.stdin)
 print("\n".join([d["kubeconfig"], d["ceph_conf"], d["ceph_keyring"], d["ceph_mon_host"],
+                 ",".join(n["pod_cidr"] for n in d["nodes"].values()),
                  *(n["containerd_address"] for n in d["nodes"].values())]))')
 export K8S_AUTH_KUBECONFIG=${cluster[0]} CEPH_CONF=${cluster[1]} CEPH_KEYRING=${cluster[2]} CEPH_USER=admin
 mon_host=${cluster[3]}
-sockets=("${cluster[@]:4}")
+pod_cidrs=${cluster[4]}
+sockets=("${cluster[@]:5}")
 
 json_field() { # json_field FILE KEY: the top-level KEY of the JSON document FILE
   python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"
@@ -69,13 +71,15 @@ echo "==> 6/8 cephx users for the VMs' disks and for fencing, their keyrings in 
 ansible-playbook playbooks/ceph_credentials.yml
 
 echo "==> 7/8 ansible-playbook site.yml -e zjusct_cloud_backend=kubernetes (CRDs, RBAC, policies, the controller)"
-python3 - "$work/site-vars.json" "$launcher_tag" "$controller_tag" "$image_dir" "$cmdline" "$mon_host" <<'EOF'
+python3 - "$work/site-vars.json" "$launcher_tag" "$controller_tag" "$image_dir" "$cmdline" "$mon_host" \
+  "$pod_cidrs" <<'EOF'
 import json, sys
-path, launcher, controller, image_dir, cmdline, mon_host = sys.argv[1:]
+path, launcher, controller, image_dir, cmdline, mon_host, pod_cidrs = sys.argv[1:]
 json.dump({"zjusct_cloud_backend": "kubernetes",
            "cluster_controller_image": controller,
            "cluster_controller_fence_secret": "cloudvm-fence",
            "cluster_launcher_namespaces": ["default"],
+           "cluster_pod_cidrs": pod_cidrs.split(","),
            "cluster_controller_config": {
                "launcherImage": launcher, "imageDir": image_dir, "cmdline": cmdline, "accel": "tcg",
                "ceph": {"monitors": [mon_host], "user": "zjusct-vm", "secretName": "ceph-vm",

@@ -24,15 +24,21 @@ config/rbac/controller-role.yaml; root disks are RBD clones of the guest image's
 * **Spread.** Three VMs of alice's anti-affinity group ``web``: two land on different nodes, the third is
   Pending/Unschedulable naming the scheduler's anti-affinity rule and the group; bob's VM of a group also called
   ``web`` is placed regardless; once one of hers stops, the third takes its node. No guest boots either.
+* **Tenants' networks.** alice's and bob's VMs in namespaces of their own: alice's guest opens bob's guest's SSH
+  through his launcher Pod's IP; once the cluster role's NetworkPolicy (``launcher_isolation.yml``, what site.yml
+  applies with ``cluster_pod_cidrs``) is in, kube-router refuses that both ways, while the host still logs in to
+  both guests and both reach the host through their Pods' NAT.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -391,3 +397,60 @@ def test_vms_of_one_owners_anti_affinity_group_never_share_a_node_and_one_more_i
     vms.patch_spec("web-1", powerState="Stopped")  # its node is free for the group once its Pod is gone
     node_3 = wait_for(lambda: _bound(vms, "web-3"), BOOT_TIMEOUT, "web-3's launcher Pod bound once web-1 stopped")
     assert node_3 == node_1, f"web-3 bound to {node_3}; only {node_1} had no VM of the group"
+
+
+def _reaches(key: Path, guest_ip: str, target: str, port: int) -> bool:
+    """From inside the guest at ``guest_ip``: does a TCP connection to ``target:port`` open within 5 s (bash's
+    /dev/tcp, in every Debian guest)?"""
+    out = ssh(key, guest_ip, f"timeout 5 bash -c 'exec 3<>/dev/tcp/{target}/{port}' && echo open || echo closed")
+    return out.strip().endswith("open")
+
+
+@pytest.mark.timeout(2400)
+def test_the_cluster_roles_network_policy_keeps_other_tenants_guests_away_from_a_launcher_pod(
+        cloud: Cloud, local_cluster: LocalCluster, lc_core: Any, launcher_tag: str, guest_image: Any,
+        tmp_path: Path) -> None:
+    bob_ns = f"t-{uuid.uuid4().hex[:8]}"
+    lc_core.create_namespace({"metadata": {"name": bob_ns}})
+    wait_for(lambda: lc_core.read_namespaced_service_account("default", bob_ns), WAIT, f"ServiceAccount {bob_ns}")
+    (tmp_path / "bob").mkdir()
+    bob_world = _cloud(local_cluster, lc_core, bob_ns, launcher_tag, guest_image, tmp_path / "bob")
+    try:
+        bob = next(bob_world)
+        cloud.create("alice")
+        bob.create("bob", owner="bob")
+        running = {}
+        for world, name in ((cloud, "alice"), (bob, "bob")):
+            st = world.vms.status_when(name, lambda s: s.get("phase") in ("Running", "Failed"), BOOT_TIMEOUT,
+                                       f"{name} Running", interval=2)["status"]
+            assert st["phase"] == "Running", st
+            running[name] = st["sshEndpoint"]["host"]
+        alice_ip, bob_ip = running["alice"], running["bob"]
+        # without the policy every Pod reaches every guest's SSH: alice's guest opens bob's (the test can fail)
+        assert _reaches(cloud.ssh_key, alice_ip, bob_ip, 22)
+
+        # the cluster role's task, as site.yml runs it for cluster_launcher_namespaces with cluster_pod_cidrs
+        playbook = tmp_path / "isolation.yml"
+        playbook.write_text(json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": [{
+            "ansible.builtin.include_role": {"name": "zjusct.cloud.cluster", "tasks_from": "launcher_isolation"},
+            "loop": [cloud.ns, bob_ns], "loop_control": {"loop_var": "cluster_isolation_namespace"},
+            "vars": {"cluster_pod_cidrs": [a.pod_cidr for a in local_cluster.addressing]}}]}]))
+        env = dict(os.environ, K8S_AUTH_KUBECONFIG=str(local_cluster.kubeconfig),
+                   ANSIBLE_CONFIG=str(REPO / "ansible.cfg"))
+        applied = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), str(playbook)], cwd=REPO,
+                                 env=env, capture_output=True, text=True, timeout=600, check=False)
+        assert applied.returncode == 0, applied.stdout[-3000:] + applied.stderr[-2000:]
+
+        # kube-router enforces it on both nodes: neither tenant's guest reaches the other's launcher Pod
+        wait_for(lambda: not _reaches(cloud.ssh_key, alice_ip, bob_ip, 22), WAIT,
+                 "alice's guest refused at bob's launcher Pod")
+        assert not _reaches(bob.ssh_key, bob_ip, alice_ip, 22)
+        # while the host (outside the Pod network) still logs in to both, and both guests reach it through NAT
+        host = local_cluster.control_plane.server.split("//")[1].split(":")[0]
+        for key, ip in ((cloud.ssh_key, alice_ip), (bob.ssh_key, bob_ip)):
+            assert ssh(key, ip, "echo in").strip() == "in"
+            assert _reaches(key, ip, host, 6443), f"{ip} -> {host}:6443 (the API server, outside the Pod network)"
+    finally:
+        bob_world.close()
+        with contextlib.suppress(Exception):
+            lc_core.delete_namespace(bob_ns)
