@@ -98,6 +98,10 @@ table ip zjusct_pod {{
     type nat hook prerouting priority dstnat; policy accept;
     iifname "eth0" tcp dport {SSH_PORT} dnat to {GUEST_IP}
   }}
+  chain postrouting {{
+    type nat hook postrouting priority srcnat; policy accept;
+    oifname "eth0" ip saddr {GUEST_IP} masquerade
+  }}
 }}
 NFT
 exec python3 -m zjusct_launcher run --config /etc/zjusct/launcher.json

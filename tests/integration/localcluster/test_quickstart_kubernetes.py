@@ -3,8 +3,9 @@ and alice's VM recovered the way docs/kubernetes.md tells the operator, with the
 
 * The script from nothing of the cluster's (its own state dir, its own HOME for the operator's SSH key): the local
   cluster, the images on both nodes, the cephx Secrets, site.yml on the kubernetes backend, alice's VM on RBD; it
-  ends with the dynamic inventory listing her and ``uname -a`` from her guest. Its new playbook run again
-  (``ceph_credentials.yml``) changes nothing.
+  ends with the dynamic inventory listing her and ``uname -a`` from her guest (through the tenants' NetworkPolicy
+  that site.yml put in with the nodes' Pod ranges). Its new playbook run again (``ceph_credentials.yml``) changes
+  nothing.
 * Her node loses its kubelet and containerd (``hack/cluster.sh lose-node --how agents``: QEMU keeps running) → her VM
   Unknown/NodeLost; the operator's two steps (the out-of-service taint through ``kubernetes.core.k8s_taint``, then
   ``vm_start.yml -e owner=alice``) → the Deployment's controller fences the old client with the fence Secret
@@ -94,6 +95,10 @@ def test_quickstart_kubernetes_then_a_lost_node_and_alice_running_on_the_other_n
         return dict(custom.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, "alice"))
 
     try:
+        # site.yml got the nodes' Pod ranges: the tenants' NetworkPolicy guards alice's launcher Pod
+        policy = client.NetworkingV1Api(api).read_namespaced_network_policy("zjusct-launcher-isolation", "default")
+        (rule,) = policy.spec.ingress
+        assert sorted(rule._from[1].ip_block._except) == sorted(n["pod_cidr"] for n in status["nodes"].values())
         st = alice()["status"]
         assert (st["phase"], st["bootID"]) == ("Running", 1), st
         lost, old_ip = st["node"], st["sshEndpoint"]["host"]
