@@ -23,7 +23,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.launcher_config
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.launcher_config import (
     launcher_config as build_launcher_config,
 )
-from ansible_collections.zjusct.cloud.plugins.module_utils.model.names import DNS1123_LABEL_MAX, fit
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.names import DNS1123_LABEL_MAX, TAP_PREFIX, fit
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.phase import BootObservation, Status, derive_status
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.placement import DEFAULT_RATIOS
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.quota import ADMITTED_FIELD, admitted_boot
@@ -38,6 +38,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
     validate_disk_io,
     with_defaults,
 )
+from ansible_collections.zjusct.cloud.plugins.module_utils.network.hostnet import isolation_script
 
 FINALIZER = "cloud.zjusct.io/launcher"
 LABEL_VM = "cloud.zjusct.io/vm"
@@ -83,9 +84,15 @@ STOP_OUTCOMES = ("StopRequested", "StopTimeoutKilled")  # LauncherResult reasons
 BANDWIDTH_RESOURCE = "cloud.zjusct.io/bandwidth-mbps"
 
 # The launcher's network inside the Pod's netns (as tests/integration/k8s_node/launcher_pod.py): bridge br0
-# 10.0.3.1/30, guest 10.0.3.2, DNAT of TCP 22 arriving on eth0 to the guest, so <Pod IP>:22 is the guest's sshd.
+# 10.0.3.1/30, the guest's TAP zjt0 (created by the launcher) on it with the guest at 10.0.3.2, DNAT of TCP 22
+# arriving on eth0 to the guest, so <Pod IP>:22 is the guest's sshd; the guest's own traffic leaves masqueraded as
+# the Pod IP. The host backend's L2 isolation table guards the TAP (one rule set, network.hostnet): frames from the
+# guest carry its MAC, and only its IPv4 address or ARP for it - a guest cannot send as another Pod's address and
+# so pass that Pod's namespace's NetworkPolicy (docs/security.md, Tenants' networks on Kubernetes).
 GUEST_IP = "10.0.3.2"
+GUEST_MAC = "52:54:00:0a:00:02"
 POD_SIDE_IP = "10.0.3.1"
+POD_TAP = f"{TAP_PREFIX}0"
 RUNTIME_DIR = "/run/zjusct/vm"
 READY_MARKER = f"{RUNTIME_DIR}/ready"
 NET_SETUP = f"""set -e
@@ -103,7 +110,7 @@ table ip zjusct_pod {{
     oifname "eth0" ip saddr {GUEST_IP} masquerade
   }}
 }}
-NFT
+{isolation_script({"vm": [{"tap": POD_TAP, "mac": GUEST_MAC, "ipv4": GUEST_IP}]})}NFT
 exec python3 -m zjusct_launcher run --config /etc/zjusct/launcher.json
 """
 
@@ -437,7 +444,7 @@ def launcher_config(vm: dict, cfg: Config, rbd: Optional[dict] = None) -> dict:
     return build_launcher_config(vm, Placement(
         boot={"kernel": "/images/vmlinuz", "initrd": "/images/initrd.img", "cmdline": cfg.cmdline},
         root_disk={"rbd": dict(rbd), "cache": "Writeback"} if rbd else {"path": "/vm/root.raw", "cache": "Writeback"},
-        network={"mode": "tap", "tap": "tap0", "createTap": True, "bridge": "br0", "mac": "52:54:00:0a:00:02",
+        network={"mode": "tap", "tap": POD_TAP, "createTap": True, "bridge": "br0", "mac": GUEST_MAC,
                  "ipv4": f"{GUEST_IP}/30", "gateway": POD_SIDE_IP, "dns": []},
         hypervisor={"type": "qemu", "accel": cfg.accel, "tcgTranslationCacheMiB": int(cfg.tcg_cache_mib),
                     "tcgCPUModel": str(cfg.tcg_cpu_model)},

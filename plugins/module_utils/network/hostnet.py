@@ -416,6 +416,25 @@ def _element_lines(verb: str, elements: dict) -> list[str]:
     return lines
 
 
+def isolation_script(groups: dict) -> str:
+    """An nft script that replaces ``bridge zjusct_isolation`` by its rules and the elements for ``groups``, in
+    one transaction (no moment without the rules). The host backend loads it through :func:`apply_isolation`; a
+    launcher Pod on Kubernetes runs it for its one TAP before the launcher starts (docs/security.md).
+
+    Args:
+        groups: see :func:`isolation_elements`.
+
+    Returns:
+        The script for ``nft -f -``, newline-terminated.
+
+    Raises:
+        NetworkError: bad guest data (named in the message).
+    """
+    body = isolation_skeleton()
+    script = _table_script("bridge", NFT_TABLE, body, _digest_comment("bridge", NFT_TABLE, body))
+    return script + "".join(line + "\n" for line in _element_lines("add", isolation_elements(groups)))
+
+
 def apply_isolation(netns: str, groups: dict) -> bool:
     """Make the isolation table in ``netns`` hold exactly the elements for ``groups``.
 
@@ -434,12 +453,9 @@ def apply_isolation(netns: str, groups: dict) -> bool:
         NetworkError: bad guest data, or nft failed (its message included).
     """
     wanted = isolation_elements(groups)
-    body = isolation_skeleton()
-    comment = _digest_comment("bridge", NFT_TABLE, body)
     current = _nft_elements(netns)
-    if current is None or current["comment"] != comment:
-        script = _table_script("bridge", NFT_TABLE, body, comment) + "\n".join(_element_lines("add", wanted))
-        _run([*_exec(netns), "nft", "-f", "-"], stdin=script + "\n")
+    if current is None or current["comment"] != _digest_comment("bridge", NFT_TABLE, isolation_skeleton()):
+        _run([*_exec(netns), "nft", "-f", "-"], stdin=isolation_script(groups))
         return True
     add = {name: wanted[name] - current[name] for name in ISOLATION_SETS}
     delete = {name: current[name] - wanted[name] for name in ISOLATION_SETS}

@@ -406,3 +406,43 @@ def teardown_vms(vms: Vms, names: list[str], pv_names: list[str]) -> None:
         with contextlib.suppress(ApiException):
             core.delete_persistent_volume(pv_name)
     print(vms.controller.tail()[-3000:])
+
+
+def blocklist(ceph: Any) -> set[str]:
+    """The OSD blocklist's address entries (``addr:port/nonce``; ``ip:0/0`` blocks every client of that IP). The
+    plain output, one ``<address> <expiry>`` per line: ``--format json`` prints two documents (the address list and
+    the range list) back to back."""
+    out = ceph.ceph("osd", "blocklist", "ls")
+    return {line.split()[0] for line in out.splitlines() if line.strip() and ":" in line.split()[0]}
+
+
+def blocked(address: str, listed: set[str]) -> bool:
+    return address in listed or f"{address.split(':')[0]}:0/0" in listed
+
+
+class WriterSampler(BackgroundLoop):
+    """Until the ``with`` block ends, samples the image's watchers and exclusive-lock owners, then the OSD blocklist
+    (in that order: the blocklist only grows here, so a client read as a holder and then found blocklisted was
+    fenced before any later holder could exist). ``samples``: (time, the holders not blocklisted)."""
+
+    join_timeout = 180.0
+
+    def __init__(self, rbd: Rbd, image: ImageRef, ceph: Any) -> None:
+        self.rbd, self.image, self.ceph = rbd, image, ceph
+        self.samples: list[tuple[float, list[str]]] = []
+        self.errors: list[str] = []
+        super().__init__()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                holders = {str(w["address"]) for w in self.rbd.status(self.image)}
+                holders |= {str(lk["address"]) for lk in self.rbd.locks(self.image) if lk.get("address")}
+                listed = blocklist(self.ceph)
+                self.samples.append((time.monotonic(), sorted(a for a in holders if not blocked(a, listed))))
+            except Exception as exc:  # a sample lost under load is recorded, not fatal
+                self.errors.append(str(exc)[:200])
+            self._stop.wait(1.0)
+
+    def most_live(self) -> int:
+        return max((len(live) for _, live in self.samples), default=0)

@@ -27,7 +27,10 @@ config/rbac/controller-role.yaml; root disks are RBD clones of the guest image's
 * **Tenants' networks.** alice's and bob's VMs in namespaces of their own: alice's guest opens bob's guest's SSH
   through his launcher Pod's IP; once the cluster role's NetworkPolicy (``launcher_isolation.yml``, what site.yml
   applies with ``cluster_pod_cidrs``) is in, kube-router refuses that both ways, while the host still logs in to
-  both guests and both reach the host through their Pods' NAT.
+  both guests and both reach the host through their Pods' NAT. The policy trusts source addresses, so alice's guest
+  then sends frames with bob's launcher Pod's IP and with a foreign MAC (the host backend's attacks,
+  tests/integration/hostnet/isolation_checks.py, run in her launcher Pod's network namespace): her TAP carries them,
+  the Pod's bridge never does.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -51,13 +55,16 @@ from kubernetes import client
 from zjusct_localcluster.cluster import LocalCluster
 
 from tests.cluster import BANDWIDTH_RESOURCE, wait_for
+from tests.integration.hostnet import isolation_checks as chk
 from tests.integration.k8s_node.controller_helpers import (
     BOOT_TIMEOUT,
-    BackgroundLoop,
     Controller,
     PodWatch,
     StatusWatch,
     Vms,
+    WriterSampler,
+    blocked,
+    blocklist,
     ceph_user_secret,
     cloudvm,
     controller_kubeconfig,
@@ -77,6 +84,7 @@ REPO = Path(__file__).resolve().parents[3]
 pytestmark = [pytest.mark.multinode, pytest.mark.kubelet, pytest.mark.k8s, pytest.mark.ceph, pytest.mark.guest,
               pytest.mark.slow]
 CEPH_USER = "zjusct-vm"
+LAUNCHER_CONFIG = "cloud.zjusct.io/launcher-config"  # the launcher Pod's LauncherConfig (docs/controller.md)
 FENCE_USER = "zjusct-fence"
 SECRET = "ceph-vm"
 
@@ -168,46 +176,6 @@ def _cloud(local_cluster: LocalCluster, core: Any, ns: str, launcher_tag: str, g
         api.close()
 
 
-def _blocklist(ceph: Any) -> set[str]:
-    """The OSD blocklist's address entries (``addr:port/nonce``; ``ip:0/0`` blocks every client of that IP). The
-    plain output, one ``<address> <expiry>`` per line: ``--format json`` prints two documents (the address list and
-    the range list) back to back."""
-    out = ceph.ceph("osd", "blocklist", "ls")
-    return {line.split()[0] for line in out.splitlines() if line.strip() and ":" in line.split()[0]}
-
-
-def _blocked(address: str, blocklist: set[str]) -> bool:
-    return address in blocklist or f"{address.split(':')[0]}:0/0" in blocklist
-
-
-class WriterSampler(BackgroundLoop):
-    """Until the ``with`` block ends, samples the image's watchers and exclusive-lock owners, then the OSD blocklist
-    (in that order: the blocklist only grows here, so a client read as a holder and then found blocklisted was
-    fenced before any later holder could exist). ``samples``: (time, the holders not blocklisted)."""
-
-    join_timeout = 180.0
-
-    def __init__(self, rbd: Rbd, image: ImageRef, ceph: Any) -> None:
-        self.rbd, self.image, self.ceph = rbd, image, ceph
-        self.samples: list[tuple[float, list[str]]] = []
-        self.errors: list[str] = []
-        super().__init__()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                holders = {str(w["address"]) for w in self.rbd.status(self.image)}
-                holders |= {str(lk["address"]) for lk in self.rbd.locks(self.image) if lk.get("address")}
-                blocklist = _blocklist(self.ceph)
-                self.samples.append((time.monotonic(), sorted(a for a in holders if not _blocked(a, blocklist))))
-            except Exception as exc:  # a sample lost under load is recorded, not fatal
-                self.errors.append(str(exc)[:200])
-            self._stop.wait(1.0)
-
-    def most_live(self) -> int:
-        return max((len(live) for _, live in self.samples), default=0)
-
-
 def _watchers(rbd: Rbd, image: ImageRef) -> list[str]:
     return [str(w["address"]).split(":")[0] for w in rbd.status(image)]
 
@@ -248,8 +216,8 @@ def test_node_lost_vm_fenced_and_running_on_the_other_node_with_its_rbd_disk_the
             vms.patch_spec("vm1", bootID=2)
             wait_for(lambda: old_pod.metadata.name not in [p.metadata.name for p in vms.pods("vm1")], WAIT,
                      "the old launcher Pod removed after the fence")
-            blocklist = _blocklist(ceph)
-            assert all(_blocked(a, blocklist) for a in old_clients), (old_clients, blocklist)
+            listed = blocklist(ceph)
+            assert all(blocked(a, listed) for a in old_clients), (old_clients, listed)
             try:
                 late = subprocess.run(ssh_argv(key, old_ip, "echo written-after-the-fence > /root/late && "
                                                "sync -f /root/late", connect_timeout=20),
@@ -406,6 +374,46 @@ def _reaches(key: Path, guest_ip: str, target: str, port: int) -> bool:
     return out.strip().endswith("open")
 
 
+@contextlib.contextmanager
+def _launcher_pod_netns(pod_ip: str) -> Iterator[str]:
+    """A name (``ip netns attach``) for the network namespace of the launcher Pod whose ``eth0`` has ``pod_ip``,
+    found through its QEMU process; the name is removed afterwards (the namespace stays the Pod's)."""
+    found = None
+    for pid in (p.name for p in Path("/proc").iterdir() if p.name.isdigit()):
+        with contextlib.suppress(OSError):
+            if not Path(f"/proc/{pid}/comm").read_text().startswith("qemu-system"):
+                continue
+            addr = subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", "ip", "-4", "-o", "addr", "show", "dev",
+                                   "eth0"], capture_output=True, text=True, timeout=30, check=False).stdout
+            if f" {pod_ip}/" in addr:
+                found = pid
+                break
+    assert found, f"no QEMU process in a network namespace with {pod_ip} on eth0"
+    name = f"zjc-pod-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "attach", name, found], check=True, timeout=30)
+    try:
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False, timeout=30)
+
+
+def _guest(name: str, key: Path, ip: str, network: dict[str, Any]) -> chk.Guest:
+    """A guest on Kubernetes as the isolation checks see it: ``network`` is its launcher Pod's LauncherConfig
+    ``network`` (TAP, MAC, address: the same in every Pod)."""
+    source = chk.PROBE.read_text()
+
+    def probe(*args: str) -> dict:
+        argv = ssh_argv(key, ip, "python3 - " + " ".join(shlex.quote(a) for a in args))
+        out = subprocess.run(argv, input=source, capture_output=True, text=True, timeout=300, check=False)
+        assert out.returncode == 0, f"netprobe {args} in {name}'s guest: {out.stderr}"
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    def shell(command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(ssh_argv(key, ip, command), capture_output=True, text=True, timeout=300, check=False)
+
+    return chk.Guest(name, ip, network["mac"], network["tap"], probe, shell)
+
+
 @pytest.mark.timeout(2400)
 def test_the_cluster_roles_network_policy_keeps_other_tenants_guests_away_from_a_launcher_pod(
         cloud: Cloud, local_cluster: LocalCluster, lc_core: Any, launcher_tag: str, guest_image: Any,
@@ -450,6 +458,18 @@ def test_the_cluster_roles_network_policy_keeps_other_tenants_guests_away_from_a
         for key, ip in ((cloud.ssh_key, alice_ip), (bob.ssh_key, bob_ip)):
             assert ssh(key, ip, "echo in").strip() == "in"
             assert _reaches(key, ip, host, 6443), f"{ip} -> {host}:6443 (the API server, outside the Pod network)"
+
+        # the policy admits bob's namespace by source address: alice's guest sending as bob's Pod (or with any
+        # MAC but its own) is stopped at her TAP by the Pod's L2 guard, toward her Pod and beyond it (the host)
+        (pod,) = [p for p in cloud.vms.pods("alice") if p.status.pod_ip == alice_ip]
+        network = json.loads(pod.metadata.annotations[LAUNCHER_CONFIG])["network"]
+        attacker = _guest("alice", cloud.ssh_key, alice_ip, network)
+        # every guest on Kubernetes has the same MAC in its own Pod: the victim's stands for any foreign one
+        victim = chk.Guest("bob", bob_ip, "52:54:00:0b:00:02", network["tap"], attacker.probe, attacker.shell)
+        with _launcher_pod_netns(alice_ip) as netns:
+            view = chk.Cloud(netns, network["bridge"], network["gateway"], "", (host,))
+            chk.check_spoofed_ip_dropped(view, attacker, victim, "192.0.2.77")
+            chk.check_spoofed_mac_dropped(view, attacker, victim)
     finally:
         bob_world.close()
         with contextlib.suppress(Exception):

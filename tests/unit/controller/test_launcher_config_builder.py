@@ -13,7 +13,8 @@ import zjusct_launcher.config as launcher_config
 from ansible_collections.zjusct.cloud.plugins.module_utils.host import reconciler
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import load
 from ansible_collections.zjusct.cloud.plugins.module_utils.model import launcher_config as builder
-from zjusct_controller.decide import Config
+from ansible_collections.zjusct.cloud.plugins.module_utils.network import hostnet
+from zjusct_controller.decide import NET_SETUP, Config
 from zjusct_controller.decide import launcher_config as pod_launcher_config
 
 VM = {"metadata": {"namespace": "default", "name": "web", "uid": "0f6c1e2a-7d3b-4c59-9a0e-4b8f2d1c3e5a"},
@@ -84,3 +85,18 @@ def test_bad_operator_disk_io_limits_are_refused_naming_the_setting(tmp_path: Pa
     with pytest.raises(ValueError, match=r"diskIOLimits\.readIOPS: 10000001 is above the maximum 10000000"):
         Config.from_dict({"launcherImage": "x", "imageDir": "/i", "cmdline": "c",
                           "diskIOLimits": {"readIOPS": 10000001}})
+
+
+def test_the_launcher_pods_nft_script_guards_exactly_the_tap_mac_and_address_its_launcher_config_gives() -> None:
+    """The L2 guard in the launcher Pod's set-up (NET_SETUP) is the host backend's isolation table with elements
+    for the guest the Pod's LauncherConfig describes: a renamed TAP or a changed address would leave the guest
+    unguarded (the rules match TAPs by the zjt* prefix and drop what a TAP without elements sends)."""
+    pod = pod_launcher_config(VM, Config(launcher_image="localhost/zjusct/launcher:1", image_dir="/images",
+                                         cmdline="console=ttyS0"))
+    net = pod["network"]
+    assert net["tap"].startswith(hostnet.TAP_PREFIX) and net["bridge"] == "br0"
+    guest = {"tap": net["tap"], "mac": net["mac"], "ipv4": net["ipv4"]}
+    assert hostnet.isolation_script({"vm": [guest]}) in NET_SETUP
+    elements = NET_SETUP.split(f"table bridge {hostnet.NFT_TABLE} {{", 1)[1]
+    assert f'add element bridge {hostnet.NFT_TABLE} guest_ipv4 {{ "{net["tap"]}" . 10.0.3.2 }}' in elements
+    assert NET_SETUP.index(hostnet.NFT_TABLE) < NET_SETUP.index("zjusct_launcher run")  # before the guest starts
