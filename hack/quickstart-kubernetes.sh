@@ -52,7 +52,11 @@ json_field() { # json_field FILE KEY: the top-level KEY of the JSON document FIL
 echo "==> 4/8 the guest image set (debootstrap: minutes the first time)"
 work="$state/quickstart"
 mkdir -p "$work"
-ansible-playbook playbooks/guest_image.yml -e "guest_image_dir=$ZJUSCT_CACHE/images" \
+# Two builds into one image directory at once would wipe each other's build tree: wait for any other build there
+# (another quickstart, the tests' guest_image fixture) on the directory's lock, as docs/guest-image.md says.
+mkdir -p "$ZJUSCT_CACHE/images"
+flock "$ZJUSCT_CACHE/images/.guest_image.lock" \
+  ansible-playbook playbooks/guest_image.yml -e "guest_image_dir=$ZJUSCT_CACHE/images" \
   -e "guest_image_report_file=$work/guest-image.json"
 image_dir=$(json_field "$work/guest-image.json" path)
 cmdline=$(json_field "$image_dir/manifest.json" defaultCmdline)
