@@ -256,9 +256,14 @@ class Campaign:
         wait_until("every node Ready", lambda: set(self.status["nodes"]) <= self.ready_nodes(), 300)
 
     def round(self, no: int, moment: str, how: str) -> dict[str, Any]:
-        self.ensure_running()
-        self.write_token(no)
         row: dict[str, Any] = {"round": no, "moment": moment, "how": how}
+        try:
+            self.ensure_running()
+            self.write_token(no)
+        except Exception as exc:  # an earlier round left her VM unreachable: recorded, nothing injected
+            row.update(error=f"before the loss: {exc}"[:1500], survived=False)
+            self.restore(sorted(set(self.status["nodes"]) - self.ready_nodes()))
+            return row
         t0 = time.monotonic()
         with WriterSampler(self.rbd, self.image(), self.ceph) as writers:
             try:
@@ -298,7 +303,7 @@ def main() -> int:
         rows.append(campaign.round(no, moment, how))
         print(json.dumps(rows[-1]), flush=True)
     survived = sum(1 for r in rows if r["survived"])
-    injected = sum(len(r.get("lost") or [1]) for r in rows)
+    injected = sum(len(r.get("lost") or ()) for r in rows)
     summary = {"seed": args.seed, "rounds": rows, "rounds_survived": survived, "losses_injected": injected,
                "load_avg": os.getloadavg()}
     print(f"rounds survived {survived} of {len(rows)} ({injected} node losses injected); seed {args.seed}; "
