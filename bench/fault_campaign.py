@@ -43,7 +43,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -51,17 +50,17 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / ".collections"))
 
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import GROUP, PLURAL, VERSION  # noqa: E402
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import Connection, ImageRef, Rbd  # noqa: E402
 
+from tests.cluster import wait_for  # noqa: E402
 from tests.integration.k8s_node.controller_helpers import WriterSampler, ssh_argv  # noqa: E402
 
 CLUSTER = str(REPO / "hack" / "cluster.sh")
-GROUP, VERSION, PLURAL = "cloud.zjusct.io", "v1alpha1", "cloudvms"
 MOMENTS = ("running", "booting", "stopping", "fence", "controller-restart")
 HOWS = ("agents", "poweroff", "partition")
 OUT_OF_SERVICE = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
 CONTROLLER_NS, CONTROLLER_LABEL = "zjusct-cloud-system", "app.kubernetes.io/name=zjusct-cloud"
-WAIT_S = 900.0
 
 
 class CephCli:
@@ -72,20 +71,6 @@ class CephCli:
 
     def ceph(self, *args: str) -> str:
         return subprocess.run([*self.base, *args], capture_output=True, text=True, timeout=120, check=True).stdout
-
-
-def wait_until(what: str, fn: Callable[[], Any], timeout: float = WAIT_S, interval: float = 1.0) -> Any:
-    """``fn()``'s first truthy value, polled every ``interval`` s; RuntimeError naming ``what`` after ``timeout``."""
-    deadline, last = time.monotonic() + timeout, None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-        except Exception as exc:  # the API server may answer slowly while a node goes away
-            last = exc
-        if last and not isinstance(last, Exception):
-            return last
-        time.sleep(interval)
-    raise RuntimeError(f"{what}: not within {timeout:.0f} s (last: {last!r})")
 
 
 class Campaign:
@@ -191,8 +176,8 @@ class Campaign:
                 raise RuntimeError(f"vm_stop before a boot: {out.stdout[-3000:]}")
             boot = int(self.vm()["spec"].get("bootID", 0))
             bg = self.background("vm_start")
-            node = wait_until("her new boot's Pod bound", lambda: (
-                (st := self.vm().get("status") or {}).get("bootID", 0) > boot and st.get("node")), 600, 0.5)
+            node = wait_for(lambda: (st := self.vm().get("status") or {}).get("bootID", 0) > boot
+                            and st.get("node"), 600, "her new boot's Pod bound", 0.5)
             time.sleep(rng.uniform(0, 25))
             vm_node = str(node)
             lost.append(vm_node)
@@ -206,7 +191,7 @@ class Campaign:
             lost.append(vm_node)
         elif moment == "fence":
             self.lose(vm_node, how)
-            wait_until(f"{vm_node} NotReady", lambda: vm_node not in self.ready_nodes(), 300)
+            wait_for(lambda: vm_node not in self.ready_nodes(), 300, f"{vm_node} NotReady", 1.0)
             self.taint(vm_node, "present")
             bg = self.background("vm_start")
             time.sleep(rng.uniform(0, 3))
@@ -229,7 +214,7 @@ class Campaign:
     def recover(self, lost: list[str]) -> tuple[int, str]:
         """The documented recovery; returns (vm_start runs, the node she runs on)."""
         for node in lost:
-            wait_until(f"{node} NotReady", lambda node=node: node not in self.ready_nodes(), 300)
+            wait_for(lambda node=node: node not in self.ready_nodes(), 300, f"{node} NotReady", 1.0)
             self.taint(node, "present")
         for attempt in range(1, 4):
             out = self.run(self.playbook("vm_start"))
@@ -253,7 +238,7 @@ class Campaign:
             if out.returncode != 0:
                 raise RuntimeError(f"restore-node {node}: {out.stdout[-2000:]}")
             self.taint(node, "absent")
-        wait_until("every node Ready", lambda: set(self.status["nodes"]) <= self.ready_nodes(), 300)
+        wait_for(lambda: set(self.status["nodes"]) <= self.ready_nodes(), 300, "every node Ready", 1.0)
 
     def round(self, no: int, moment: str, how: str) -> dict[str, Any]:
         row: dict[str, Any] = {"round": no, "moment": moment, "how": how}

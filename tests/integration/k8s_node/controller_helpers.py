@@ -417,6 +417,8 @@ def blocklist(ceph: Any) -> set[str]:
 
 
 def blocked(address: str, listed: set[str]) -> bool:
+    """Whether the client ``address`` (``ip:port/nonce``) is in ``listed`` (:func:`blocklist`), itself or by its
+    whole IP (``ip:0/0``)."""
     return address in listed or f"{address.split(':')[0]}:0/0" in listed
 
 
