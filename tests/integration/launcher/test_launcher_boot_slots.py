@@ -69,7 +69,9 @@ def test_a_launcher_boots_only_when_a_slot_frees_and_frees_it_when_the_guest_is_
         assert vm.proc.poll() is None and time.monotonic() - released_at < 400
         vm.signal(signal.SIGTERM)
         rc, result = vm.wait(GUEST_STOP_TIMEOUT + 60)
-        assert (rc, result and result["reason"]) == (0, "StopRequested"), result
+        # reason and message first: a CI summary keeps only the start of an assertion's text
+        assert (rc, result and result["reason"]) == (0, "StopRequested"), \
+            (result and (result["reason"], result["message"]), vm.log_lines()[-8:])
     finally:
         vm.kill()
 
