@@ -30,6 +30,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.quota import AD
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
     API_VERSION,
     CLAIMED_BY_MARK,
+    FENCE_FINALIZER,
     GROUP,
     KIND,
     OWNER_MARK,
@@ -65,6 +66,13 @@ CONTAINER = "launcher"
 # Fencing). The launcher Pod tolerates it and the NoExecute taints of a lost node, so that Kubernetes neither
 # evicts nor garbage-collects it: the Pod stays the record of the old RBD client until the controller fenced it.
 OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
+# The finalizer of a launcher Pod with an RBD root disk. Kubernetes removes a Pod from a lost node by itself, whatever
+# it tolerates, once the Pod is terminating (a stop, a drain, a newer boot asked for it before the node was lost): the
+# pod GC marks it Failed and force-deletes it when the node is out of service (gcTerminating) or its Node object is
+# gone (gcOrphaned), while its launcher may still write the image (a partitioned node). The finalizer keeps the Pod,
+# the record of the RBD client to fence, until the controller knows its launcher ended (:func:`releasable`) or has
+# fenced it (Plan.fence) - as the Job controller keeps its Pods with batch.kubernetes.io/job-tracking.
+POD_FINALIZER = FENCE_FINALIZER
 LAUNCHER_TOLERATIONS = (
     {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
     {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
@@ -471,7 +479,8 @@ def launcher_pod(vm: dict, cfg: Config, rbd: Optional[dict] = None) -> dict:
     The annotation :data:`ROOT_CLAIM` names the root volume claim (the writer check reads it). With ``rbd``
     (:func:`rbd_root_disk`) the claim is not mounted: ``ceph.conf`` (monitors only) is the annotation
     :data:`CEPH_CONF_ANNOTATION` projected to :data:`CEPH_CONF_PATH`, the keyring is the ``keyring`` key of the
-    Secret ``ceph.secretName`` mounted read-only (0400) at :data:`KEYRING_DIR`; no key is in the manifest.
+    Secret ``ceph.secretName`` mounted read-only (0400) at :data:`KEYRING_DIR`; no key is in the manifest; and the
+    Pod carries the finalizer :data:`POD_FINALIZER` (the record of its RBD client until it ended or was fenced).
 
     restartPolicy Never (a Pod is one boot); the LauncherConfig is an annotation projected into
     ``/etc/zjusct/launcher.json`` by a downwardAPI volume (one object, created atomically); the LauncherResult is
@@ -557,16 +566,11 @@ def launcher_pod(vm: dict, cfg: Config, rbd: Optional[dict] = None) -> dict:
         pod_spec["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
             "labelSelector": {"matchLabels": {OWNER_LABEL: spec["owner"], LABEL_ANTI_AFFINITY_GROUP: group}},
             "namespaceSelector": {}, "topologyKey": "kubernetes.io/hostname"}]}}
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {
-            "name": name, "namespace": md["namespace"],
-            "labels": labels,
-            "annotations": annotations,
-            "ownerReferences": [owner_reference(vm)],
-        },
-        "spec": pod_spec,
-    }
+    metadata: dict[str, Any] = {"name": name, "namespace": md["namespace"], "labels": labels,
+                                "annotations": annotations, "ownerReferences": [owner_reference(vm)]}
+    if rbd:
+        metadata["finalizers"] = [POD_FINALIZER]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
 # --------------------------------------------------------------------------- observing a Pod
@@ -632,16 +636,29 @@ def out_of_service(node: Optional[dict]) -> bool:
     return any(t.get("key") == OUT_OF_SERVICE_TAINT for t in ((node or {}).get("spec") or {}).get("taints") or [])
 
 
+def pod_rbd(pod: dict) -> Optional[dict]:
+    """The ``rootDisk.rbd`` of the LauncherConfig a launcher Pod carries (annotation :data:`CONFIG_ANNOTATION`):
+    the image that Pod's launcher opens, or None (not RBD, or no readable config)."""
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(CONFIG_ANNOTATION)
+    try:
+        rbd = ((json.loads(raw or "") or {}).get("rootDisk") or {}).get("rbd")
+    except (ValueError, AttributeError):
+        return None
+    return rbd if isinstance(rbd, dict) and rbd.get("pool") and rbd.get("image") else None
+
+
 def fence_targets(older: list, nodes: dict, rbd: Optional[dict], cfg: Config) -> tuple[list, str]:
-    """Which launcher Pods of older boots to fence before the current boot may start, and what blocks it.
+    """Which launcher Pods to fence (older boots before the current boot may start; every boot's when the VM is
+    stopped or deleted), and what blocks it.
 
     A Pod is fenced when it has not ended, is bound to a Node that is not Ready (or is gone) and that Node
-    carries :data:`OUT_OF_SERVICE_TAINT`; a gone Node counts as out of service (deleted by the operator).
+    carries :data:`OUT_OF_SERVICE_TAINT`; a gone Node counts as out of service (deleted by the operator). The image
+    is the one the Pod's own LauncherConfig names (:func:`pod_rbd`), else ``rbd``.
 
     Args:
-        older: launcher Pods of boots before ``spec.bootID``.
+        older: launcher Pods that must end (older boots, or the current one of a VM stopped or deleted).
         nodes: node name -> Node dict or None.
-        rbd: the current boot's ``rootDisk.rbd`` (:func:`rbd_root_disk`), None when the root disk is not RBD.
+        rbd: the current boot's ``rootDisk.rbd`` (:func:`rbd_root_disk`), None when not known or not RBD.
         cfg: the controller config (``ceph.fenceUser``/``fenceKeyring`` = fencing configured).
 
     Returns:
@@ -657,10 +674,11 @@ def fence_targets(older: list, nodes: dict, rbd: Optional[dict], cfg: Config) ->
         if observe(p, node_ready(nodes.get(node))).state != "unknown":
             continue
         name = p["metadata"]["name"]
+        image = pod_rbd(p) or rbd
         if nodes.get(node) is not None and not out_of_service(nodes[node]):
             notes.append(f"launcher Pod {name} is on node {node}, which is not Ready: once the node is off, taint it "
                          f"{OUT_OF_SERVICE_TAINT}=nodeshutdown:NoExecute to fence the old boot")
-        elif rbd is None:
+        elif image is None:
             notes.append(f"launcher Pod {name} on the out-of-service node {node} cannot be fenced: the root disk is "
                          "not an RBD image; delete the Pod (--force) once the node is surely off")
         elif cfg.ceph is None or not cfg.ceph.fence_user:
@@ -669,7 +687,7 @@ def fence_targets(older: list, nodes: dict, rbd: Optional[dict], cfg: Config) ->
         else:
             targets.append({"pod": name, "uid": p["metadata"].get("uid"), "node": node,
                             "podIP": (p.get("status") or {}).get("podIP") or None,
-                            "pool": rbd["pool"], "image": rbd["image"]})
+                            "pool": image["pool"], "image": image["image"]})
     return targets, "; ".join(notes)
 
 
@@ -685,8 +703,8 @@ def parse_result(message: Optional[str]) -> Optional[dict]:
 def observe(pod: dict, ready_node: Optional[bool]) -> BootObservation:
     """Reduce one launcher Pod (and its Node's readiness) to a :class:`model.phase.BootObservation`.
 
-    * container terminated (or Pod Succeeded/Failed): ``exited`` with the LauncherResult of the termination
-      message; without a result (SIGKILL, OOM, the container was killed) ``lost``;
+    * container terminated (or Pod Succeeded/Failed on a Ready node, or never bound): ``exited`` with the
+      LauncherResult of the termination message; without a result (SIGKILL, OOM, the container was killed) ``lost``;
     * Pod bound to a Node that is not Ready (or whose Node is gone): ``unknown`` (the launcher may still run);
     * container running: ``alive``; ``ready_at`` = when the Pod's Ready condition (the launcher's ready marker,
       i.e. the guest's SSH banner answered) became True;
@@ -698,7 +716,10 @@ def observe(pod: dict, ready_node: Optional[bool]) -> BootObservation:
     state = _container_state(pod)
     started_at = (state.get("running") or {}).get("startedAt") or (state.get("terminated") or {}).get("startedAt")
     term = state.get("terminated")
-    if term is not None or st.get("phase") in ("Succeeded", "Failed"):
+    # a terminal phase without a terminated container, on a node that does not answer, is the pod GC's mark before
+    # its force-delete (gcTerminating, gcOrphaned), not the kubelet's report: the launcher may still run
+    kubelet_terminal = st.get("phase") in ("Succeeded", "Failed") and not (node and ready_node is not True)
+    if term is not None or kubelet_terminal:
         term = term or {}
         result = parse_result(term.get("message"))
         if result is not None:
@@ -718,6 +739,29 @@ def observe(pod: dict, ready_node: Optional[bool]) -> BootObservation:
     return BootObservation(boot, "starting", node=node)
 
 
+def releasable(pod: dict, ready_node: Optional[bool]) -> bool:
+    """True when a terminating launcher Pod's finalizer :data:`POD_FINALIZER` may go: its launcher is known to
+    have ended, so the Pod is no longer the record of an RBD client that may write.
+
+    Known ended: the kubelet reported the container terminated; or the Pod was never bound to a node; or its node
+    is Ready and the kubelet has finished with the Pod (phase Succeeded/Failed, or a deletion with grace period 0,
+    which the kubelet on a Ready node carries out by killing what still runs). A Pod bound to a node that is not
+    Ready, whose container the kubelet last reported running or starting, is kept: only a fence
+    (:func:`fence_targets`) or the node's return releases it.
+
+    Args:
+        pod: the launcher Pod (with ``metadata.deletionTimestamp`` for a True answer).
+        ready_node: :func:`node_ready` of its node (None: no such Node).
+    """
+    md, st = pod.get("metadata") or {}, pod.get("status") or {}
+    if not md.get("deletionTimestamp"):
+        return False
+    if _container_state(pod).get("terminated") is not None or not (pod.get("spec") or {}).get("nodeName"):
+        return True
+    return ready_node is True and (st.get("phase") in ("Succeeded", "Failed")
+                                   or md.get("deletionGracePeriodSeconds") == 0)
+
+
 # --------------------------------------------------------------------------- the decision
 
 
@@ -732,6 +776,8 @@ class Plan:
         fence: launcher Pods of older boots on an out-of-service node (:func:`fence_targets`): the adapter
             blocklists their RBD client and only then force-deletes each Pod (grace 0); a failed blocklist leaves
             the Pod, so the new boot stays blocked. Never together with ``create_pod``.
+        release_pods: ``(name, uid, finalizers)`` of terminating launcher Pods whose finalizer :data:`POD_FINALIZER`
+            the adapter removes (:func:`releasable`; ``finalizers`` the Pod's list as read, for the patch's test).
         create_pod: the Pod manifest to create, or None.
         status: the full status to write (None: the CloudVM is being deleted and is left as it is).
         refused: the reason (:data:`REFUSAL_REASONS`) when a write of this reconcile was refused (set by
@@ -743,6 +789,7 @@ class Plan:
     mark_claim: bool = False
     delete_pods: list = field(default_factory=list)
     fence: list = field(default_factory=list)
+    release_pods: list = field(default_factory=list)
     create_pod: Optional[dict] = None
     status: Optional[dict] = None
     refused: str = ""
@@ -863,12 +910,22 @@ def decide(vm: dict, pods: list, nodes: dict, claim: Optional[dict], claim_write
     older = sorted((p for p in pods if boot_of(p) != boot), key=lambda p: boot_of(p) or 0)
     cur = current_pods[0] if current_pods else None
 
-    for p in older + ([cur] if cur is not None and (deleting or not want) else []):
+    ending = older + ([cur] if cur is not None and (deleting or not want) else [])
+    for p in ending:
         # a Pod on a lost node is not deleted: a terminating Pod on an out-of-service node is force-deleted by
-        # the pod GC, which would erase the record of the RBD client to fence; it is deleted once its node is
-        # back, or force-deleted after the fence (Plan.fence)
+        # the pod GC (its finalizer, POD_FINALIZER, keeps it), and a Pod without the finalizer would be gone with
+        # the record of the RBD client to fence; it is deleted once its node is back, or after the fence (Plan.fence)
         if not (p.get("metadata") or {}).get("deletionTimestamp") and obs(p).state != "unknown":
             plan.delete_pods.append((p["metadata"]["name"], grace))
+    for p in pods:
+        pmd = p.get("metadata") or {}
+        node_name = (p.get("spec") or {}).get("nodeName")
+        if POD_FINALIZER in (pmd.get("finalizers") or []) and releasable(
+                p, node_ready(nodes.get(node_name)) if node_name else None):
+            plan.release_pods.append((pmd["name"], pmd.get("uid"), list(pmd.get("finalizers") or [])))
+    fence_note = ""
+    if deleting or not want:  # a stop or a deletion waits on a launcher of an out-of-service node: fence it
+        plan.fence, fence_note = fence_targets(ending, nodes, None, cfg)
 
     if deleting:
         plan.remove_finalizer = not pods and FINALIZER in (md.get("finalizers") or [])
@@ -887,10 +944,11 @@ def decide(vm: dict, pods: list, nodes: dict, claim: Optional[dict], claim_write
         current = obs(cur)
         evicted = moved_away(cur) if want and current.state != "unknown" and (
             current.state != "exited" or (current.result or {}).get("reason") in STOP_OUTCOMES) else None
-        if want and (cur.get("metadata") or {}).get("deletionTimestamp") and current.state != "exited":
+        being_deleted = want and bool((cur.get("metadata") or {}).get("deletionTimestamp"))
+        if being_deleted and current.state not in ("exited", "unknown"):
             current = BootObservation(boot, "lost", started_at=current.started_at, node=current.node,
                                       detail=f"launcher Pod {name} is being deleted while the VM should run")
-        elif want and (cur.get("metadata") or {}).get("deletionTimestamp"):
+        elif being_deleted and current.state == "exited":
             result = current.result or {}
             # the outcome of a stop (graceful or by force) that was not ours: someone deleted the Pod
             if result.get("reason") in STOP_OUTCOMES:
@@ -961,6 +1019,11 @@ def decide(vm: dict, pods: list, nodes: dict, claim: Optional[dict], claim_write
             extra.update({k: prev[k] for k in ("pod",) if prev.get(k)})
         else:
             status = derive_status(spec, None, others)
+    if plan.fence and not want:
+        fence_note = "fencing " + ", ".join(f"launcher Pod {t['pod']} on the out-of-service node {t['node']}"
+                                            for t in plan.fence) + " (RBD blocklist, then the Pod is removed)"
+    if fence_note and not want and fence_note not in status.message:  # a kept message may carry it already
+        status.message = f"{status.message}; {fence_note}"
     status.extra.update(extra)
     out = status.as_dict()
     admitted = boot if plan.create_pod is not None else admitted_boot(prev)
@@ -1067,7 +1130,8 @@ def refuse(vm: dict, plan: Plan, reason: str, message: str, now: str, starting: 
     out["conditions"] = _conditions(prev.get("conditions") or [], out["phase"], reason, out["message"],
                                     generation, now)
     return Plan(add_finalizer=plan.add_finalizer, remove_finalizer=plan.remove_finalizer if not starting else False,
-                delete_pods=list(plan.delete_pods), fence=list(plan.fence), status=out, refused=reason)
+                delete_pods=list(plan.delete_pods), fence=list(plan.fence),
+                release_pods=list(plan.release_pods), status=out, refused=reason)
 
 
 def retry_delay(attempt: int) -> float:
@@ -1077,8 +1141,8 @@ def retry_delay(attempt: int) -> float:
 
 
 __all__ = ["BANDWIDTH_RESOURCE", "CEPH_CONF_ANNOTATION", "CLAIMED_BY", "FINALIZER", "GROUP", "LABEL_BOOT",
-           "LABEL_VM", "OUT_OF_SERVICE_TAINT", "OWNER_LABEL", "PLURAL", "QUOTA_EXCEEDED", "RBD_DRIVER",
+           "LABEL_VM", "OUT_OF_SERVICE_TAINT", "OWNER_LABEL", "PLURAL", "POD_FINALIZER", "QUOTA_EXCEEDED", "RBD_DRIVER",
            "REFUSAL_REASONS", "REFUSED", "ROOT_CLAIM", "VERSION", "CephConfig", "Config", "Plan", "VolumeProblem",
            "api_refusal", "decide", "fence_targets", "guaranteed_mbps", "is_block_claim", "launcher_pod",
-           "needs_volume", "observe", "out_of_service", "owner_problem", "pod_name", "pod_resources",
-           "rbd_root_disk", "refuse", "retry_delay", "status_patch", "transition_event", "unschedulable"]
+           "needs_volume", "observe", "out_of_service", "owner_problem", "pod_name", "pod_rbd", "pod_resources",
+           "rbd_root_disk", "refuse", "releasable", "retry_delay", "status_patch", "transition_event", "unschedulable"]

@@ -51,6 +51,7 @@ from .decide import (
     GROUP,
     LABEL_BOOT,
     PLURAL,
+    POD_FINALIZER,
     QUOTA_EXCEEDED,
     REFUSAL_REASONS,
     REFUSED,
@@ -380,6 +381,8 @@ class Reconciler:
                     raise
         for target in plan.fence:
             self._fence(vm, target)
+        for pod, uid, finalizers in plan.release_pods:
+            self._release(ns, pod, uid, finalizers)
         if plan.create_pod is not None:
             plan = self._start(vm, plan, plan.create_pod, claim)
         if refused_delete is not None:
@@ -579,6 +582,37 @@ class Reconciler:
             if exc.status not in (404, 409):  # gone already, or another Pod of that name (uid precondition)
                 raise
         log.info("force-deleted launcher Pod %s/%s after the fence", ns, target["pod"])
+        pod = self.store.get("pod", ns, target["pod"]) or {}
+        pmd = pod.get("metadata") or {}
+        if POD_FINALIZER in (pmd.get("finalizers") or []) and pmd.get("uid") == target.get("uid") and \
+                self._release(ns, target["pod"], pmd.get("uid"), list(pmd["finalizers"])):
+            # force-deleted and released: gone from the API now, so out of the cache before its DELETED event
+            # (a reconcile in between would fence it again)
+            self.store.forget("pod", ns, target["pod"])
+
+    def _release(self, ns: str, pod: str, uid: Optional[str], finalizers: list) -> bool:
+        """Remove :data:`.decide.POD_FINALIZER` from the launcher Pod ``ns/pod`` (a JSON patch that first tests the
+        Pod's uid and ``finalizers`` as read, so it neither touches a newer Pod of that name nor drops another
+        controller's finalizer added since). A Pod gone or changed since (404, 409, 422: the test failed) is left
+        to the next reconcile, which reads it again; any other refusal is logged and also retried then. Returns
+        whether the finalizer was removed."""
+        ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": uid}] if uid else []
+        kept = [f for f in finalizers if f != POD_FINALIZER]
+        ops += [{"op": "test", "path": "/metadata/finalizers", "value": finalizers},
+                {"op": "replace", "path": "/metadata/finalizers", "value": kept}]
+        try:
+            self._send(self.core.patch_namespaced_pod, pod, ns, ops)
+        except ApiException as exc:
+            if exc.status in (404, 409, 422):
+                return False
+            refusal = api_refusal(exc.status, exc.body, f"the removal of the finalizer {POD_FINALIZER} of launcher "
+                                                        f"Pod {ns}/{pod}")
+            if refusal is None:
+                raise
+            log.warning("%s", refusal[1])
+            return False
+        log.info("released launcher Pod %s/%s (finalizer %s removed)", ns, pod, POD_FINALIZER)
+        return True
 
     def _event(self, vm: dict, kind: str, reason: str, message: str) -> None:
         md = vm["metadata"]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import FENCE_FINALIZER
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
@@ -136,3 +137,20 @@ def delete_binding(k8s_api: Any, namespace: str) -> None:
     """Delete the ClusterRoleBinding :func:`controller_kubeconfig` made for ``namespace`` (gone already: fine)."""
     with contextlib.suppress(ApiException):
         client.RbacAuthorizationV1Api(k8s_api).delete_cluster_role_binding(f"{namespace}-cloudvm-controller")
+
+
+def release_launcher_pods(core: Any, namespace: str) -> None:
+    """Remove the controller's finalizer :data:`FENCE_FINALIZER` from every Pod of ``namespace`` that carries it, as
+    an operator does by hand once no controller will (docs/controller.md, Fencing): a test's cleanup after its
+    controller stopped, so that the launcher Pods it force-deleted go and stop holding their node's resources. A Pod
+    gone or changed meanwhile is skipped."""
+    with contextlib.suppress(ApiException):
+        for pod in core.list_namespaced_pod(namespace).items:
+            finalizers = list(pod.metadata.finalizers or [])
+            if FENCE_FINALIZER not in finalizers:
+                continue
+            with contextlib.suppress(ApiException):
+                core.patch_namespaced_pod(pod.metadata.name, namespace, [
+                    {"op": "test", "path": "/metadata/finalizers", "value": finalizers},
+                    {"op": "replace", "path": "/metadata/finalizers",
+                     "value": [f for f in finalizers if f != FENCE_FINALIZER]}])

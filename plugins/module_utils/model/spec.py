@@ -32,6 +32,9 @@ KIND = "CloudVM"
 # image-meta; and the uid of the CloudVM that uses a root volume, an annotation on the claim and RBD image-meta.
 OWNER_MARK = f"{GROUP}/owner"
 CLAIMED_BY_MARK = f"{GROUP}/claimed-by"
+# The finalizer the controller puts on a launcher Pod with an RBD root disk: the Pod stays the record of its RBD
+# client until its launcher is known to have ended or was fenced (docs/controller.md, Fencing).
+FENCE_FINALIZER = f"{GROUP}/fence"
 
 VCPUS_MIN, VCPUS_MAX = 1, 4
 MEMORY_MIB_MIN, MEMORY_MIB_MAX = 128, 4096

@@ -26,6 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.cluster import CONTROL_PLANE_WAIT, Binaries, Cluster, ClusterError, acquire_shared, release_shared, wait_for
 from tests.conftest import require
+from tests.integration.controller_process import release_launcher_pods
 
 TEST_GROUP = "test.zjusct.io"
 WIDGET_PLURAL = "widgets"
@@ -94,6 +95,7 @@ def k8s_namespace(k8s_api: Any, request: pytest.FixtureRequest) -> Iterator[str]
     yield name
     with contextlib.suppress(ApiException):
         core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+    release_launcher_pods(core, name)  # the controller's finalizer on Pods no controller released
     with contextlib.suppress(ApiException):
         core.delete_namespace(name)
 

@@ -27,7 +27,12 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.cluster import wait_for
 from tests.guest_image_fixture import ansible_playbook
-from tests.integration.controller_process import CONTROLLER_ROLE, Controller, controller_kubeconfig  # noqa: F401 (re-exported)
+from tests.integration.controller_process import (  # noqa: F401 (re-exported)
+    CONTROLLER_ROLE,
+    Controller,
+    controller_kubeconfig,
+    release_launcher_pods,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 CRD_FILE = REPO / "config" / "crd" / "cloudvms.cloud.zjusct.io.yaml"
@@ -389,7 +394,8 @@ def hostpath_root_volume(core: Any, ns: str, path: Path, claim: str = "vm1-root"
 
 def teardown_vms(vms: Vms, names: list[str], pv_names: list[str]) -> None:
     """After a test: launcher Pods removed at once (no graceful guest stop), the CloudVMs deleted (the
-    controller removes its finalizer), the controller stopped, the PVs deleted; the controller's log printed."""
+    controller removes its finalizer and releases the Pods), the controller stopped, any Pod it could not release
+    (a lost node) released by hand, the PVs deleted; the controller's log printed."""
     core, custom, ns = vms.core, vms.custom, vms.ns
     with contextlib.suppress(ApiException):
         core.delete_collection_namespaced_pod(ns, label_selector=LABEL_VM, grace_period_seconds=0)
@@ -402,6 +408,7 @@ def teardown_vms(vms: Vms, names: list[str], pv_names: list[str]) -> None:
         wait_for(lambda: not custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"], 300,
                  "CloudVMs deleted")
     vms.controller.stop()
+    release_launcher_pods(core, ns)  # a launcher Pod of a node still lost, never released by the controller
     for pv_name in pv_names:
         with contextlib.suppress(ApiException):
             core.delete_persistent_volume(pv_name)

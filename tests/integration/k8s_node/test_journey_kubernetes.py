@@ -29,7 +29,7 @@ from tests.cluster import Cluster, RealNode, wait_for
 from tests.conftest import TEST_BOOT_SLOT_DIR, TEST_BOOT_SLOTS
 from tests.e2e.playbook_results import task_result
 from tests.integration.inventory_k8s.inventory_k8s_helpers import run_inventory
-from tests.integration.k8s_node.controller_helpers import ceph_user_secret, ssh
+from tests.integration.k8s_node.controller_helpers import ceph_user_secret, release_launcher_pods, ssh
 from tests.integration.k8s_node.test_controller_deployment import run_site
 from tests.integration.k8s_node.test_controller_rbd import CEPH_USER, SECRET
 
@@ -221,6 +221,7 @@ def test_site_then_vm_start_inventory_stop_start_backup_restore_delete_on_kubern
                 core.list_namespaced_pod("zjusct-cloud-system").items[0].metadata.name, "zjusct-cloud-system")[-4000:])
         with contextlib.suppress(Exception):
             apps.delete_namespaced_deployment("cloudvm-controller", "zjusct-cloud-system")
+        release_launcher_pods(core, ns)  # the controller is gone: what it had not released yet
         for pv_obj in core.list_persistent_volume().items:  # cluster-scoped: not removed with the namespace
             if pv_obj.metadata.name.startswith(f"{ns}."):
                 with contextlib.suppress(Exception):

@@ -31,6 +31,7 @@ from zjusct_localcluster.hostnet import read_sysctls
 
 from tests.cluster import wait_for
 from tests.conftest import require
+from tests.integration.controller_process import release_launcher_pods
 
 # A probe over a cut or filtered path waits for nc's own timeout; everything else returns as soon as it holds.
 WAIT = 180.0
@@ -81,6 +82,7 @@ def lc_namespace(local_cluster: LocalCluster, lc_core: Any) -> Iterator[str]:
         with contextlib.suppress(ApiException):
             for pod in lc_core.list_namespaced_pod(ns).items:
                 lc_core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
+            release_launcher_pods(lc_core, ns)  # those no controller released (a test's node still lost)
             lc_core.delete_namespace(ns)
 
 

@@ -1,7 +1,9 @@
 """Fencing in the controller's pure decisions and the fence adapter's address choice: an older boot's launcher
 Pod on a NotReady node blocks the new boot; once the node carries ``node.kubernetes.io/out-of-service`` and the
 root disk is RBD with a fence identity configured, the plan fences it (never in the same plan as a create); the
-old client's addresses come from the image's watchers and lock owners. The real path (real Ceph, real node,
+old client's addresses come from the image's watchers and lock owners. An RBD launcher Pod carries a finalizer so
+that a terminating one on a lost node (a stop just before the loss) stays the record of its client: the pod GC marks
+it Failed and force-deletes it, and a stop or a new boot then fences it. The real path (real Ceph, real node,
 kubelet killed, guest boots) is tests/integration/k8s_node/test_controller_fencing.py."""
 
 from __future__ import annotations
@@ -11,11 +13,16 @@ from typing import Any
 import pytest
 from zjusct_controller.decide import (
     CLAIMED_BY,
+    CONFIG_ANNOTATION,
     OUT_OF_SERVICE_TAINT,
+    POD_FINALIZER,
     CephConfig,
     Config,
     decide,
+    observe,
     pod_name,
+    pod_rbd,
+    releasable,
 )
 from zjusct_controller.fence import address_ip, addresses_to_fence
 
@@ -165,3 +172,102 @@ def test_no_client_of_the_pod_ip_left_blocklists_the_whole_ip_and_no_ip_every_cl
     assert addresses_to_fence(WATCHERS, [], "10.1.0.7") == ["10.1.0.7:0/0"]
     assert addresses_to_fence([], [], "fd00::7") == ["[fd00::7]:0/0"]
     assert addresses_to_fence(WATCHERS, [], None) == ["10.1.0.5:0/3001", "10.1.0.9:0/3002"]
+
+
+def stopping_pod(boot: int = 1, *, gc_marked: bool = True, terminated: bool = False, grace: int = 210,
+                 finalizer: bool = True) -> dict[str, Any]:
+    """A launcher Pod a stop deleted (grace ``grace``) before its node was lost; ``gc_marked``: then the pod GC's
+    Failed mark and force-delete (grace 0) at the out-of-service taint, which the finalizer turns into an update."""
+    p = old_pod(boot, deleting=True)
+    p["metadata"]["deletionGracePeriodSeconds"] = 0 if gc_marked else grace
+    # the image its launcher opens, as launcher_pod writes it into the LauncherConfig annotation
+    p["metadata"]["annotations"] = {CONFIG_ANNOTATION: '{"rootDisk": {"rbd": {"pool": "rbd", "image": "alice-web"}}}'}
+    if finalizer:
+        p["metadata"]["finalizers"] = [POD_FINALIZER]
+    if gc_marked:
+        p["status"]["phase"] = "Failed"
+    if terminated:
+        p["status"]["containerStatuses"][0]["state"] = {"terminated": {"exitCode": 0, "message": ""}}
+    return p
+
+
+def test_an_rbd_launcher_pod_carries_the_fence_finalizer_and_a_file_disk_pod_does_not() -> None:
+    plan = decide(vm(), [], {}, claim(), [], CFG, NOW, PV)
+    assert plan.create_pod is not None and plan.create_pod["metadata"]["finalizers"] == [POD_FINALIZER]
+    assert pod_rbd(plan.create_pod) is not None and pod_rbd(plan.create_pod)["image"] == "alice-web"
+    filesystem = decide(vm(), [], {}, claim(mode="Filesystem"), [], CFG, NOW, None)
+    assert filesystem.create_pod is not None and "finalizers" not in filesystem.create_pod["metadata"]
+
+
+def test_the_pod_gc_failed_mark_on_a_lost_node_is_not_the_launchers_end() -> None:
+    p = stopping_pod()
+    assert observe(p, False).state == "unknown" and observe(p, None).state == "unknown"
+    assert observe(p, True).state == "lost"  # the kubelet answers: a terminal phase is its report
+    assert observe(stopping_pod(terminated=True), False).state == "lost"  # reported terminated before the loss
+
+
+@pytest.mark.parametrize(("pod", "ready", "expected"), [
+    (stopping_pod(gc_marked=False), False, False),  # terminating, its node lost: may still run
+    (stopping_pod(), False, False),  # the pod GC's force-delete of a lost node's Pod
+    (stopping_pod(), None, False),  # ... and of a Pod whose Node object is gone
+    (stopping_pod(terminated=True), False, True),  # the kubelet reported the container ended
+    (stopping_pod(gc_marked=False), True, False),  # a graceful stop under way on a Ready node
+    (stopping_pod(), True, True),  # the kubelet on a Ready node finished it (or kills what a force-delete left)
+    (old_pod(), True, False),  # not terminating
+])
+def test_a_pod_is_released_only_once_its_launcher_is_known_to_have_ended(pod: dict, ready: bool | None,
+                                                                        expected: bool) -> None:
+    assert releasable(pod, ready) is expected
+
+
+def test_a_never_bound_terminating_pod_is_released() -> None:
+    p = stopping_pod(gc_marked=False)
+    p["spec"] = {}
+    assert releasable(p, None) is True
+
+
+def test_a_stop_on_an_out_of_service_node_fences_the_terminating_pod_and_keeps_it_until_then() -> None:
+    stopped = vm(boot=1, power="Stopped")
+    plan = decide(stopped, [stopping_pod()], node(taints=[OOS]), claim(), [], CFG, NOW, None)
+    assert [t["pod"] for t in plan.fence] == ["web-boot-1"] and plan.release_pods == []
+    assert plan.delete_pods == [] and plan.create_pod is None
+    assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == ("Unknown", "NodeLost")
+    assert "fencing launcher Pod web-boot-1 on the out-of-service node n1" in plan.status["message"]
+    # not yet out of service: nothing fenced, nothing released, the status says what the operator can do
+    waiting = decide(stopped, [stopping_pod(gc_marked=False)], node(), claim(), [], CFG, NOW, None)
+    assert waiting.fence == [] and waiting.release_pods == []
+    assert waiting.status is not None and OUT_OF_SERVICE_TAINT in waiting.status["message"]
+    again = decide({**stopped, "status": waiting.status}, [stopping_pod(gc_marked=False)], node(), claim(), [], CFG,
+                   NOW, None)
+    assert again.status is not None and again.status["message"] == waiting.status["message"]  # said once
+
+
+def test_a_start_after_a_stop_interrupted_by_the_node_loss_waits_for_the_fence() -> None:
+    # the defect the fault campaign found: the stopped boot's Pod, force-deleted by the pod GC, was forgotten and
+    # the next boot started while the old launcher (a partitioned node) could still write the image
+    plan = decide(vm(boot=2), [stopping_pod()], node(taints=[OOS]), claim(), [], CFG, NOW, PV)
+    assert plan.create_pod is None and [t["pod"] for t in plan.fence] == ["web-boot-1"]
+    assert plan.status is not None and plan.status["reason"] == "PreviousBootRunning"
+
+
+def test_a_terminating_current_pod_on_a_lost_node_is_unknown_not_failed() -> None:
+    plan = decide(vm(boot=1), [stopping_pod(gc_marked=False)], node(), claim(), [], CFG, NOW, PV)
+    assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == ("Unknown", "NodeLost")
+
+
+def test_a_deleted_vm_fences_its_launcher_on_an_out_of_service_node_and_releases_an_ended_one() -> None:
+    deleted = vm(boot=1)
+    deleted["metadata"]["deletionTimestamp"] = NOW
+    plan = decide(deleted, [stopping_pod()], node(taints=[OOS]), claim(), [], CFG, NOW, None)
+    assert [t["pod"] for t in plan.fence] == ["web-boot-1"] and not plan.remove_finalizer
+    ended = decide(deleted, [stopping_pod(terminated=True)], node(taints=[OOS]), claim(), [], CFG, NOW, None)
+    assert ended.fence == [] and ended.release_pods == [("web-boot-1", "pod-uid-1", [POD_FINALIZER])]
+
+
+def test_the_fenced_image_is_the_one_the_pods_own_launcher_config_names() -> None:
+    p = stopping_pod()
+    p["metadata"]["annotations"] = {CONFIG_ANNOTATION: '{"rootDisk": {"rbd": {"pool": "vms", "image": "old-web"}}}'}
+    plan = decide(vm(boot=2), [p], node(taints=[OOS]), claim(), [], CFG, NOW, PV)
+    assert [(t["pool"], t["image"]) for t in plan.fence] == [("vms", "old-web")]
+    stopped = decide(vm(boot=1, power="Stopped"), [p], node(taints=[OOS]), claim(), [], CFG, NOW, None)
+    assert [(t["pool"], t["image"]) for t in stopped.fence] == [("vms", "old-web")]
