@@ -21,6 +21,14 @@ description:
     status last stored. A store with an older schema is refused (run C(site.yml) to migrate it).
   - By default only VMs whose C(status.phase) is C(Running) (launcher alive and the guest's SSH answered) become
     hosts.
+  - With V(kubernetes) the status is the controller's record alone, so a status that says C(Running) is checked
+    against the launcher Pod it names (C(status.pod)), with one Pod list per namespace listed that holds such a VM
+    (label selector C(app.kubernetes.io/name=zjusct-launcher); one cluster-wide list when O(namespaces) is empty).
+    A VM whose launcher Pod is gone, being deleted or not C(Ready) (its node stopped reporting, and the controller
+    that would record it may be down) gets C(phase) C(Unknown) and C(reason) C(LauncherPodGone),
+    C(LauncherPodTerminating) or C(LauncherPodNotReady), so it is no host by default, and a warning names it and
+    why. When the Pods cannot be listed (HTTP 403, the identity may not list Pods) one warning says so and the
+    statuses are taken as written.
   - Host variables C(ansible_host) and C(ansible_port) come from C(status.sshEndpoint), C(ansible_user) from
     O(ansible_user). When the backend publishes C(status.sshProxyCommand) (the host backend does, its guests live
     on a bridge inside a network namespace) C(ansible_ssh_common_args) carries it as C(-o ProxyCommand=...);
@@ -316,14 +324,15 @@ import os
 import sqlite3
 import time
 from difflib import get_close_matches
-from typing import Any
+from typing import Any, Optional
 
 from ansible.errors import AnsibleError, AnsibleParserError
 from ansible.plugins.inventory import BaseInventoryPlugin, Cacheable, Constructable
+from ansible_collections.zjusct.cloud.plugins.module_utils.model import launcher_pod
 from ansible_collections.zjusct.cloud.plugins.plugin_utils import _inventory as inv
 from ansible_collections.zjusct.cloud.plugins.plugin_utils import _kube_list as kube
 
-CACHE_FORMAT = 2  # 2: records carry ssh_jump_host
+CACHE_FORMAT = 3  # 2: records carry ssh_jump_host; 3: Running records were checked against their launcher Pods
 
 
 class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
@@ -469,7 +478,32 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         except kube.KubeListError as exc:
             raise AnsibleParserError(f"source kubernetes: {exc}") from None
         self.display.vvv(f"cloudvm inventory: {len(items)} CloudVMs in {requests} list requests")
-        return [inv.vm_record(item) for item in items]
+        records, warnings = inv.launcher_checked(items, self._launcher_pods(get_json, items, opts))
+        for warning in warnings:
+            self.display.warning(warning)
+        return records
+
+    def _launcher_pods(self, get_json: kube.GetJson, items: list[dict],
+                       opts: inv.InventoryOptions) -> Optional[dict]:
+        """``{(namespace, name): Pod}`` of the launcher Pods (:data:`model.launcher_pod.LAUNCHER_SELECTOR`, each Pod
+        reduced to what the check reads) where a listed status says Running (:func:`_inventory.pod_namespaces`: one
+        paginated Pod list per such namespace, or one cluster-wide; none when no status says Running). None, with
+        one warning, when they cannot be listed (403 without the right to list Pods, or any other failure): the
+        statuses are then taken as written, as before the check existed."""
+        namespaces = inv.pod_namespaces(items, opts.namespaces)
+        if namespaces is None:
+            return {}
+        try:
+            pods, requests = kube.list_objects(get_json, namespaces, launcher_pod.LAUNCHER_SELECTOR,
+                                               page_size=int(self.get_option("page_size")),
+                                               path=kube.pod_list_path, keep=launcher_pod.slim)
+        except kube.KubeListError as exc:
+            self.display.warning(f"source kubernetes: the launcher Pods could not be listed, so a CloudVM whose "
+                                 f"status says Running is listed as Running without the check that its launcher Pod "
+                                 f"is Ready: {exc}")
+            return None
+        self.display.vvv(f"cloudvm inventory: {len(pods)} launcher Pods in {requests} list requests")
+        return {(p["metadata"].get("namespace", ""), p["metadata"].get("name", "")): p for p in pods}
 
     # ------------------------------------------------------------------ inventory
 

@@ -5,8 +5,9 @@
 too) and the dispatch to a backend.
 
 Each backend module exposes ``ensure(params, check_mode, diff) -> dict`` (the module result:
-``changed``, ``cloudvm``, ``phase``, ``boot_id``, optional ``diff``) and
-``info(params) -> list[dict]`` (CloudVM objects), raising
+``changed``, ``cloudvm``, ``phase``, ``boot_id``, optional ``diff``),
+``info(params) -> list[dict]`` (CloudVM objects) and ``running_doubts(params, vms) -> dict`` (why a Running status
+of ``vms`` is not backed by its launcher Pod, by ``"<namespace>/<name>"``), raising
 :class:`~model.lifecycle.CloudVMError` for every refusal.
 """
 
@@ -138,7 +139,9 @@ def run_cloudvm(params: dict, check_mode: bool, diff: bool) -> dict:
 
 def run_cloudvm_info(params: dict, check_mode: bool) -> dict:
     """The ``zjusct.cloud.cloudvm_info`` module: the backend's ``info`` (the same in check mode), then, with
-    ``authorize``, the backend's ``authorize_found`` over what was found.
+    ``authorize``, the backend's ``authorize_found`` over what was found; ``running_doubts`` is the backend's
+    ``running_doubts`` of what was found (``{"<namespace>/<name>": why}`` of the VMs whose status says Running while
+    their launcher Pod does not back it, Kubernetes only; the statuses are returned unchanged).
 
     Raises:
         CloudVMError: the backend could not list, or (``authorize``) a CloudVM found belongs to another owner
@@ -151,7 +154,7 @@ def run_cloudvm_info(params: dict, check_mode: bool) -> dict:
             impl.authorize_found(params, found)
         except CloudVMError as exc:
             raise CloudVMError(in_user_terms(str(exc)), **exc.details) from exc
-    return {"changed": False, "cloudvms": found}
+    return {"changed": False, "cloudvms": found, "running_doubts": impl.running_doubts(params, found)}
 
 
 def owner_quota_argument_spec() -> dict:

@@ -210,6 +210,11 @@ notes:
     O(image) and O(volume_size_mib) are ignored there (with a warning).
   - O(state=absent) on Kubernetes deletes with foreground propagation, so the CloudVM is gone only after its
     launcher Pod is.
+  - On Kubernetes a wait for Running takes a status that says Running only when its launcher Pod (C(status.pod)) is
+    there and C(Ready) (one GET, asked once the status says Running). The status is written by the controller
+    alone; a controller that is down (its node lost with the VM's) leaves a stale Running, so the wait goes on and
+    its timeout names the Pod, why it is not Ready and its node. Without the right to read Pods, or when they cannot
+    be reached, the status is taken as before (docs/controller.md, "Status").
 seealso:
   - module: zjusct.cloud.cloudvm_info
   - module: zjusct.cloud.fc_launcher

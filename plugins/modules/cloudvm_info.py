@@ -70,6 +70,8 @@ requirements:
 notes:
   - On Kubernetes, O(owner) is a field selector (C(spec.owner) is a selectable field of the CRD) and O(name)
     without O(namespace) searches every namespace, which needs cluster-wide list rights.
+  - On Kubernetes a status that says C(Running) is also checked against its launcher Pod (RV(running_doubts)); the
+    C(status) returned is never changed by that check.
 seealso:
   - module: zjusct.cloud.cloudvm
 """
@@ -112,6 +114,22 @@ cloudvms:
     - metadata: {name: alice, namespace: default}
       spec: {owner: alice, powerState: Running, bootID: 2}
       status: {phase: Running, sshEndpoint: {host: 10.200.0.2, port: 22}}
+running_doubts:
+  description:
+    - The CloudVMs found whose status says C(Running) while their launcher Pod (C(status.pod)) does not back it, keyed
+      C(<namespace>/<name>), each with why - the Pod is gone, being deleted, or its C(Ready) condition is not True
+      (its node stopped reporting, or the launcher's readiness probe fails). The status is written by the controller
+      alone, which may be down; C(cloudvms) still shows the status as written.
+    - Kubernetes only, with one Pod list per namespace that has such a VM. Empty on the host backend (its statuses
+      are derived from what runs) and when the Pods may not be read (403) or cannot be reached.
+  returned: always
+  type: dict
+  sample:
+    default/alice: >-
+      status says Running but launcher Pod alice-boot-3 is not Ready (Ready=False, since 2026-12-06T20:35:10Z) on node
+      node-2: its node may have stopped reporting (kube-controller-manager then marks every Pod of the node not Ready)
+      or the launcher's readiness probe fails; the controller has not recorded that (it may be down or unable to
+      update the status)
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -12,6 +12,8 @@ and tested without any server:
   the value and what is allowed).
 * :func:`vm_record` reduces a CRD-shaped CloudVM dict to the few fields the inventory uses; the
   records are what the plugin caches (a 10,000-VM cache stays a few MiB).
+* :func:`launcher_checked` (Kubernetes source) turns a record whose status says Running into phase ``Unknown``
+  when its launcher Pod is gone, being deleted or not Ready (:func:`model.launcher_pod.doubt`).
 * :func:`select` filters records (namespaces, owners, label selector, phases).
 * :func:`host_entries` turns the selected records into :class:`HostEntry` values (name, hostvars,
   groups) and reports name collisions.
@@ -30,6 +32,7 @@ import string
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional
 
+from ansible_collections.zjusct.cloud.plugins.module_utils.model import launcher_pod
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.selectors import Requirement, SelectorError
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.selectors import (
     parse_label_selector as _parse_label_selector,
@@ -225,6 +228,49 @@ def vm_record(obj: dict) -> dict:
         "ssh_proxy_command": status.get("sshProxyCommand"),
         "ssh_jump_host": status.get("sshJumpHost"),
     }
+
+
+def pod_namespaces(items: Iterable[dict], namespaces: Iterable[str]) -> Optional[list[str]]:
+    """Where the launcher Pods of CloudVM dicts ``items`` must be listed for :func:`launcher_checked`: None when no
+    status says Running with a Pod (nothing to check, no request); else the configured ``namespaces`` that hold
+    such a VM (one Pod list each), or ``[]`` (one cluster-wide list) when the CloudVMs were listed cluster-wide."""
+    claiming = {(item.get("metadata") or {}).get("namespace", "") for item in items
+                if launcher_pod.claimed_pod(item.get("status"))}
+    if not claiming:
+        return None
+    namespaces = list(namespaces)
+    return sorted(claiming & set(namespaces)) if namespaces else []
+
+
+def launcher_checked(items: Iterable[dict], pods: Optional[dict]) -> tuple[list[dict], list[str]]:
+    """The records (:func:`vm_record`) of the CloudVM dicts ``items``, each whose status says Running checked
+    against its launcher Pod, and a warning per VM that fails the check.
+
+    Args:
+        items: CloudVM dicts as listed from the API server.
+        pods: ``{(namespace, name): Pod dict}`` of the launcher Pods listed (:func:`model.launcher_pod.slim` is
+            enough); None when they could not be listed (the records are then the statuses as written).
+
+    Returns:
+        ``(records, warnings)``. A record whose status says Running while its Pod ``status.pod`` is missing from
+        ``pods``, being deleted or not Ready (:func:`model.launcher_pod.doubt`: the status is the controller's alone,
+        and the controller may be down) gets ``phase`` ``Unknown`` and ``reason`` the doubt's (``LauncherPodGone``,
+        ``LauncherPodTerminating``, ``LauncherPodNotReady``), so the default ``include_phases: [Running]`` leaves it
+        out; its warning names the VM and why.
+    """
+    records, warnings = [], []
+    for item in items:
+        rec = vm_record(item)
+        status = item.get("status") or {}
+        name = launcher_pod.claimed_pod(status)
+        if pods is not None and name is not None:
+            found = launcher_pod.doubt(rec["namespace"], status, pods.get((rec["namespace"], name)))
+            if found is not None:
+                rec.update(phase="Unknown", reason=found.reason)
+                warnings.append(f"CloudVM {rec['namespace']}/{rec['name']}: {found.message}; listed with phase "
+                                "Unknown, not Running")
+        records.append(rec)
+    return records, warnings
 
 
 def select(records: Iterable[dict], opts: InventoryOptions) -> list[dict]:

@@ -20,7 +20,8 @@ kubeconfig says. Environment fallbacks (``K8S_AUTH_*``) are resolved by the plug
 definitions before :func:`resolve` is called.
 
 Listing: one paginated request sequence (``limit`` + ``continue``, as ``kubectl get`` does) per
-namespace, or one cluster-wide when no namespace is given; never one request per VM.
+namespace, or one cluster-wide when no namespace is given; never one request per VM. The launcher Pods of
+Running VMs are listed the same way (:func:`pod_list_path`), never one request per Pod.
 """
 
 from __future__ import annotations
@@ -50,7 +51,12 @@ GetJson = Callable[[str, dict], dict]
 
 
 class KubeListError(Exception):
-    """Listing failed; the message says what, where and what to do (never a credential)."""
+    """Listing failed; the message says what, where and what to do (never a credential). ``status`` is the HTTP
+    status of an answer that refused the list (None when there was none: unreachable, not JSON...)."""
+
+    def __init__(self, message: str, status: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -474,14 +480,22 @@ class Expired(KubeListError):
 
 
 def http_error(status: int, message: str, server: str, path: str) -> KubeListError:
-    """A :class:`KubeListError` for an HTTP error status, with what to do about it."""
-    hint = {
-        401: "the credentials were refused: check api_key / client_cert / the kubeconfig user",
-        403: "this identity may not list CloudVMs there: set namespaces to the ones you may read",
-        404: f"the CloudVM API ({GROUP}/{VERSION} {PLURAL}) is not served: install config/crd/",
-    }.get(status, "")
-    return KubeListError(f"listing CloudVMs at {server}{path} failed (HTTP {status}): {message}"
-                         + (f"; {hint}" if hint else ""))
+    """A :class:`KubeListError` for an HTTP error status (in ``status``), with what to do about it; ``path`` says
+    what was listed (CloudVMs, or launcher Pods for a path of :func:`pod_list_path`)."""
+    if path.rstrip("/").endswith("/pods"):
+        what, hint = "launcher Pods", {
+            401: "the credentials were refused: check api_key / client_cert / the kubeconfig user",
+            403: "this identity may not list Pods there (config/rbac/tenant-example.yaml grants it in a tenant's "
+                 "namespace)",
+        }.get(status, "")
+    else:
+        what, hint = "CloudVMs", {
+            401: "the credentials were refused: check api_key / client_cert / the kubeconfig user",
+            403: "this identity may not list CloudVMs there: set namespaces to the ones you may read",
+            404: f"the CloudVM API ({GROUP}/{VERSION} {PLURAL}) is not served: install config/crd/",
+        }.get(status, "")
+    return KubeListError(f"listing {what} at {server}{path} failed (HTTP {status}): {message}"
+                         + (f"; {hint}" if hint else ""), status=status)
 
 
 # --------------------------------------------------------------------------- listing
@@ -494,9 +508,19 @@ def list_path(namespace: Optional[str]) -> str:
     return f"/apis/{GROUP}/{VERSION}/{PLURAL}"
 
 
+def pod_list_path(namespace: Optional[str]) -> str:
+    """The collection path of Pods in ``namespace``, or cluster-wide for None."""
+    if namespace:
+        return f"/api/v1/namespaces/{urllib.parse.quote(namespace, safe='')}/pods"
+    return "/api/v1/pods"
+
+
 def list_objects(get_json: GetJson, namespaces: Iterable[str], label_selector: str = "", field_selector: str = "",
-                 page_size: int = 500) -> tuple[list[dict], int]:
-    """All CloudVM objects in ``namespaces`` (all namespaces when empty), page by page.
+                 page_size: int = 500, path: Callable[[Optional[str]], str] = list_path,
+                 keep: Optional[Callable[[dict], dict]] = None) -> tuple[list[dict], int]:
+    """All CloudVM objects in ``namespaces`` (all namespaces when empty), page by page; the objects of another
+    collection with ``path`` (e.g. :func:`pod_list_path`), each reduced by ``keep`` as its page arrives (so a long
+    list of large objects is never held whole).
 
     One paginated request sequence per namespace, or one cluster-wide; a ``continue`` token that
     expired mid-way (HTTP 410) restarts that namespace's list once from the beginning.
@@ -521,8 +545,9 @@ def list_objects(get_json: GetJson, namespaces: Iterable[str], label_selector: s
             try:
                 while True:
                     requests += 1
-                    page = get_json(list_path(namespace), query)
-                    got.extend(page.get("items") or [])
+                    page = get_json(path(namespace), query)
+                    listed = page.get("items") or []
+                    got.extend([keep(item) for item in listed] if keep else listed)
                     token = (page.get("metadata") or {}).get("continue")
                     if not token:
                         break

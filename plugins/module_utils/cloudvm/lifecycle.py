@@ -171,8 +171,10 @@ def refused_error(ns: str, name: str, target: str, refused: tuple, obj: dict, ch
     return CloudVMError(f"CloudVM {ns}/{name}: {what} refused ({reason}): {message}; {still}", **details)
 
 
-def timeout_message(namespace: str, name: str, target: str, timeout: float, obj: Optional[dict]) -> str:
-    """The wait timeout message: what was awaited and the last phase and reason seen."""
+def timeout_message(namespace: str, name: str, target: str, timeout: float, obj: Optional[dict],
+                    doubt: Optional[str] = None) -> str:
+    """The wait timeout message: what was awaited and the last phase and reason seen; ``doubt`` (a wait for Running
+    whose last status said Running but was not trusted, :meth:`cloudvm.port.CloudVMApi.running_doubt`) says why."""
     want = {"Running": "Running (SSH ready)", "Stopped": "Stopped", "absent": "deleted"}[target]
     if target == "Running" and obj:
         want += f" with bootID {obj['spec'].get('bootID')}"
@@ -187,19 +189,28 @@ def timeout_message(namespace: str, name: str, target: str, timeout: float, obj:
         last += f"; deletion waits for finalizers {', '.join(finalizers)}"
     if (status.get("phase"), status.get("reason")) == ("Unknown", "NodeLost") and target in ("Stopped", "absent"):
         last += "; " + lost_node_advice(status.get("node"))
+    elif (status.get("phase"), status.get("reason")) == ("Unknown", "NodeLost") and target == "Running":
+        # the wait does not ask for a new boot by itself: a node that is NotReady for a moment would cost a reboot
+        where = f"node {status['node']}" if status.get("node") else "its node"
+        last += (f"; the launcher of this boot runs on {where}, which is lost: once the node is off, taint it "
+                 "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute and start the VM again (power_state "
+                 "running, playbook vm_start): a start of a VM whose node is lost asks for a new boot, which the "
+                 "controller starts elsewhere once it has fenced the old launcher (docs/controller.md, Fencing)")
+    if doubt:
+        last += f"; {doubt}"
     return f"CloudVM {namespace}/{name}: timed out after {timeout:g} s waiting until {want}; last {last}"
 
 
 def lost_node_advice(node: Optional[str]) -> str:
-    """What an operator can do about a stop or delete that waits on a launcher whose node is lost (the rule of
-    docs/controller.md "Fencing": only a new boot fences; the old launcher may still write the root disk, so
-    nothing removes it while its node may still run)."""
+    """What an operator can do about a stop or delete that waits on a launcher whose node is lost (docs/controller.md
+    "Fencing": the old launcher may still write the root disk, so nothing removes it while its node may still run;
+    once the operator states that the node is off, the controller fences an RBD root disk's launcher and the stop
+    or delete completes)."""
     where = f"node {node}" if node else "its node"
     return (f"the launcher runs on {where}, which is lost: the stop completes once the node is back (its kubelet "
             "stops the launcher); if the node is off for good, taint it node.kubernetes.io/out-of-service="
-            "nodeshutdown:NoExecute and start the VM again (power_state running, playbook vm_start: a new boot, "
-            "which the controller starts on another node once it has fenced the old launcher), then stop or "
-            "delete it (docs/controller.md, Fencing)")
+            "nodeshutdown:NoExecute: the controller then fences the old launcher (an RBD root disk) and the stop "
+            "or delete completes (docs/controller.md, Fencing)")
 
 
 def result(obj: Optional[dict], changed: bool, before: Optional[dict], diff: bool, warnings: list,
@@ -295,15 +306,23 @@ class Lifecycle:
     def wait_for(self, ns: str, name: str, target: str, timeout: float, changed: bool) -> Optional[dict]:
         """Read until :func:`target_reached`; returns the last object (None once deleted).
 
+        A status that says Running is taken only when the backend has no doubt about it
+        (:meth:`cloudvm.port.CloudVMApi.running_doubt`: on Kubernetes its launcher Pod is there and Ready, one GET
+        asked only once the status says Running); otherwise the wait goes on, and its timeout says why.
+
         Raises:
-            CloudVMError: timeout (:func:`timeout_message`), or (Running) the boot cannot get there any more
-                (:func:`wait_failure`); ``changed``, ``cloudvm`` and ``phase`` in the details.
+            CloudVMError: timeout (:func:`timeout_message`, with the doubt in ``running_doubt``), or (Running) the
+                boot cannot get there any more (:func:`wait_failure`); ``changed``, ``cloudvm`` and ``phase`` in the
+                details.
         """
         deadline = self.monotonic() + timeout
         while True:
             obj = self.api.get(ns, name)
+            doubt = None
             if target_reached(obj, target):
-                return obj
+                doubt = self.api.running_doubt(obj or {}) if target == "Running" else None
+                if doubt is None:
+                    return obj
             phase = ((obj or {}).get("status") or {}).get("phase")
             refused = refusal(obj, target)
             if refused is not None:
@@ -318,8 +337,9 @@ class Lifecycle:
                 raise CloudVMError(f"CloudVM {ns}/{name} was deleted while waiting", changed=changed)
             remaining = deadline - self.monotonic()
             if remaining <= 0:
-                raise CloudVMError(timeout_message(ns, name, target, timeout, obj), changed=changed,
-                                   cloudvm=obj or {}, phase=phase, status=(obj or {}).get("status") or {})
+                extra = {"running_doubt": doubt} if doubt else {}
+                raise CloudVMError(timeout_message(ns, name, target, timeout, obj, doubt), changed=changed,
+                                   cloudvm=obj or {}, phase=phase, status=(obj or {}).get("status") or {}, **extra)
             self.api.pause(ns, name, min(POLL_INTERVAL, remaining))
 
     def ensure(self, params: dict, check_mode: bool, diff: bool) -> dict:

@@ -92,6 +92,13 @@ class CloudVMApi(Protocol):
         """The newest bootID of ``vm`` (as just read) whose launcher was made, so whose guest's keys are fixed
         (host: the newest boot config on disk; Kubernetes: the boot its status describes), None when none was."""
 
+    def running_doubt(self, vm: dict) -> Optional[str]:
+        """Why the status of ``vm`` (as just read), which says Running for ``spec.bootID``, cannot be trusted, or
+        None when it can. Kubernetes: the launcher Pod ``status.pod`` is gone, being deleted or not Ready
+        (:func:`model.launcher_pod.doubt`; the status is written by the controller alone, which may be down), one
+        GET; None when the Pod cannot be read (403, API unreachable): the status is then trusted as before. Host:
+        always None (every read derives the status from what runs)."""
+
     def pause(self, namespace: str, name: str, seconds: float) -> None:
         """Wait until the CloudVM may have changed, at most ``seconds`` (between two reads of a wait)."""
 

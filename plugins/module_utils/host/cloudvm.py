@@ -263,6 +263,11 @@ class HostCloudVMApi:
         known = sup.boots(_paths(self.cfg, vm["metadata"]["namespace"], vm["metadata"]["name"]))
         return known[-1] if known else None
 
+    def running_doubt(self, vm: dict) -> Optional[str]:
+        """None, always: :meth:`get` derives the status from what runs now (a reconcile pass over the launcher's lock
+        and boot files), so a Running it returns is not a record that may have gone stale."""
+        return None
+
     def pause(self, namespace: str, name: str, seconds: float) -> None:
         """Until the VM's launcher files change or its launcher exits (:class:`host.watch.ChangeWatch`)."""
         watch = self._watches.get((namespace, name))
@@ -551,3 +556,9 @@ def info(params: dict) -> list[dict]:
         CloudVMError: the store cannot be read, or a label selector cannot be parsed.
     """
     return Lifecycle(HostCloudVMApi(_config(params), None)).info(params)
+
+
+def running_doubts(params: dict, vms: list[dict]) -> dict[str, str]:
+    """cloudvm_info's ``running_doubts`` on the host: none (:meth:`HostCloudVMApi.running_doubt`: the statuses
+    :func:`info` returns are derived from what runs now)."""
+    return {}

@@ -13,19 +13,26 @@ background. Every write is a PUT carrying the resourceVersion of the object the 
 Connection options, their ``K8S_AUTH_*`` environment fallbacks and client caching come from kubernetes.core
 (through :mod:`k8s.client`); CRUD uses the typed ``CustomObjectsApi`` on that client, so no API discovery is needed.
 Objects are plain dicts as the API returns them (``managedFields`` removed).
+
+The status is the controller's record alone; a status that says Running is checked against the launcher Pod it
+names (``CoreV1Api``, :func:`model.launcher_pod.doubt`) before a wait takes it, and ``cloudvm_info`` reports the
+same check (:func:`running_doubts`). Without the right to read Pods (403), or when the API cannot be reached for the
+Pod, the status is trusted as before: the check then adds nothing, never a doubt it could not see.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm.lifecycle import Lifecycle
 from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm.port import Access, Conflict, RootVolume
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
 from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import ApiException, api_missing
 from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import api_client as _api_client
+from ansible_collections.zjusct.cloud.plugins.module_utils.model import launcher_pod
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import CloudVMError, authorize
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
     GROUP,
@@ -82,7 +89,8 @@ def _clean(obj: Any) -> dict:
 
 
 class KubernetesCloudVMApi:
-    """:class:`cloudvm.port.CloudVMApi` over ``kubernetes.client.CustomObjectsApi`` (timeouts on every call).
+    """:class:`cloudvm.port.CloudVMApi` over ``kubernetes.client.CustomObjectsApi`` (timeouts on every call), and
+    ``CoreV1Api`` (``core``, None: no Pod is read, no doubt raised) for the launcher Pods of Running statuses.
 
     The controller reconciles in the background, so a wait reads the object every :data:`POLL_INTERVAL` seconds;
     the root volume (the claim) is made by ``root_volume_claim``, so ``image`` and ``volume_size_mib`` are ignored.
@@ -93,9 +101,10 @@ class KubernetesCloudVMApi:
     ignored_options = {"image": "host backend only", "volume_size_mib": "host backend only"}
     ssh_gateway = False
 
-    def __init__(self, custom_objects: Any, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(self, custom_objects: Any, sleep: Callable[[float], None] = time.sleep, core: Any = None) -> None:
         self._api = custom_objects
         self._sleep = sleep
+        self._core = core
 
     def _call(self, action: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         kwargs["_request_timeout"] = REQUEST_TIMEOUT
@@ -177,6 +186,65 @@ class KubernetesCloudVMApi:
             got = self._call("list", self._api.list_cluster_custom_object, PLURAL, **kwargs)
         return [_clean(item) for item in got.get("items", [])]
 
+    def _pod_read(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[bool, Any]:
+        """``(answered, body)`` of a Pod read through ``CoreV1Api`` (raw JSON, no model classes): ``(True, None)``
+        for 404, ``(False, None)`` when the Pod cannot be read - no ``core``, 403 or another refusal, the API not
+        reachable - which the callers take as "nothing to say" (the module docstring)."""
+        if self._core is None:
+            return False, None
+        try:
+            got = fn(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT, **kwargs)
+            return True, json.loads(got.data)
+        except ApiException as exc:
+            return (True, None) if exc.status == 404 else (False, None)
+        except Exception:  # urllib3 connection errors, TLS errors, timeouts, a body that is not JSON
+            return False, None
+
+    def running_doubt(self, vm: dict) -> Optional[str]:
+        """:meth:`cloudvm.port.CloudVMApi.running_doubt`: one GET of the launcher Pod ``status.pod`` in the VM's
+        namespace, judged by :func:`model.launcher_pod.doubt` (gone, being deleted, or not ``Ready``: the controller
+        that writes the status may be down). None without a Pod to check (the status does not say Running for
+        ``spec.bootID`` or names no Pod) and when the Pod cannot be read (403: the caller may not read Pods; the API
+        not reachable): the status is trusted then, as it was before this check."""
+        status = vm.get("status") or {}
+        if status.get("bootID") != (vm.get("spec") or {}).get("bootID"):
+            return None
+        name = launcher_pod.claimed_pod(status)
+        if name is None or self._core is None:
+            return None
+        ns = vm["metadata"]["namespace"]
+        answered, pod = self._pod_read(self._core.read_namespaced_pod, name, ns)
+        if not answered:
+            return None
+        found = launcher_pod.doubt(ns, status, pod)
+        return found.message if found else None
+
+    def running_doubts(self, vms: Iterable[dict]) -> dict[str, str]:
+        """:meth:`running_doubt` of many VMs with one Pod list per namespace (label selector
+        :data:`model.launcher_pod.LAUNCHER_SELECTOR`), only in namespaces where a status says Running and names its
+        launcher Pod; returns ``{"<namespace>/<name>": doubt}`` of the VMs with a doubt. A namespace whose Pods cannot
+        be listed (403, unreachable) adds nothing."""
+        claims: dict[str, tuple[dict, ...]] = {}
+        for vm in vms:
+            if launcher_pod.claimed_pod(vm.get("status")) is not None:
+                ns = vm["metadata"]["namespace"]
+                claims[ns] = (*claims.get(ns, ()), vm)
+        out: dict[str, str] = {}
+        for ns, members in sorted(claims.items()):
+            if self._core is None:
+                break
+            answered, got = self._pod_read(self._core.list_namespaced_pod, ns,
+                                           label_selector=launcher_pod.LAUNCHER_SELECTOR)
+            if not answered or got is None:
+                continue
+            pods = {(p.get("metadata") or {}).get("name"): p for p in got.get("items") or []}
+            for vm in members:
+                status = vm.get("status") or {}
+                found = launcher_pod.doubt(ns, status, pods.get(launcher_pod.claimed_pod(status)))
+                if found:
+                    out[f"{ns}/{vm['metadata']['name']}"] = found.message
+        return out
+
     def pause(self, namespace: str, name: str, seconds: float) -> None:
         self._sleep(min(POLL_INTERVAL, seconds))
 
@@ -217,9 +285,9 @@ class KubernetesCloudVMApi:
 def _client(params: dict) -> KubernetesCloudVMApi:
     """The real adapter, authenticated the way kubernetes.core modules are (options, then K8S_AUTH_*)."""
     client = api_client(params)  # names a missing library first
-    from kubernetes.client import CustomObjectsApi
+    from kubernetes.client import CoreV1Api, CustomObjectsApi
 
-    return KubernetesCloudVMApi(CustomObjectsApi(client))
+    return KubernetesCloudVMApi(CustomObjectsApi(client), core=CoreV1Api(client))
 
 
 def api_client(params: dict) -> Any:
@@ -251,6 +319,21 @@ def info(params: dict) -> list[dict]:
         CloudVMError: the API refused (e.g. Forbidden when listing all namespaces without rights).
     """
     return Lifecycle(_client(params)).info(params)
+
+
+def running_doubts(params: dict, vms: list[dict]) -> dict[str, str]:
+    """cloudvm_info's ``running_doubts`` on Kubernetes: ``{"<namespace>/<name>": why}`` for each of ``vms`` (as
+    :func:`info` returned them) whose status says Running while its launcher Pod is gone, being deleted or not Ready
+    (:meth:`KubernetesCloudVMApi.running_doubts`: one Pod list per namespace with such a VM, none without one). The
+    statuses themselves are not changed. Never raises for the Pods: a namespace whose Pods cannot be read adds
+    nothing.
+
+    Raises:
+        CloudVMError: the API client cannot be set up (as for :func:`info`).
+    """
+    if not any(launcher_pod.claimed_pod(vm.get("status")) for vm in vms):
+        return {}
+    return _client(params).running_doubts(vms)
 
 
 def authorize_found(params: dict, vms: list[dict]) -> None:

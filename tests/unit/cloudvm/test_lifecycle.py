@@ -34,6 +34,11 @@ class FakeApi:
     ignored_options = {"image": "host backend only", "volume_size_mib": "host backend only"}
     ssh_gateway = False
     launched_boot = k8s.KubernetesCloudVMApi.launched_boot  # a pure read of the status, as the adapter's
+    # the adapter's check of a Running status against its launcher Pod, over the Pods of ``_core`` (a FakeCore);
+    # None: no Pod is read and nothing is doubted, as an adapter that cannot read Pods
+    running_doubt = k8s.KubernetesCloudVMApi.running_doubt
+    _pod_read = k8s.KubernetesCloudVMApi._pod_read
+    _core: Any = None
 
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str], dict] = {}
@@ -445,7 +450,7 @@ def test_a_stop_waiting_on_a_lost_node_says_what_the_operator_can_do() -> None:
                                          check_mode=False, diff=False)
     msg = str(err.value)
     assert "phase Unknown, reason NodeLost" in msg and "node node-2, which is lost" in msg, msg
-    assert "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute" in msg and "start the VM again" in msg, msg
+    assert "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute" in msg and "fences the old launcher" in msg, msg
 
 
 def test_start_and_restart_of_a_vm_on_a_lost_node_ask_for_one_new_boot() -> None:
@@ -643,3 +648,135 @@ def test_a_refusal_of_an_older_generation_or_boot_does_not_end_the_wait() -> Non
     assert lc.refusal(api.objects[("ns", "vm1")], "Stopped") == ("Refused", "delete refused")
     api.set_status("ns", "vm1", phase="Blocked", reason="VolumeInUse", bootID=1, message="x")
     assert lc.refusal(api.objects[("ns", "vm1")], "Running") is None  # waits on: it clears by itself
+
+
+# --------------------------------------------------------------------------- a Running status with a doubt
+
+
+class _RawPod:
+    def __init__(self, doc: dict) -> None:
+        self.data = json.dumps(doc).encode()
+
+
+class FakeCore:
+    """``CoreV1Api.read_namespaced_pod`` over ``pods`` ({name: Pod JSON}, namespace ns); ``forbidden``: every read
+    is refused with 403; ``reads`` counts the GETs."""
+
+    def __init__(self, **pods: dict) -> None:
+        self.pods = pods
+        self.forbidden = False
+        self.reads = 0
+
+    def read_namespaced_pod(self, name: str, namespace: str, **kwargs: Any) -> _RawPod:
+        from kubernetes.client.exceptions import ApiException
+
+        self.reads += 1
+        if self.forbidden:
+            raise ApiException(status=403, reason="Forbidden")
+        if namespace != "ns" or name not in self.pods:
+            raise ApiException(status=404, reason="Not Found")
+        return _RawPod(self.pods[name])
+
+
+def launcher(ready: str, node: str = "node-2") -> dict:
+    """A launcher Pod as kube-apiserver returns it; ``ready`` False as the node lifecycle controller leaves it."""
+    return {"metadata": {"name": "vm1-boot-1", "namespace": "ns"}, "spec": {"nodeName": node},
+            "status": {"phase": "Running", "conditions": [
+                {"type": "Ready", "status": ready, "lastTransitionTime": "2026-12-06T20:35:10Z"}]}}
+
+
+def running_vm_with(core: FakeCore) -> FakeApi:
+    """VM ns/vm1 whose status says Running for boot 1 in launcher Pod vm1-boot-1, then a controller that writes
+    nothing more (its only replica was on the lost node)."""
+    api = FakeApi()
+    backend(api, Clock(obedient_controller(api))).ensure(params(power_state="running", wait=True),
+                                                         check_mode=False, diff=False)
+    api._core = core
+    return api
+
+
+def test_vm_start_on_a_running_vm_whose_launcher_pod_is_not_ready_waits_and_times_out_naming_the_doubt() -> None:
+    core = FakeCore(**{"vm1-boot-1": launcher("False")})
+    api = running_vm_with(core)
+    clock = Clock()
+    with pytest.raises(CloudVMError) as err:
+        backend(api, clock).ensure(params(power_state="running", wait=True, wait_timeout=5),
+                                   check_mode=False, diff=False)
+    msg = str(err.value)
+    assert msg.startswith("CloudVM ns/vm1: timed out after 5 s waiting until Running (SSH ready) with bootID 1; "
+                          "last phase Running, reason SSHReady, status.bootID 1; "), msg
+    assert ("status says Running but launcher Pod vm1-boot-1 is not Ready (Ready=False, since 2026-12-06T20:35:10Z)"
+            " on node node-2") in msg, msg
+    assert "the controller has not recorded that (it may be down or unable to update the status)" in msg
+    assert err.value.details["changed"] is False and err.value.details["phase"] == "Running"
+    assert err.value.details["running_doubt"] in msg
+    assert clock.now >= 5 and core.reads >= 5, "it kept polling until the timeout"
+
+
+def test_a_running_status_whose_launcher_pod_is_gone_is_not_taken_either() -> None:
+    api = running_vm_with(FakeCore())
+    with pytest.raises(CloudVMError, match="status says Running but launcher Pod ns/vm1-boot-1 is gone"):
+        backend(api).ensure(params(power_state="running", wait=True, wait_timeout=3), check_mode=False, diff=False)
+
+
+def test_a_wait_that_sees_the_launcher_pod_become_ready_returns_running() -> None:
+    core = FakeCore(**{"vm1-boot-1": launcher("False")})
+    api = running_vm_with(core)
+
+    def node_back() -> None:
+        if core.reads >= 3:
+            core.pods["vm1-boot-1"] = launcher("True")
+
+    clock = Clock(node_back)
+    result = backend(api, clock).ensure(params(power_state="running", wait=True, wait_timeout=60),
+                                        check_mode=False, diff=False)
+    assert (result["changed"], result["phase"], result["boot_id"]) == (False, "Running", 1)
+    assert 0 < clock.now < 60 and core.reads == 4
+
+
+def test_a_ready_launcher_pod_costs_one_get_once_the_status_says_running_and_none_before() -> None:
+    core = FakeCore(**{"vm1-boot-1": launcher("True")})
+    api = FakeApi()
+    api._core = core
+    polls = {"n": 0}
+
+    def boots_slowly() -> None:
+        polls["n"] += 1
+        obj = api.objects[("ns", "vm1")]
+        if polls["n"] < 4:
+            api.set_status("ns", "vm1", phase="Pending", reason="WaitingForSSH", bootID=obj["spec"]["bootID"],
+                           pod="vm1-boot-1")
+        else:
+            obedient_controller(api)()
+
+    result = backend(api, Clock(boots_slowly)).ensure(params(power_state="running", wait=True), check_mode=False,
+                                                      diff=False)
+    assert result["phase"] == "Running" and core.reads == 1
+
+
+def test_a_caller_who_may_not_read_pods_gets_the_status_as_written() -> None:
+    core = FakeCore(**{"vm1-boot-1": launcher("False")})
+    core.forbidden = True
+    api = running_vm_with(core)
+    clock = Clock()
+    result = backend(api, clock).ensure(params(power_state="running", wait=True, wait_timeout=60),
+                                        check_mode=False, diff=False)
+    assert result["phase"] == "Running" and clock.now == 0 and core.reads == 1
+
+
+def test_a_start_waiting_on_a_boot_whose_node_was_lost_meanwhile_says_to_start_again() -> None:
+    """A wait for Running whose boot's node is lost keeps waiting (a node NotReady for a moment must not cost a
+    reboot) and its timeout says what the operator does: taint, then start again (a new boot)."""
+    api = FakeApi()
+
+    def lost() -> None:
+        api.set_status("ns", "vm1", phase="Unknown", reason="NodeLost", bootID=1, node="node-2",
+                       message="node node-2 is not Ready; the launcher of boot 1 cannot be observed")
+
+    with pytest.raises(CloudVMError) as err:
+        backend(api, Clock(lost)).ensure(params(power_state="running", wait=True, wait_timeout=5),
+                                         check_mode=False, diff=False)
+    msg = str(err.value)
+    assert "timed out after 5 s" in msg and "phase Unknown, reason NodeLost" in msg, msg
+    assert "node node-2, which is lost" in msg and "start the VM again" in msg, msg
+    assert api.get("ns", "vm1")["spec"]["bootID"] == 1  # no new boot asked for by the wait itself
