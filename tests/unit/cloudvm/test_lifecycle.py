@@ -437,17 +437,20 @@ def test_wait_timeout_names_last_phase_and_reason() -> None:
     assert err.value.details["changed"] is True
 
 
-def test_a_stop_waiting_on_a_lost_node_says_what_the_operator_can_do() -> None:
-    api = FakeApi()
-    backend(api).ensure(params(power_state="running"), check_mode=False, diff=False)
-
+def _node_lost(api: FakeApi) -> Callable[[], None]:
+    """A clock hook: the controller's status for vm1's boot 1 once its node node-2 is lost."""
     def lost() -> None:
         api.set_status("ns", "vm1", phase="Unknown", reason="NodeLost", bootID=1, node="node-2",
                        message="node node-2 is not Ready; the launcher of boot 1 cannot be observed")
+    return lost
 
+
+def test_a_stop_waiting_on_a_lost_node_says_what_the_operator_can_do() -> None:
+    api = FakeApi()
+    backend(api).ensure(params(power_state="running"), check_mode=False, diff=False)
     with pytest.raises(CloudVMError) as err:
-        backend(api, Clock(lost)).ensure(params(power_state="stopped", wait=True, wait_timeout=5),
-                                         check_mode=False, diff=False)
+        backend(api, Clock(_node_lost(api))).ensure(params(power_state="stopped", wait=True, wait_timeout=5),
+                                                    check_mode=False, diff=False)
     msg = str(err.value)
     assert "phase Unknown, reason NodeLost" in msg and "node node-2, which is lost" in msg, msg
     assert "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute" in msg and "fences the old launcher" in msg, msg
@@ -768,14 +771,9 @@ def test_a_start_waiting_on_a_boot_whose_node_was_lost_meanwhile_says_to_start_a
     """A wait for Running whose boot's node is lost keeps waiting (a node NotReady for a moment must not cost a
     reboot) and its timeout says what the operator does: taint, then start again (a new boot)."""
     api = FakeApi()
-
-    def lost() -> None:
-        api.set_status("ns", "vm1", phase="Unknown", reason="NodeLost", bootID=1, node="node-2",
-                       message="node node-2 is not Ready; the launcher of boot 1 cannot be observed")
-
     with pytest.raises(CloudVMError) as err:
-        backend(api, Clock(lost)).ensure(params(power_state="running", wait=True, wait_timeout=5),
-                                         check_mode=False, diff=False)
+        backend(api, Clock(_node_lost(api))).ensure(params(power_state="running", wait=True, wait_timeout=5),
+                                                    check_mode=False, diff=False)
     msg = str(err.value)
     assert "timed out after 5 s" in msg and "phase Unknown, reason NodeLost" in msg, msg
     assert "node node-2, which is lost" in msg and "start the VM again" in msg, msg
