@@ -691,6 +691,14 @@ def fence_targets(older: list, nodes: dict, rbd: Optional[dict], cfg: Config) ->
     return targets, "; ".join(notes)
 
 
+def fencing_note(targets: list) -> str:
+    """The status message's note on the fences a plan carries (:func:`fence_targets`' targets), "" for none."""
+    if not targets:
+        return ""
+    return "fencing " + ", ".join(f"launcher Pod {t['pod']} on the out-of-service node {t['node']}"
+                                  for t in targets) + " (RBD blocklist, then the Pod is removed)"
+
+
 def parse_result(message: Optional[str]) -> Optional[dict]:
     """The LauncherResult in a termination message, or None when it is missing or not one."""
     try:
@@ -999,9 +1007,7 @@ def decide(vm: dict, pods: list, nodes: dict, claim: Optional[dict], claim_write
                 except VolumeProblem:
                     rbd = None
             plan.fence, note = fence_targets(older, nodes, rbd, cfg)
-            if plan.fence:
-                note = "fencing " + ", ".join(f"launcher Pod {t['pod']} on the out-of-service node {t['node']}"
-                                              for t in plan.fence) + " (RBD blocklist, then the Pod is removed)"
+            note = fencing_note(plan.fence) or note
             if note:
                 status.message = f"{status.message}; {note}"
         if status.phase == "Pending":
@@ -1019,9 +1025,7 @@ def decide(vm: dict, pods: list, nodes: dict, claim: Optional[dict], claim_write
             extra.update({k: prev[k] for k in ("pod",) if prev.get(k)})
         else:
             status = derive_status(spec, None, others)
-    if plan.fence and not want:
-        fence_note = "fencing " + ", ".join(f"launcher Pod {t['pod']} on the out-of-service node {t['node']}"
-                                            for t in plan.fence) + " (RBD blocklist, then the Pod is removed)"
+    fence_note = fencing_note(plan.fence) or fence_note
     if fence_note and not want and fence_note not in status.message:  # a kept message may carry it already
         status.message = f"{status.message}; {fence_note}"
     status.extra.update(extra)

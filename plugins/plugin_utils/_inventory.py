@@ -258,17 +258,16 @@ def launcher_checked(items: Iterable[dict], pods: Optional[dict]) -> tuple[list[
         ``LauncherPodTerminating``, ``LauncherPodNotReady``), so the default ``include_phases: [Running]`` leaves it
         out; its warning names the VM and why.
     """
+    items = list(items)
+    found = launcher_pod.doubts(items, pods) if pods is not None else {}
     records, warnings = [], []
     for item in items:
         rec = vm_record(item)
-        status = item.get("status") or {}
-        name = launcher_pod.claimed_pod(status)
-        if pods is not None and name is not None:
-            found = launcher_pod.doubt(rec["namespace"], status, pods.get((rec["namespace"], name)))
-            if found is not None:
-                rec.update(phase="Unknown", reason=found.reason)
-                warnings.append(f"CloudVM {rec['namespace']}/{rec['name']}: {found.message}; listed with phase "
-                                "Unknown, not Running")
+        why = found.get((rec["namespace"], rec["name"]))
+        if why is not None:
+            rec.update(phase="Unknown", reason=why.reason)
+            warnings.append(f"CloudVM {rec['namespace']}/{rec['name']}: {why.message}; listed with phase "
+                            "Unknown, not Running")
         records.append(rec)
     return records, warnings
 

@@ -482,18 +482,16 @@ class Expired(KubeListError):
 def http_error(status: int, message: str, server: str, path: str) -> KubeListError:
     """A :class:`KubeListError` for an HTTP error status (in ``status``), with what to do about it; ``path`` says
     what was listed (CloudVMs, or launcher Pods for a path of :func:`pod_list_path`)."""
+    hints = {401: "the credentials were refused: check api_key / client_cert / the kubeconfig user"}
     if path.rstrip("/").endswith("/pods"):
-        what, hint = "launcher Pods", {
-            401: "the credentials were refused: check api_key / client_cert / the kubeconfig user",
-            403: "this identity may not list Pods there (config/rbac/tenant-example.yaml grants it in a tenant's "
-                 "namespace)",
-        }.get(status, "")
+        what = "launcher Pods"
+        hints[403] = "this identity may not list Pods there (config/rbac/tenant-example.yaml grants it in a tenant's " \
+                     "namespace)"
     else:
-        what, hint = "CloudVMs", {
-            401: "the credentials were refused: check api_key / client_cert / the kubeconfig user",
-            403: "this identity may not list CloudVMs there: set namespaces to the ones you may read",
-            404: f"the CloudVM API ({GROUP}/{VERSION} {PLURAL}) is not served: install config/crd/",
-        }.get(status, "")
+        what = "CloudVMs"
+        hints[403] = "this identity may not list CloudVMs there: set namespaces to the ones you may read"
+        hints[404] = f"the CloudVM API ({GROUP}/{VERSION} {PLURAL}) is not served: install config/crd/"
+    hint = hints.get(status, "")
     return KubeListError(f"listing {what} at {server}{path} failed (HTTP {status}): {message}"
                          + (f"; {hint}" if hint else ""), status=status)
 

@@ -224,26 +224,22 @@ class KubernetesCloudVMApi:
         :data:`model.launcher_pod.LAUNCHER_SELECTOR`), only in namespaces where a status says Running and names its
         launcher Pod; returns ``{"<namespace>/<name>": doubt}`` of the VMs with a doubt. A namespace whose Pods cannot
         be listed (403, unreachable) adds nothing."""
-        claims: dict[str, tuple[dict, ...]] = {}
-        for vm in vms:
-            if launcher_pod.claimed_pod(vm.get("status")) is not None:
-                ns = vm["metadata"]["namespace"]
-                claims[ns] = (*claims.get(ns, ()), vm)
-        out: dict[str, str] = {}
-        for ns, members in sorted(claims.items()):
-            if self._core is None:
-                break
+        vms = list(vms)
+        if self._core is None:
+            return {}
+        claiming = sorted({vm["metadata"]["namespace"] for vm in vms
+                           if launcher_pod.claimed_pod(vm.get("status")) is not None})
+        listed: set[str] = set()
+        pods: dict[tuple[str, str], dict] = {}
+        for ns in claiming:
             answered, got = self._pod_read(self._core.list_namespaced_pod, ns,
                                            label_selector=launcher_pod.LAUNCHER_SELECTOR)
             if not answered or got is None:
                 continue
-            pods = {(p.get("metadata") or {}).get("name"): p for p in got.get("items") or []}
-            for vm in members:
-                status = vm.get("status") or {}
-                found = launcher_pod.doubt(ns, status, pods.get(launcher_pod.claimed_pod(status)))
-                if found:
-                    out[f"{ns}/{vm['metadata']['name']}"] = found.message
-        return out
+            listed.add(ns)
+            pods.update({(ns, (p.get("metadata") or {}).get("name", "")): p for p in got.get("items") or []})
+        found = launcher_pod.doubts([vm for vm in vms if vm["metadata"]["namespace"] in listed], pods)
+        return {f"{ns}/{name}": why.message for (ns, name), why in sorted(found.items())}
 
     def pause(self, namespace: str, name: str, seconds: float) -> None:
         self._sleep(min(POLL_INTERVAL, seconds))

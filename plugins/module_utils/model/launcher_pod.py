@@ -20,7 +20,7 @@ shape (``metadata.name``, ``metadata.deletionTimestamp``, ``spec.nodeName``, ``s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterable, Mapping, Optional
 
 # the launcher Pods' label, as the controller sets it (controller/zjusct_controller/decide.py, launcher_pod)
 LAUNCHER_SELECTOR = "app.kubernetes.io/name=zjusct-launcher"
@@ -101,3 +101,22 @@ def doubt(namespace: str, status: Optional[dict], pod: Optional[dict]) -> Option
                                         "its node may have stopped reporting (kube-controller-manager then marks "
                                         f"every Pod of the node not Ready) or the launcher's readiness probe fails; "
                                         f"{NOT_RECORDED}")
+
+
+def doubts(vms: Iterable[dict], pods: Mapping[tuple[str, str], dict]) -> dict[tuple[str, str], Doubt]:
+    """:func:`doubt` of each CloudVM dict of ``vms`` whose status says Running and names its launcher Pod, given the
+    launcher Pods listed in its namespace, ``pods`` = ``{(namespace, name): Pod dict}`` (a Pod missing from it is
+    gone: list only namespaces whose Pods could be read, and pass only their VMs). Returns ``{(namespace, vm name):
+    Doubt}`` of the VMs with one. Pure."""
+    out: dict[tuple[str, str], Doubt] = {}
+    for vm in vms:
+        status = vm.get("status") or {}
+        pod = claimed_pod(status)
+        if pod is None:
+            continue
+        md = vm.get("metadata") or {}
+        ns = md.get("namespace", "")
+        found = doubt(ns, status, pods.get((ns, pod)))
+        if found is not None:
+            out[(ns, md.get("name", ""))] = found
+    return out
