@@ -23,6 +23,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.launcher_config
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.launcher_config import (
     launcher_config as build_launcher_config,
 )
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import OUT_OF_SERVICE_TAINT, out_of_service
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.names import DNS1123_LABEL_MAX, TAP_PREFIX, fit
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.phase import BootObservation, Status, derive_status
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.placement import DEFAULT_RATIOS
@@ -62,10 +63,10 @@ KEYRING_DIR = "/etc/zjusct-ceph"
 KEYRING_PATH = f"{KEYRING_DIR}/keyring"
 KEYRING_SECRET_KEY = "keyring"  # noqa: S105 - the key of the Secret holding the Ceph keyring file
 CONTAINER = "launcher"
-# KEP-2268 non-graceful node shutdown: the operator's statement that a NotReady node is off (docs/controller.md
-# Fencing). The launcher Pod tolerates it and the NoExecute taints of a lost node, so that Kubernetes neither
-# evicts nor garbage-collects it: the Pod stays the record of the old RBD client until the controller fenced it.
-OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
+# OUT_OF_SERVICE_TAINT (model.lifecycle, KEP-2268 non-graceful node shutdown): the operator's statement that a
+# NotReady node is off (docs/controller.md Fencing). The launcher Pod tolerates it and the NoExecute taints of a lost
+# node, so that Kubernetes neither evicts nor garbage-collects it: the Pod stays the record of the old RBD client
+# until the controller fenced it.
 # The finalizer of a launcher Pod with an RBD root disk. Kubernetes removes a Pod from a lost node by itself, whatever
 # it tolerates, once the Pod is terminating (a stop, a drain, a newer boot asked for it before the node was lost): the
 # pod GC marks it Failed and force-deletes it when the node is out of service (gcTerminating) or its Node object is
@@ -628,12 +629,6 @@ def moved_away(pod: dict) -> Optional[str]:
     if cond is None or cond.get("status") != "True" or cond.get("reason") not in MOVE_REASONS:
         return None
     return str(cond["reason"])
-
-
-def out_of_service(node: Optional[dict]) -> bool:
-    """True when the Node carries the taint :data:`OUT_OF_SERVICE_TAINT` (any effect): the operator has stated
-    that the node is off (KEP-2268 non-graceful node shutdown)."""
-    return any(t.get("key") == OUT_OF_SERVICE_TAINT for t in ((node or {}).get("spec") or {}).get("taints") or [])
 
 
 def pod_rbd(pod: dict) -> Optional[dict]:

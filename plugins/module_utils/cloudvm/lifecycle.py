@@ -28,6 +28,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle impor
     BOOT_FIXED_FIELDS,
     CloudVMError,
     authorize,
+    current_boot_live,
     keys_change,
     node_lost,
     off_but_failed,
@@ -57,14 +58,16 @@ def _str_labels(labels: Optional[dict]) -> dict:
     return {str(k): str(v) for k, v in (labels or {}).items()}
 
 
-def desired_object(params: dict, existing: Optional[dict], power_state: Optional[str]) -> dict:
+def desired_object(params: dict, existing: Optional[dict], power_state: Optional[str],
+                   node_off: bool = False) -> dict:
     """The CloudVM body to write for the module's options over ``existing`` (None when absent).
 
     Options left unset keep the existing values; labels are merged; the power plan is
-    :func:`model.lifecycle.plan_power` over the existing spec and status. Pure.
+    :func:`model.lifecycle.plan_power` over the existing spec and status (``node_off``: the node of the boot the
+    status describes is out of service, :meth:`cloudvm.port.CloudVMApi.boot_node_out_of_service`). Pure.
     """
     spec = params_to_spec(params, (existing or {}).get("spec"))
-    spec = plan_power(spec, (existing or {}).get("status"), power_state)
+    spec = plan_power(spec, (existing or {}).get("status"), power_state, node_off)
     if existing is None:
         metadata: dict = {"name": params["name"], "namespace": params["namespace"]}
         if params.get("labels"):
@@ -287,7 +290,7 @@ class Lifecycle:
             authorize(existing, params)
             if existing is None and not params.get("owner"):
                 raise CloudVMError(f"name: there is no CloudVM {ns}/{name}; owner is required to create one")
-            desired = desired_object(params, existing, power_state)
+            desired = desired_object(params, existing, power_state, self.boot_node_off(existing, power_state))
             if not needs_write(existing, desired):
                 if existing is None:
                     raise AssertionError("existing unexpectedly missing")
@@ -302,6 +305,18 @@ class Lifecycle:
                 continue
             return existing, after, view(existing) != view(after)
         raise CloudVMError(f"CloudVM {ns}/{name}: gave up after {CONFLICT_RETRIES} conflicting concurrent writes")
+
+    def boot_node_off(self, existing: Optional[dict], power_state: Optional[str]) -> bool:
+        """Whether a start must take the boot the status describes as lost because its node is out of service
+        (:func:`model.lifecycle.current_boot_live`'s ``node_off``): asked of the backend
+        (:meth:`cloudvm.port.CloudVMApi.boot_node_out_of_service`, one GET of the Node on Kubernetes) only for a
+        start of a VM whose boot is live by its status and runs on a named node."""
+        if power_state != "running" or existing is None:
+            return False
+        status = existing.get("status") or {}
+        if not status.get("node") or not current_boot_live(existing.get("spec") or {}, status):
+            return False
+        return self.api.boot_node_out_of_service(existing)
 
     def wait_for(self, ns: str, name: str, target: str, timeout: float, changed: bool) -> Optional[dict]:
         """Read until :func:`target_reached`; returns the last object (None once deleted).

@@ -99,6 +99,13 @@ class CloudVMApi(Protocol):
         GET; None when the Pod cannot be read (403, API unreachable): the status is then trusted as before. Host:
         always None (every read derives the status from what runs)."""
 
+    def boot_node_out_of_service(self, vm: dict) -> bool:
+        """True when the node ``status.node`` of ``vm`` (as just read) carries the out-of-service taint
+        (:func:`model.lifecycle.out_of_service`: the operator's statement that the node is off), so a start asks for
+        a new boot whatever the status still says. Kubernetes: one GET of the Node; False when it cannot be read
+        (403: a tenant may not read Nodes; gone; the API not reachable). Host: always False (one host, no nodes to
+        lose)."""
+
     def pause(self, namespace: str, name: str, seconds: float) -> None:
         """Wait until the CloudVM may have changed, at most ``seconds`` (between two reads of a wait)."""
 

@@ -268,6 +268,10 @@ class HostCloudVMApi:
         and boot files), so a Running it returns is not a record that may have gone stale."""
         return None
 
+    def boot_node_out_of_service(self, vm: dict) -> bool:
+        """False, always: the host is the one node; there is no other to start the VM on."""
+        return False
+
     def pause(self, namespace: str, name: str, seconds: float) -> None:
         """Until the VM's launcher files change or its launcher exits (:class:`host.watch.ChangeWatch`)."""
         watch = self._watches.get((namespace, name))

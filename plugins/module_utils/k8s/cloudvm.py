@@ -33,7 +33,11 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import 
 from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import ApiException, api_missing
 from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import api_client as _api_client
 from ansible_collections.zjusct.cloud.plugins.module_utils.model import launcher_pod
-from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import CloudVMError, authorize
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import (
+    CloudVMError,
+    authorize,
+    out_of_service,
+)
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
     GROUP,
     PLURAL,
@@ -186,9 +190,9 @@ class KubernetesCloudVMApi:
             got = self._call("list", self._api.list_cluster_custom_object, PLURAL, **kwargs)
         return [_clean(item) for item in got.get("items", [])]
 
-    def _pod_read(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[bool, Any]:
-        """``(answered, body)`` of a Pod read through ``CoreV1Api`` (raw JSON, no model classes): ``(True, None)``
-        for 404, ``(False, None)`` when the Pod cannot be read - no ``core``, 403 or another refusal, the API not
+    def _core_read(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[bool, Any]:
+        """``(answered, body)`` of a Pod or Node read through ``CoreV1Api`` (raw JSON, no model classes): ``(True,
+        None)`` for 404, ``(False, None)`` when it cannot be read - no ``core``, 403 or another refusal, the API not
         reachable - which the callers take as "nothing to say" (the module docstring)."""
         if self._core is None:
             return False, None
@@ -213,11 +217,21 @@ class KubernetesCloudVMApi:
         if name is None or self._core is None:
             return None
         ns = vm["metadata"]["namespace"]
-        answered, pod = self._pod_read(self._core.read_namespaced_pod, name, ns)
+        answered, pod = self._core_read(self._core.read_namespaced_pod, name, ns)
         if not answered:
             return None
         found = launcher_pod.doubt(ns, status, pod)
         return found.message if found else None
+
+    def boot_node_out_of_service(self, vm: dict) -> bool:
+        """:meth:`cloudvm.port.CloudVMApi.boot_node_out_of_service`: one GET of the Node ``status.node``, judged by
+        :func:`model.lifecycle.out_of_service`; False without a node in the status and when the Node cannot be read
+        (gone, 403 for a tenant, the API not reachable)."""
+        node = (vm.get("status") or {}).get("node")
+        if not node:
+            return False
+        answered, body = self._core_read(self._core.read_node, node) if self._core is not None else (False, None)
+        return bool(answered and out_of_service(body))
 
     def running_doubts(self, vms: Iterable[dict]) -> dict[str, str]:
         """:meth:`running_doubt` of many VMs with one Pod list per namespace (label selector
@@ -232,8 +246,8 @@ class KubernetesCloudVMApi:
         listed: set[str] = set()
         pods: dict[tuple[str, str], dict] = {}
         for ns in claiming:
-            answered, got = self._pod_read(self._core.list_namespaced_pod, ns,
-                                           label_selector=launcher_pod.LAUNCHER_SELECTOR)
+            answered, got = self._core_read(self._core.list_namespaced_pod, ns,
+                                            label_selector=launcher_pod.LAUNCHER_SELECTOR)
             if not answered or got is None:
                 continue
             listed.add(ns)

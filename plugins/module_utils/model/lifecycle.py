@@ -59,6 +59,18 @@ def authorize(vm: Optional[dict], params: dict) -> None:
             reason="Forbidden", vm_owner=owner)
 
 
+# KEP-2268 non-graceful node shutdown: the taint by which an operator states that a NotReady node is off
+# (docs/controller.md, Fencing). The controller fences an RBD root disk's old launcher there before anything starts
+# elsewhere; a start of a VM whose boot runs there asks for a new boot (:func:`current_boot_live`).
+OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
+
+
+def out_of_service(node: Optional[dict]) -> bool:
+    """True when the Node dict ``node`` carries the taint :data:`OUT_OF_SERVICE_TAINT` (any value or effect): the
+    operator has stated that the node is off. Pure."""
+    return any(t.get("key") == OUT_OF_SERVICE_TAINT for t in ((node or {}).get("spec") or {}).get("taints") or [])
+
+
 def node_lost(status: Optional[dict]) -> bool:
     """True when ``status`` says the current boot's launcher is on a lost node (``Unknown/NodeLost``, set only by
     the Kubernetes controller): neither its run nor its stop can be observed until the node is back, which may be
@@ -67,7 +79,7 @@ def node_lost(status: Optional[dict]) -> bool:
     return (status.get("phase"), status.get("reason")) == ("Unknown", "NodeLost")
 
 
-def current_boot_live(spec: dict, status: Optional[dict]) -> bool:
+def current_boot_live(spec: dict, status: Optional[dict], node_off: bool = False) -> bool:
     """True when the spec's current boot is requested and not known to have ended.
 
     That is ``powerState: Running`` and either the status has not caught up with ``spec.bootID``
@@ -77,6 +89,11 @@ def current_boot_live(spec: dict, status: Optional[dict]) -> bool:
     boot. The controller starts that boot only once the old launcher is fenced or gone (docs/controller.md,
     Fencing), so asking for it never makes a second writer; when the node comes back first, the old boot is
     stopped before the new one starts (the start then amounts to a restart).
+
+    ``node_off``: the node the status names for this boot is out of service (:func:`out_of_service`, read by the
+    caller). The operator's statement counts as the loss even before the status says so: the status is written by
+    the controller, which may lag the node (restarting, or not yet past its own look at the node), and a start
+    that took a stale Running for a live boot would wait for a guest that is gone.
     """
     if spec.get("powerState") != "Running":
         return False
@@ -84,7 +101,7 @@ def current_boot_live(spec: dict, status: Optional[dict]) -> bool:
     observed = status.get("bootID")
     if observed is None or int(observed) < int(spec.get("bootID", 0)):
         return True
-    if node_lost(status):
+    if node_lost(status) or node_off:
         return False
     return status.get("phase") not in ("Stopped", "Failed")
 
@@ -192,20 +209,21 @@ def keys_change(before: Optional[dict], after: dict, launched_boot: Optional[int
                    " still do; restart the VM (restart: true, playbook vm_restart) to apply the change now")
 
 
-def plan_power(spec: dict, status: Optional[dict], power_state: Optional[str]) -> dict:
+def plan_power(spec: dict, status: Optional[dict], power_state: Optional[str], node_off: bool = False) -> dict:
     """The spec after a power-state request (``running``, ``stopped`` or None for unchanged).
 
     Args:
         spec: the current spec (with defaults).
         status: the current status (may be empty).
         power_state: the module's ``power_state`` option.
+        node_off: the status's node is out of service (:func:`current_boot_live`).
 
     Returns:
         A new spec dict; equal to ``spec`` when nothing needs to change.
     """
     out = dict(spec)
     if power_state == "running":
-        if not current_boot_live(spec, status):
+        if not current_boot_live(spec, status, node_off):
             out["powerState"] = "Running"
             out["bootID"] = int(spec.get("bootID", 0)) + 1
     elif power_state == "stopped":

@@ -37,7 +37,9 @@ class FakeApi:
     # the adapter's check of a Running status against its launcher Pod, over the Pods of ``_core`` (a FakeCore);
     # None: no Pod is read and nothing is doubted, as an adapter that cannot read Pods
     running_doubt = k8s.KubernetesCloudVMApi.running_doubt
-    _pod_read = k8s.KubernetesCloudVMApi._pod_read
+    # and of the node its status names (the operator's out-of-service taint), over the Nodes of ``_core``
+    boot_node_out_of_service = k8s.KubernetesCloudVMApi.boot_node_out_of_service
+    _core_read = k8s.KubernetesCloudVMApi._core_read
     _core: Any = None
 
     def __init__(self) -> None:
@@ -662,13 +664,24 @@ class _RawPod:
 
 
 class FakeCore:
-    """``CoreV1Api.read_namespaced_pod`` over ``pods`` ({name: Pod JSON}, namespace ns); ``forbidden``: every read
-    is refused with 403; ``reads`` counts the GETs."""
+    """``CoreV1Api.read_namespaced_pod`` over ``pods`` ({name: Pod JSON}, namespace ns) and ``read_node`` over
+    ``nodes`` ({name: Node JSON}); ``forbidden``: every read is refused with 403; ``reads`` counts the GETs."""
 
     def __init__(self, **pods: dict) -> None:
         self.pods = pods
+        self.nodes: dict[str, dict] = {}
         self.forbidden = False
         self.reads = 0
+
+    def read_node(self, name: str, **kwargs: Any) -> _RawPod:
+        from kubernetes.client.exceptions import ApiException
+
+        self.reads += 1
+        if self.forbidden:
+            raise ApiException(status=403, reason="Forbidden")
+        if name not in self.nodes:
+            raise ApiException(status=404, reason="Not Found")
+        return _RawPod(self.nodes[name])
 
     def read_namespaced_pod(self, name: str, namespace: str, **kwargs: Any) -> _RawPod:
         from kubernetes.client.exceptions import ApiException
@@ -778,3 +791,49 @@ def test_a_start_waiting_on_a_boot_whose_node_was_lost_meanwhile_says_to_start_a
     assert "timed out after 5 s" in msg and "phase Unknown, reason NodeLost" in msg, msg
     assert "node node-2, which is lost" in msg and "start the VM again" in msg, msg
     assert api.get("ns", "vm1")["spec"]["bootID"] == 1  # no new boot asked for by the wait itself
+
+
+# --------------------------------------------------------------------------- a start on an out-of-service node
+
+
+def _stale_running_on(core: FakeCore, taints: list[dict]) -> FakeApi:
+    """VM ns/vm1 whose status still says Running for boot 1 on node-2 (its controller silent, as after a restart
+    that has not looked at the node yet), node-2 carrying ``taints``."""
+    api = running_vm_with(core)
+    api.set_status("ns", "vm1", phase="Running", reason="SSHReady", bootID=1, pod="vm1-boot-1", node="node-2")
+    core.nodes["node-2"] = {"metadata": {"name": "node-2"}, "spec": {"taints": taints}}
+    return api
+
+
+OUT_OF_SERVICE = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
+
+
+def test_a_start_after_the_operators_out_of_service_taint_asks_for_a_new_boot_whatever_the_status_says() -> None:
+    """The operator's recovery (taint, vm_start) while the controller has not yet written Unknown/NodeLost: the
+    start asks for boot 2 at once instead of waiting for a boot whose guest is gone (the fault campaign's case)."""
+    core = FakeCore(**{"vm1-boot-1": launcher("False")})
+    api = _stale_running_on(core, [OUT_OF_SERVICE, {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}])
+    result = backend(api).ensure(params(power_state="running", wait=False), check_mode=False, diff=False)
+    assert (result["changed"], result["boot_id"]) == (True, 2), result
+    assert api.get("ns", "vm1")["spec"]["bootID"] == 2
+
+
+def test_a_start_on_a_node_without_the_taint_or_that_cannot_be_read_keeps_the_boot() -> None:
+    for taints, forbidden in (([{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}], False),
+                              ([OUT_OF_SERVICE], True)):  # a tenant may not read Nodes: the status as written
+        core = FakeCore(**{"vm1-boot-1": launcher("True")})
+        api = _stale_running_on(core, taints)
+        core.forbidden = forbidden
+        result = backend(api).ensure(params(power_state="running", wait=False), check_mode=False, diff=False)
+        assert (result["changed"], result["boot_id"]) == (False, 1), (taints, forbidden, result)
+
+
+def test_the_node_is_read_only_for_a_start_of_a_live_boot_on_a_named_node() -> None:
+    core = FakeCore(**{"vm1-boot-1": launcher("True")})
+    api = _stale_running_on(core, [OUT_OF_SERVICE])
+    reads = core.reads
+    backend(api).ensure(params(power_state="stopped", wait=False), check_mode=False, diff=False)
+    assert core.reads == reads, "a stop reads no Node"
+    api.set_status("ns", "vm1", phase="Stopped", reason="StopRequested", bootID=1, node="node-2")
+    result = backend(api).ensure(params(power_state="running", wait=False), check_mode=False, diff=False)
+    assert result["boot_id"] == 2 and core.reads == reads, "a start of an ended boot needs no Node either"
