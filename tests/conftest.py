@@ -5,9 +5,11 @@
   Ansible does.
 * Enforces the real-component rule: a test marked ``k8s``, ``kubelet``, ``multinode``, ``ceph``, ``netns`` or
   ``guest`` whose component is missing FAILS when ``CI=true`` and is skipped with the reason printed otherwise.
-* Runs the local cluster's tests (tests/integration/localcluster) first in a session: each of their modules takes
-  the machine's real-node lock for its own cluster and gives it back, while the real node of
-  tests/integration/k8s_node holds that lock from its first test to the session's end.
+* Runs the local cluster's tests (tests/integration/localcluster) first in a session: each of their clusters takes
+  the machine's real-node lock and gives it back, while the real node of tests/integration/k8s_node holds that lock
+  from its first test to the session's end. Among them, the tests that bring up a cluster of their own
+  (``hack/cluster.sh``, ``make quickstart-kubernetes``) run before those on the package's shared ``local_cluster``,
+  which holds the lock from its first test to its package's last.
 """
 
 from __future__ import annotations
@@ -97,9 +99,11 @@ LOCAL_CLUSTER_TESTS = str(REPO / "tests" / "integration" / "localcluster") + os.
 
 @pytest.hookimpl(trylast=True)  # after pytest-random-order's shuffle, which keeps the relative order otherwise
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Move the local cluster's tests to the front (see the module docstring)."""
+    """Move the local cluster's tests to the front, those on the shared ``local_cluster`` last among them (see the
+    module docstring); the shuffled order is kept otherwise."""
     first = [i for i in items if str(i.path).startswith(LOCAL_CLUSTER_TESTS)]
     if first:
+        first.sort(key=lambda i: "local_cluster" in getattr(i, "fixturenames", ()))  # stable: own clusters first
         items[:] = first + [i for i in items if not str(i.path).startswith(LOCAL_CLUSTER_TESTS)]
 
 

@@ -9,8 +9,9 @@
   a second session waits for the lock.
 * ``launcher_image`` (session): ``playbooks/launcher_image.yml`` (cached archive under
   ``${ZJUSCT_CACHE}/launcher-image``) imported into the real node's containerd.
-* ``pod_ceph`` (module): a Ceph cluster bound to the host side of the real node's CNI bridge, the one host address
-  a Pod reaches (for RBD root disks opened by QEMU's librbd inside launcher Pods).
+* ``pod_ceph`` (module; the cluster itself is the session's): a Ceph cluster bound to the host side of the real
+  node's CNI bridge, the one host address a Pod reaches (for RBD root disks opened by QEMU's librbd inside launcher
+  Pods); its OSD blocklist is cleared at each module's end.
 
 Tests here are marked ``kubelet`` (and ``k8s``): under ``CI=true`` a missing containerd, runc or kubelet binary
 fails them (tests/conftest.py gate).
@@ -103,10 +104,12 @@ def _bridge_has_address() -> bool:
     return f" {CEPH_ADDR}/" in out.stdout
 
 
-@pytest.fixture(scope="module")
-def pod_ceph(real_node: RealNode, k8s_api: Any) -> Iterator[CephCluster]:  # noqa: F811
-    """A Ceph cluster bound to ``CEPH_ADDR`` on the node's CNI bridge (stopped at the end; the bridge is the
-    node's and goes with it)."""
+@pytest.fixture(scope="session")
+def _pod_ceph_cluster(real_node: RealNode, k8s_api: Any) -> Iterator[CephCluster]:  # noqa: F811
+    """The session's Ceph cluster bound to ``CEPH_ADDR`` on the node's CNI bridge (stopped at the end; the bridge is
+    the node's and goes with it). One per session: its start and the guest image's template import
+    (``rbd_root_volume``) cost a minute or more of the lane that holds the machine's real-node lock; the tests name
+    their images after their namespaces."""
     require("ceph", _have_ceph(), "ceph-mon/mgr/osd and rbd not installed (hack/install-deps.sh)")
     if not _bridge_has_address():  # the bridge plugin creates the bridge with the first Pod sandbox
         core: Any = client.CoreV1Api(k8s_api)
@@ -123,13 +126,24 @@ def pod_ceph(real_node: RealNode, k8s_api: Any) -> Iterator[CephCluster]:  # noq
         cluster.stop()
 
 
+@pytest.fixture(scope="module")
+def pod_ceph(_pod_ceph_cluster: CephCluster) -> Iterator[CephCluster]:
+    """The session's Ceph for the Pods (``_pod_ceph_cluster``); at the module's end its OSD blocklist is cleared:
+    a fence of a Pod IP with no watcher blocklists the whole address (``ip:0/0``), which would refuse a later
+    module's launcher Pod given the same IP by the node's IPAM."""
+    yield _pod_ceph_cluster
+    with contextlib.suppress(Exception):
+        _pod_ceph_cluster.ceph("osd", "blocklist", "clear")
+
+
 SERVICE_BRIDGE = CEPH_IF  # the node's CNI bridge, where Pods' packets to the kubernetes Service arrive
 NFT_TABLE = "zjusct_test_svc"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def controller_image(real_node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """``playbooks/controller_image.yml`` imported into the real node (see :func:`build_image`)."""
+    """``playbooks/controller_image.yml`` imported into the real node once per session (see :func:`build_image`;
+    the same archive for every module: one ``ctr images import`` of it costs 12-50 s)."""
     return build_image(real_node, tmp_path_factory, "controller")
 
 

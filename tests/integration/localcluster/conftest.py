@@ -1,9 +1,12 @@
 """Fixtures for the local cluster (zjusct_localcluster, docs/kubernetes.md): two real nodes in their own network and
 mount namespaces, kube-proxy, kube-router, and Ceph with three OSDs, all on this machine.
 
-* ``local_cluster`` (module): a :class:`zjusct_localcluster.cluster.LocalCluster` — the same class
-  ``hack/cluster.sh up`` runs — started for the module and stopped at its end (also when tests fail; its daemons
-  die with the test process). It takes the machine's real-node lock for that time.
+* ``local_cluster`` (package): a :class:`zjusct_localcluster.cluster.LocalCluster` — the same class
+  ``hack/cluster.sh up`` runs — started once for the modules of this directory that use it and stopped after the
+  last of them (also when tests fail; its daemons die with the test process). It takes the machine's real-node lock
+  for that time, so tests/conftest.py runs the modules that bring up a cluster of their own (``hack/cluster.sh``,
+  ``make quickstart-kubernetes``) before it. A test that loses a node restores it; ``lc_namespace`` waits for every
+  node Ready.
 * ``lc_core`` / ``lc_namespace``: the admin CoreV1Api and a fresh namespace (Pods force-deleted after the test).
 * helpers to make busybox Pods on a given node and to run a command in one.
 
@@ -38,9 +41,10 @@ WAIT = 180.0
 MARK = "hello-from-server"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def local_cluster() -> Iterator[LocalCluster]:
-    """Two nodes and a three-OSD Ceph (module scope: node-loss tests change it and restore it)."""
+    """Two nodes and a three-OSD Ceph, shared by the package's modules (node-loss tests change it and restore
+    it)."""
     reason = missing_reason()
     require("multinode", reason is None, f"a local cluster needs {reason}")
     parent = Path(tempfile.mkdtemp(prefix="zjlc-"))  # short: containerd's sockets live under it (107 bytes)
@@ -58,7 +62,7 @@ def local_cluster() -> Iterator[LocalCluster]:
         shutil.rmtree(parent, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def lc_core(local_cluster: LocalCluster) -> Iterator[Any]:
     api = local_cluster.api_client()
     try:
