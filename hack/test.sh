@@ -117,6 +117,11 @@ fi
 order=(--random-order-bucket=module)
 common=(-p no:cacheprovider "${order[@]}" --durations=40)
 t0=$SECONDS
+# How busy the machine's CPUs were while pytest's lanes ran (the first line of /proc/stat every 10 s; summed up at
+# the end): whether the run waits on the CPUs (cutting any work shortens it) or on timers and guests (only the
+# longest lane's waits count).
+( while sleep 10; do head -n 1 /proc/stat; done ) >"$checks_dir/cpu" 2>/dev/null &
+cpu_pid=$!
 lane_rc() { # lane_rc NAME RC: record a lane's verdict
   echo "==> pytest $1: exit $2"
   case $2 in
@@ -175,6 +180,7 @@ else
   rm -rf "$logs"
 fi
 pytest_end=$SECONDS
+kill "$cpu_pid" 2>/dev/null
 echo "==> pytest: $((SECONDS - t0)) s"
 
 # The Molecule jobs' output follows pytest's (their verdicts are read with the static checks' below).
@@ -191,6 +197,12 @@ fi
 
 # where the time went, near the end (CI keeps only the tail): lanes, Molecule and static checks, slowest modules
 echo "==> times: total $((SECONDS / 60)) min; pytest $(( (pytest_end - t0) / 60 )) min; ${lane_times:-one session}"
+# per 10-s sample: busy = 1 - (idle + iowait) / total jiffies
+awk '{t = 0; for (i = 2; i <= 9; i++) t += $i; w = $5 + $6  # user..steal (guest time is within user)
+      if (NR > 1 && t > pt) { b = 1 - (w - pw) / (t - pt); sum += b; n++; if (b >= 0.9) full++; io += ($6 - pio) / (t - pt) }
+      pt = t; pw = w; pio = $6}
+     END {if (n) printf "==> cpu while pytest ran: %.0f %% busy on average, %.0f %% of the time >= 90 %% busy, iowait %.0f %%\n",
+          100 * sum / n, 100 * full / n, 100 * io / n}' "$checks_dir/cpu"
 grep -hE "^==> (molecule [a-z_]+|ruff|mypy|ansible-lint|ansible-test sanity): (ok|FAILED)" \
   "$checks_dir"/molecule-*.log "$checks_dir/log" 2>/dev/null | tr '\n' ';' | sed 's/==> //g; s/;$/\n/'
 if compgen -G "$checks_dir/times-*" >/dev/null; then
