@@ -67,3 +67,40 @@ def stop_process(proc: subprocess.Popen, timeout: float = 30.0) -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
     return proc.wait()
+
+
+# The taint docs/kubernetes.md tells the operator to put on a lost node before starting its VMs elsewhere.
+OUT_OF_SERVICE = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
+
+
+def local_cluster_operator() -> tuple[dict, dict[str, str]]:
+    """What the operator of the local cluster (``hack/cluster.sh``, docs/kubernetes.md) works with: the cluster's
+    ``status --json`` (kubeconfig, Ceph paths, nodes) and the environment the docs export for the playbooks (this
+    venv's commands first on PATH, the kubernetes backend, the admin kubeconfig and Ceph identity).
+
+    Raises:
+        subprocess.CalledProcessError: no local cluster is up (``hack/cluster.sh status`` failed).
+    """
+    import json
+    import os
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    status = json.loads(subprocess.run([str(repo / "hack" / "cluster.sh"), "status", "--json"], capture_output=True,
+                                       text=True, check=True).stdout)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+           "ANSIBLE_CONFIG": str(repo / "ansible.cfg"), "ZJUSCT_CLOUD_BACKEND": "kubernetes",
+           "K8S_AUTH_KUBECONFIG": status["kubeconfig"], "CEPH_CONF": status["ceph_conf"],
+           "CEPH_KEYRING": status["ceph_keyring"], "CEPH_USER": "admin"}
+    return status, env
+
+
+def taint_argv(node: str, state: str) -> list[str]:
+    """``ansible localhost -m kubernetes.core.k8s_taint`` putting (``state`` present) or removing (absent) the
+    :data:`OUT_OF_SERVICE` taint of ``node``: the operator's step of docs/kubernetes.md."""
+    import json
+    import sys
+
+    spec = {"name": node, "state": state, "taints": [OUT_OF_SERVICE]}
+    return [str(Path(sys.executable).parent / "ansible"), "localhost", "-m", "kubernetes.core.k8s_taint",
+            "-a", json.dumps(spec)]

@@ -52,11 +52,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     venv = Path(sys.executable).parent
-    status = json.loads(subprocess.run([CLUSTER, "status", "--json"], capture_output=True, text=True,
-                                       check=True).stdout)
-    env = {**os.environ, "PATH": f"{venv}:{os.environ.get('PATH', '')}", "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-           "ZJUSCT_CLOUD_BACKEND": "kubernetes", "K8S_AUTH_KUBECONFIG": status["kubeconfig"],
-           "CEPH_CONF": status["ceph_conf"], "CEPH_KEYRING": status["ceph_keyring"], "CEPH_USER": "admin"}
+    status, env = benchlib.local_cluster_operator()
     from kubernetes import client, config
 
     custom: Any = client.CustomObjectsApi(config.new_client_from_config(status["kubeconfig"]))
@@ -65,9 +61,7 @@ def main() -> int:
         return dict(custom.get_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, args.owner)["status"])
 
     def taint(node: str, state: str) -> None:
-        spec = {"name": node, "state": state, "taints": [{"key": "node.kubernetes.io/out-of-service",
-                                                          "value": "nodeshutdown", "effect": "NoExecute"}]}
-        run([str(venv / "ansible"), "localhost", "-m", "kubernetes.core.k8s_taint", "-a", json.dumps(spec)], env)
+        run(benchlib.taint_argv(node, state), env)
 
     start = [str(venv / "ansible-playbook"), "playbooks/vm_start.yml", "-e", f"owner={args.owner}"]
     stop = [str(venv / "ansible-playbook"), "playbooks/vm_stop.yml", "-e", f"owner={args.owner}"]

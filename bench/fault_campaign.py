@@ -50,6 +50,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / ".collections"))
 
+import benchlib  # noqa: E402  (bench/, first on sys.path as the script's directory)
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import GROUP, PLURAL, VERSION  # noqa: E402
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import Connection, ImageRef, Rbd  # noqa: E402
 
@@ -59,7 +60,6 @@ from tests.integration.k8s_node.controller_helpers import WriterSampler, ssh_arg
 CLUSTER = str(REPO / "hack" / "cluster.sh")
 MOMENTS = ("running", "booting", "stopping", "fence", "controller-restart")
 HOWS = ("agents", "poweroff", "partition")
-OUT_OF_SERVICE = {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}
 CONTROLLER_NS, CONTROLLER_LABEL = "zjusct-cloud-system", "app.kubernetes.io/name=zjusct-cloud"
 
 
@@ -78,12 +78,7 @@ class Campaign:
         from kubernetes import client, config
 
         venv = Path(sys.executable).parent
-        self.status = json.loads(subprocess.run([CLUSTER, "status", "--json"], capture_output=True, text=True,
-                                                check=True).stdout)
-        self.env = {**os.environ, "PATH": f"{venv}:{os.environ.get('PATH', '')}",
-                    "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ZJUSCT_CLOUD_BACKEND": "kubernetes",
-                    "K8S_AUTH_KUBECONFIG": self.status["kubeconfig"], "CEPH_CONF": self.status["ceph_conf"],
-                    "CEPH_KEYRING": self.status["ceph_keyring"], "CEPH_USER": "admin"}
+        self.status, self.env = benchlib.local_cluster_operator()
         self.venv, self.owner, self.ns = venv, args.owner, "default"
         api = config.new_client_from_config(self.status["kubeconfig"])
         self.core, self.custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
@@ -106,9 +101,7 @@ class Campaign:
                                 stderr=subprocess.DEVNULL)
 
     def taint(self, node: str, state: str) -> None:
-        spec = {"name": node, "state": state, "taints": [OUT_OF_SERVICE]}
-        out = self.run([str(self.venv / "ansible"), "localhost", "-m", "kubernetes.core.k8s_taint",
-                        "-a", json.dumps(spec)])
+        out = self.run(benchlib.taint_argv(node, state))
         if out.returncode != 0:
             raise RuntimeError(f"k8s_taint {node} {state}: {out.stdout[-2000:]}")
 
