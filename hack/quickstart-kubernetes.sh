@@ -19,14 +19,16 @@ export ANSIBLE_CONFIG="$here/ansible.cfg"
 owner=${OWNER:-alice}
 state=${ZJUSCT_LOCALCLUSTER:-/var/lib/zjusct-localcluster}
 export ZJUSCT_LOCALCLUSTER=$state
+# each step says when it starts (seconds since the script started): where a cold or a warm run spends its time
+step() { echo "==> $1 (at ${SECONDS} s)"; }
 
-echo "==> 1/8 install packages, the Python venv and the collection link (the full set: containerd, Ceph, ...)"
+step "1/8 install packages, the Python venv and the collection link (the full set: containerd, Ceph, ...)"
 hack/install-deps.sh
 
-echo "==> 2/8 build the Kubernetes binaries into $ZJUSCT_CACHE (cached: minutes the first time only)"
+step "2/8 build the Kubernetes binaries into $ZJUSCT_CACHE (cached: minutes the first time only)"
 hack/build-k8s.sh
 
-echo "==> 3/8 the local cluster (hack/cluster.sh up: control plane, 2 nodes, Ceph)"
+step "3/8 the local cluster (hack/cluster.sh up: control plane, 2 nodes, Ceph)"
 if hack/cluster.sh status >/dev/null 2>&1; then
   echo "    already running in $state: reused"
 else
@@ -49,7 +51,7 @@ json_field() { # json_field FILE KEY: the top-level KEY of the JSON document FIL
   python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"
 }
 
-echo "==> 4/8 the guest image set (debootstrap: minutes the first time)"
+step "4/8 the guest image set (debootstrap: minutes the first time)"
 work="$state/quickstart"
 mkdir -p "$work"
 # Two builds into one image directory at once would wipe each other's build tree: wait for any other build there
@@ -61,7 +63,7 @@ flock "$ZJUSCT_CACHE/images/.guest_image.lock" \
 image_dir=$(json_field "$work/guest-image.json" path)
 cmdline=$(json_field "$image_dir/manifest.json" defaultCmdline)
 
-echo "==> 5/8 the launcher and controller images, imported into each node's containerd"
+step "5/8 the launcher and controller images, imported into each node's containerd"
 for sock in "${sockets[@]}"; do
   for kind in launcher controller; do
     ansible-playbook "playbooks/${kind}_image.yml" -e "${kind}_image_containerd_address=$sock" \
@@ -71,10 +73,10 @@ done
 launcher_tag=$(json_field "$work/launcher-image.json" tag)
 controller_tag=$(json_field "$work/controller-image.json" key_tag)
 
-echo "==> 6/8 cephx users for the VMs' disks and for fencing, their keyrings in Secrets"
+step "6/8 cephx users for the VMs' disks and for fencing, their keyrings in Secrets"
 ansible-playbook playbooks/ceph_credentials.yml
 
-echo "==> 7/8 ansible-playbook site.yml -e zjusct_cloud_backend=kubernetes (CRDs, RBAC, policies, the controller)"
+step "7/8 ansible-playbook site.yml -e zjusct_cloud_backend=kubernetes (CRDs, RBAC, policies, the controller)"
 python3 - "$work/site-vars.json" "$launcher_tag" "$controller_tag" "$image_dir" "$cmdline" "$mon_host" \
   "$pod_cidrs" <<'EOF'
 import json, sys
@@ -98,15 +100,15 @@ if [ ! -f "$key" ]; then
   ssh-keygen -q -t ed25519 -N '' -f "$key"
 fi
 export ZJUSCT_CLOUD_BACKEND=kubernetes
-echo "==> 8/8 start $owner's VM on an RBD root disk: ansible-playbook playbooks/vm_start.yml -e owner=$owner"
+step "8/8 start $owner's VM on an RBD root disk: ansible-playbook playbooks/vm_start.yml -e owner=$owner"
 ansible-playbook playbooks/vm_start.yml -e "owner=$owner" -e "images_dir=$ZJUSCT_CACHE/images" \
   -e "ssh_public_key_file=$key.pub"
-echo "==> the dynamic inventory, and a command inside the guest over SSH"
+step "the dynamic inventory, and a command inside the guest over SSH"
 ansible-inventory -i inventory/kubernetes.cloudvm.yml --graph
 ansible -i inventory/kubernetes.cloudvm.yml "owner_$owner" --private-key "$key" -m ansible.builtin.command -a "uname -a"
 
 cat <<EOF
-==> done: $owner's VM runs on the local cluster. In this shell first:
+==> done: $owner's VM runs on the local cluster (after ${SECONDS} s). In this shell first:
     export PATH=$ZJUSCT_CACHE/venv/bin:\$PATH ZJUSCT_CLOUD_BACKEND=kubernetes K8S_AUTH_KUBECONFIG=$K8S_AUTH_KUBECONFIG \\
       KUBECONFIG=$K8S_AUTH_KUBECONFIG CEPH_CONF=$CEPH_CONF CEPH_KEYRING=$CEPH_KEYRING CEPH_USER=admin
     where it runs:   ansible-inventory -i inventory/kubernetes.cloudvm.yml --graph
