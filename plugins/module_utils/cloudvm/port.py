@@ -100,8 +100,8 @@ class CloudVMApi(Protocol):
         always None (every read derives the status from what runs)."""
 
     def boot_node_out_of_service(self, vm: dict) -> bool:
-        """True when the node ``status.node`` of ``vm`` (as just read) carries the out-of-service taint
-        (:func:`model.lifecycle.out_of_service`: the operator's statement that the node is off), so a start asks for
+        """True when the node ``status.node`` of ``vm`` (as just read) carries the out-of-service taint and is not
+        Ready (:func:`model.lifecycle.stated_off`: the operator's statement that the node is off), so a start asks for
         a new boot whatever the status still says. Kubernetes: one GET of the Node; False when it cannot be read
         (403: a tenant may not read Nodes; gone; the API not reachable). Host: always False (one host, no nodes to
         lose)."""

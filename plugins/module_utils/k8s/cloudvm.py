@@ -36,7 +36,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model import launcher
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import (
     CloudVMError,
     authorize,
-    out_of_service,
+    stated_off,
 )
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
     GROUP,
@@ -225,13 +225,13 @@ class KubernetesCloudVMApi:
 
     def boot_node_out_of_service(self, vm: dict) -> bool:
         """:meth:`cloudvm.port.CloudVMApi.boot_node_out_of_service`: one GET of the Node ``status.node``, judged by
-        :func:`model.lifecycle.out_of_service`; False without a node in the status and when the Node cannot be read
+        :func:`model.lifecycle.stated_off`; False without a node in the status and when the Node cannot be read
         (gone, 403 for a tenant, the API not reachable)."""
         node = (vm.get("status") or {}).get("node")
         if not node:
             return False
         answered, body = self._core_read(self._core.read_node, node) if self._core is not None else (False, None)
-        return bool(answered and out_of_service(body))
+        return bool(answered and stated_off(body))
 
     def running_doubts(self, vms: Iterable[dict]) -> dict[str, str]:
         """:meth:`running_doubt` of many VMs with one Pod list per namespace (label selector

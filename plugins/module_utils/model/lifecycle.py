@@ -71,6 +71,15 @@ def out_of_service(node: Optional[dict]) -> bool:
     return any(t.get("key") == OUT_OF_SERVICE_TAINT for t in ((node or {}).get("spec") or {}).get("taints") or [])
 
 
+def stated_off(node: Optional[dict]) -> bool:
+    """True when the Node dict ``node`` is :func:`out_of_service` and not Ready (its ``Ready`` condition is not
+    True): the node the controller fences on (docs/controller.md, Fencing). A Ready node that still carries the taint
+    (back before the operator removed it) is not off. Pure."""
+    conditions = ((node or {}).get("status") or {}).get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    return out_of_service(node) and not ready
+
+
 def node_lost(status: Optional[dict]) -> bool:
     """True when ``status`` says the current boot's launcher is on a lost node (``Unknown/NodeLost``, set only by
     the Kubernetes controller): neither its run nor its stop can be observed until the node is back, which may be
@@ -90,8 +99,8 @@ def current_boot_live(spec: dict, status: Optional[dict], node_off: bool = False
     Fencing), so asking for it never makes a second writer; when the node comes back first, the old boot is
     stopped before the new one starts (the start then amounts to a restart).
 
-    ``node_off``: the node the status names for this boot is out of service (:func:`out_of_service`, read by the
-    caller). The operator's statement counts as the loss even before the status says so: the status is written by
+    ``node_off``: the node the status names for this boot is out of service and not Ready (:func:`stated_off`, read
+    by the caller). The operator's statement counts as the loss even before the status says so: the status is written by
     the controller, which may lag the node (restarting, or not yet past its own look at the node), and a start
     that took a stale Running for a live boot would wait for a guest that is gone.
     """

@@ -796,12 +796,13 @@ def test_a_start_waiting_on_a_boot_whose_node_was_lost_meanwhile_says_to_start_a
 # --------------------------------------------------------------------------- a start on an out-of-service node
 
 
-def _stale_running_on(core: FakeCore, taints: list[dict]) -> FakeApi:
+def _stale_running_on(core: FakeCore, taints: list[dict], ready: str = "Unknown") -> FakeApi:
     """VM ns/vm1 whose status still says Running for boot 1 on node-2 (its controller silent, as after a restart
-    that has not looked at the node yet), node-2 carrying ``taints``."""
+    that has not looked at the node yet), node-2 carrying ``taints``, its Ready condition ``ready``."""
     api = running_vm_with(core)
     api.set_status("ns", "vm1", phase="Running", reason="SSHReady", bootID=1, pod="vm1-boot-1", node="node-2")
-    core.nodes["node-2"] = {"metadata": {"name": "node-2"}, "spec": {"taints": taints}}
+    core.nodes["node-2"] = {"metadata": {"name": "node-2"}, "spec": {"taints": taints},
+                            "status": {"conditions": [{"type": "Ready", "status": ready}]}}
     return api
 
 
@@ -818,14 +819,16 @@ def test_a_start_after_the_operators_out_of_service_taint_asks_for_a_new_boot_wh
     assert api.get("ns", "vm1")["spec"]["bootID"] == 2
 
 
-def test_a_start_on_a_node_without_the_taint_or_that_cannot_be_read_keeps_the_boot() -> None:
-    for taints, forbidden in (([{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}], False),
-                              ([OUT_OF_SERVICE], True)):  # a tenant may not read Nodes: the status as written
+def test_a_start_on_a_node_without_the_taint_ready_again_or_that_cannot_be_read_keeps_the_boot() -> None:
+    for taints, ready, forbidden in (
+            ([{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}], "Unknown", False),
+            ([OUT_OF_SERVICE], "True", False),  # back and Ready before the operator removed the taint: not off
+            ([OUT_OF_SERVICE], "Unknown", True)):  # a tenant may not read Nodes: the status as written
         core = FakeCore(**{"vm1-boot-1": launcher("True")})
-        api = _stale_running_on(core, taints)
+        api = _stale_running_on(core, taints, ready)
         core.forbidden = forbidden
         result = backend(api).ensure(params(power_state="running", wait=False), check_mode=False, diff=False)
-        assert (result["changed"], result["boot_id"]) == (False, 1), (taints, forbidden, result)
+        assert (result["changed"], result["boot_id"]) == (False, 1), (taints, ready, forbidden, result)
 
 
 def test_the_node_is_read_only_for_a_start_of_a_live_boot_on_a_named_node() -> None:
