@@ -6,8 +6,11 @@ Imported as ``import benchlib`` (a bench script's own directory is first on ``sy
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -81,10 +84,6 @@ def local_cluster_operator() -> tuple[dict, dict[str, str]]:
     Raises:
         subprocess.CalledProcessError: no local cluster is up (``hack/cluster.sh status`` failed).
     """
-    import json
-    import os
-    import sys
-
     repo = Path(__file__).resolve().parent.parent
     status = json.loads(subprocess.run([str(repo / "hack" / "cluster.sh"), "status", "--json"], capture_output=True,
                                        text=True, check=True).stdout)
@@ -98,9 +97,6 @@ def local_cluster_operator() -> tuple[dict, dict[str, str]]:
 def taint_argv(node: str, state: str) -> list[str]:
     """``ansible localhost -m kubernetes.core.k8s_taint`` putting (``state`` present) or removing (absent) the
     :data:`OUT_OF_SERVICE` taint of ``node``: the operator's step of docs/kubernetes.md."""
-    import json
-    import sys
-
     spec = {"name": node, "state": state, "taints": [OUT_OF_SERVICE]}
     return [str(Path(sys.executable).parent / "ansible"), "localhost", "-m", "kubernetes.core.k8s_taint",
             "-a", json.dumps(spec)]

@@ -23,7 +23,11 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.launcher_config
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.launcher_config import (
     launcher_config as build_launcher_config,
 )
-from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import OUT_OF_SERVICE_TAINT, out_of_service
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import (
+    OUT_OF_SERVICE_TAINT,
+    node_ready,
+    out_of_service,
+)
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.names import DNS1123_LABEL_MAX, TAP_PREFIX, fit
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.phase import BootObservation, Status, derive_status
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.placement import DEFAULT_RATIOS
@@ -597,14 +601,6 @@ def _condition(obj: dict, kind: str) -> Optional[dict]:
         if cond.get("type") == kind:
             return dict(cond)
     return None
-
-
-def node_ready(node: Optional[dict]) -> Optional[bool]:
-    """True/False from the Node's Ready condition; None when the Node or the condition is missing."""
-    if node is None:
-        return None
-    cond = _condition(node, "Ready")
-    return None if cond is None else cond.get("status") == "True"
 
 
 def unschedulable(pod: dict) -> Optional[str]:

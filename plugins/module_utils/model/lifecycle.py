@@ -71,13 +71,19 @@ def out_of_service(node: Optional[dict]) -> bool:
     return any(t.get("key") == OUT_OF_SERVICE_TAINT for t in ((node or {}).get("spec") or {}).get("taints") or [])
 
 
+def node_ready(node: Optional[dict]) -> Optional[bool]:
+    """True/False from the Node dict's ``Ready`` condition; None when the Node or the condition is missing. Pure."""
+    if node is None:
+        return None
+    cond = next((c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
+    return None if cond is None else cond.get("status") == "True"
+
+
 def stated_off(node: Optional[dict]) -> bool:
-    """True when the Node dict ``node`` is :func:`out_of_service` and not Ready (its ``Ready`` condition is not
-    True): the node the controller fences on (docs/controller.md, Fencing). A Ready node that still carries the taint
-    (back before the operator removed it) is not off. Pure."""
-    conditions = ((node or {}).get("status") or {}).get("conditions") or []
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-    return out_of_service(node) and not ready
+    """True when the Node dict ``node`` is :func:`out_of_service` and not Ready (:func:`node_ready` not True): the
+    node the controller fences on (docs/controller.md, Fencing). A Ready node that still carries the taint (back
+    before the operator removed it) is not off. Pure."""
+    return out_of_service(node) and node_ready(node) is not True
 
 
 def node_lost(status: Optional[dict]) -> bool:

@@ -140,6 +140,10 @@ def test_quickstart_kubernetes_then_a_lost_node_and_alice_running_on_the_other_n
                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             wait_for(lambda: alice()["spec"]["bootID"] == 2, WAIT, "vm_start asking for boot 2 with no controller")
+        except BaseException:
+            start.kill()  # it would wait on for its whole timeout
+            start.wait()
+            raise
         finally:
             scale_controller(api, 1)
         out, _ = start.communicate(timeout=1800)

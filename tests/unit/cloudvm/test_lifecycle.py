@@ -658,7 +658,7 @@ def test_a_refusal_of_an_older_generation_or_boot_does_not_end_the_wait() -> Non
 # --------------------------------------------------------------------------- a Running status with a doubt
 
 
-class _RawPod:
+class _RawBody:
     def __init__(self, doc: dict) -> None:
         self.data = json.dumps(doc).encode()
 
@@ -673,7 +673,7 @@ class FakeCore:
         self.forbidden = False
         self.reads = 0
 
-    def read_node(self, name: str, **kwargs: Any) -> _RawPod:
+    def read_node(self, name: str, **kwargs: Any) -> _RawBody:
         from kubernetes.client.exceptions import ApiException
 
         self.reads += 1
@@ -681,9 +681,9 @@ class FakeCore:
             raise ApiException(status=403, reason="Forbidden")
         if name not in self.nodes:
             raise ApiException(status=404, reason="Not Found")
-        return _RawPod(self.nodes[name])
+        return _RawBody(self.nodes[name])
 
-    def read_namespaced_pod(self, name: str, namespace: str, **kwargs: Any) -> _RawPod:
+    def read_namespaced_pod(self, name: str, namespace: str, **kwargs: Any) -> _RawBody:
         from kubernetes.client.exceptions import ApiException
 
         self.reads += 1
@@ -691,7 +691,7 @@ class FakeCore:
             raise ApiException(status=403, reason="Forbidden")
         if namespace != "ns" or name not in self.pods:
             raise ApiException(status=404, reason="Not Found")
-        return _RawPod(self.pods[name])
+        return _RawBody(self.pods[name])
 
 
 def launcher(ready: str, node: str = "node-2") -> dict:
