@@ -19,7 +19,12 @@ from typing import Any
 from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import auth_argument_spec
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import CloudVMError
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.quota import LIMITS
-from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import in_user_terms, is_dns_label
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
+    default_root_volume_claim,
+    in_user_terms,
+    is_dns_label,
+    is_dns_subdomain,
+)
 
 BACKENDS = ("host", "kubernetes")
 # what a playbook may look a VM up for with cloudvm_info's authorize (the audit record's action)
@@ -216,3 +221,39 @@ def run_rbd_backup(params: dict, check_mode: bool) -> dict:
     from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.backup_events import run_with_events
 
     return run_with_events(params, lambda: host(params, check_mode), check_mode)
+
+
+def root_volume_info_argument_spec() -> dict:
+    """The ``zjusct.cloud.root_volume_info`` module's argument spec: the backend options, ``name`` or ``vm``, and
+    ``namespace``."""
+    spec = backend_argument_spec()
+    spec.update(name={"type": "str"}, vm={"type": "str"}, namespace={"type": "str", "default": "default"})
+    return spec
+
+
+ROOT_VOLUME_INFO_ONE_OF = [("name", "vm")]  # mutually exclusive and one of them required
+
+
+def run_root_volume_info(params: dict, check_mode: bool) -> dict:
+    """The ``zjusct.cloud.root_volume_info`` module: a root volume described in one shape on both backends
+    (``host.host_volume_module.root_volume_info``: the host store's record; ``k8s.root_volume_claim.root_volume_info``:
+    the claim and its PersistentVolume), by :func:`resolve_backend`. ``vm`` names the root volume a new CloudVM of
+    that name gets (:func:`model.spec.default_root_volume_claim`, ``<vm>-root``). Read-only, the same in check mode.
+
+    Returns:
+        ``{changed: False, name, volume, missing, volume_driver, rbd_image, host_config}`` (the module's RETURN).
+
+    Raises:
+        CloudVMError: ``vm`` is not a DNS label or ``name`` not a DNS subdomain (option, value and rule named).
+        CloudError: the host store or the API server cannot be read (named).
+    """
+    if params.get("vm") is not None and not is_dns_label(params["vm"]):
+        raise CloudVMError(f"vm: {params['vm']!r} is not a DNS label (a CloudVM name such as web)")
+    name = params.get("name") or default_root_volume_claim(str(params.get("vm")))
+    if not is_dns_subdomain(name):
+        raise CloudVMError(f"name: {name!r} is not a DNS subdomain (a volume or claim name such as web-root)")
+    if resolve_backend(params) == "host":
+        from ansible_collections.zjusct.cloud.plugins.module_utils.host.host_volume_module import root_volume_info
+    else:
+        from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.root_volume_claim import root_volume_info
+    return dict(root_volume_info(dict(params, name=name)), name=name)

@@ -188,3 +188,18 @@ def run_host_volume(params: dict, check_mode: bool) -> dict:
 def run_host_volume_info(params: dict, check_mode: bool) -> dict:
     """The ``zjusct.cloud.host_volume_info`` module: :func:`list_volumes` (read-only, the same in check mode)."""
     return list_volumes(params)
+
+
+def root_volume_info(params: dict) -> dict:
+    """The host body of ``zjusct.cloud.root_volume_info``: the host store's volume ``name`` (the store's volume names
+    are host-wide: ``namespace`` is not used) as :func:`list_volumes` describes it, the host configuration's driver of
+    new root volumes, and its path (the backup playbooks pass it on so that backups are audited in this store).
+
+    Raises:
+        VolumeError: the host configuration or a record's driver cannot be read.
+    """
+    listed = list_volumes({"name": params["name"], "host_config": params.get("host_config")})
+    volume = listed["volumes"][0] if listed["volumes"] else None
+    return {"changed": False, "volume": volume,
+            "missing": "" if volume else f"no volume {params['name']} in the host store",
+            "volume_driver": listed["volume_driver"], "rbd_image": None, "host_config": listed["host_config"]}

@@ -41,6 +41,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
     OWNER_MARK,
     PLURAL,
     VERSION,
+    default_root_volume_claim,
     is_dns_label,
 )
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import (
@@ -476,15 +477,20 @@ def ensure(p: dict, rbd: Rbd, api: CoreApi, check_mode: bool, sleep: Callable[[f
 
 
 def run_root_volume_claim(params: dict, check_mode: bool) -> dict:
-    """The ``zjusct.cloud.root_volume_claim`` module: :func:`ensure` with ``rbd_image`` defaulting to
+    """The ``zjusct.cloud.root_volume_claim`` module: :func:`ensure` of the claim ``name`` (or ``vm``'s default root
+    volume claim, :func:`model.spec.default_root_volume_claim`) with ``rbd_image`` defaulting to
     :func:`derived_name` of namespace and name, ``volume_name`` to ``rbd_image``, on the cluster of the
     connection options and the API server of the kubernetes.core auth options.
 
     Raises:
-        ClaimRefused: as :func:`ensure`; CloudVMError: the API client cannot be built; CloudError: the Python
-            library ``kubernetes`` is not installed on the managed node.
+        ClaimRefused: ``vm`` is not a DNS label, or as :func:`ensure`; CloudVMError: the API client cannot be
+            built; CloudError: the Python library ``kubernetes`` is not installed on the managed node.
     """
     p = dict(params)
+    if p.get("vm") is not None:
+        if not is_dns_label(p["vm"]):
+            raise ClaimRefused(f"vm: {p['vm']!r} is not a DNS label (a CloudVM name such as web)")
+        p["name"] = default_root_volume_claim(p["vm"])
     p["rbd_image"] = p.get("rbd_image") or derived_name(str(p["namespace"]), str(p["name"]))
     p["volume_name"] = p.get("volume_name") or p["rbd_image"]
     try:
@@ -495,3 +501,57 @@ def run_root_volume_claim(params: dict, check_mode: bool) -> dict:
         return ensure(p, Rbd(Connection.from_params(p)), api, check_mode)
     except ImportError as exc:
         raise CloudError(f"the Python library 'kubernetes' is not installed on the managed node: {exc}") from exc
+
+
+def describe_claim(api: CoreApi, namespace: str, claim: str) -> tuple[Optional[dict], str]:
+    """The root volume claim ``namespace/claim`` in the shape ``zjusct.cloud.root_volume_info`` returns, read-only.
+
+    Returns:
+        ``(volume, missing)``: ``volume`` is ``{name, namespace, owner, driver, claimed_by, persistent_volume,
+        rbd: {pool, image} or None}`` when the claim is bound to a PersistentVolume that exists (``driver`` is
+        ``rbd`` for a PV of :data:`RBD_DRIVER`, else the PV's ``spec.csi.driver``, ``(none)`` without one), and
+        ``missing`` is ``""``; otherwise ``volume`` is None and ``missing`` says which object or field is absent.
+
+    Raises:
+        ClaimRefused: an API call failed other than with 404 (the server's message).
+    """
+    pvc = api.get_pvc(namespace, claim)
+    if pvc is None:
+        return None, f"no PersistentVolumeClaim {namespace}/{claim}"
+    pv_name = (pvc.get("spec") or {}).get("volumeName") or ""
+    if not pv_name:
+        return None, f"PersistentVolumeClaim {namespace}/{claim} names no PersistentVolume (spec.volumeName)"
+    pv = api.get_pv(pv_name)
+    if pv is None:
+        return None, f"PersistentVolume {pv_name} of PersistentVolumeClaim {namespace}/{claim} does not exist"
+    csi = (pv.get("spec") or {}).get("csi") or {}
+    attrs = csi.get("volumeAttributes") or {}
+    rbd = csi.get("driver") == RBD_DRIVER
+    return {
+        "name": claim,
+        "namespace": namespace,
+        "owner": _owner_of(pvc),
+        "driver": "rbd" if rbd else (csi.get("driver") or "(none)"),
+        "claimed_by": _claim_mark(pvc) or None,
+        "persistent_volume": pv_name,
+        "rbd": {"pool": attrs.get("pool") or "", "image": attrs.get("imageName") or ""} if rbd else None,
+    }, ""
+
+
+def root_volume_info(params: dict) -> dict:
+    """The Kubernetes body of ``zjusct.cloud.root_volume_info``: :func:`describe_claim` of ``namespace/name``, the
+    driver of new root volumes (``rbd``) and the RBD image name a new claim of that name gets (:func:`derived_name`).
+
+    Raises:
+        ClaimRefused: an API call failed (named); CloudVMError: the API client cannot be built; CloudError: the
+            Python library ``kubernetes`` is not installed on the managed node.
+    """
+    namespace, claim = str(params.get("namespace") or "default"), str(params["name"])
+    try:
+        from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.cloudvm import api_client
+        from kubernetes.client import CoreV1Api
+    except ImportError as exc:
+        raise CloudError(f"the Python library 'kubernetes' is not installed on the managed node: {exc}") from exc
+    volume, missing = describe_claim(CoreApi(CoreV1Api(api_client(params))), namespace, claim)
+    return {"changed": False, "volume": volume, "missing": missing, "volume_driver": "rbd",
+            "rbd_image": derived_name(namespace, claim), "host_config": None}

@@ -11,14 +11,24 @@ off the power path (tests/e2e/host and tests/integration/k8s_node boot guests on
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import cloudvm_argument_spec, run_cloudvm
+from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import (
+    cloudvm_argument_spec,
+    root_volume_info_argument_spec,
+    run_cloudvm,
+    run_root_volume_info,
+)
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import OWNER_MARK
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
+from tests.cluster import wait_for
 from tests.integration.controller_process import Controller
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(900)]
@@ -100,3 +110,73 @@ def test_the_same_calls_give_the_same_results_on_both_backends(
             assert on_host["spec"]["vcpus"] == 2, "the check-mode resize must not have been written"
     # and what they did is what they said: the Forbidden and check-mode calls wrote nothing, the VM is gone
     assert _call(host, k8s_namespace, {"owner": "alice", "state": "absent"}, False, False)["changed"] is False
+
+
+def _root_volume(backend: dict[str, Any], namespace: str, **options: Any) -> dict:
+    """One root_volume_info call in-process (the module's body); a refusal as ``{"failed", "msg"}``."""
+    params = {k: v.get("default") for k, v in root_volume_info_argument_spec().items()}
+    params.update(backend, namespace=namespace, **options)
+    try:
+        return run_root_volume_info(params, False)
+    except CloudError as exc:
+        return {"failed": True, "msg": str(exc)}
+
+
+def test_root_volume_info_describes_a_root_volume_in_one_shape_on_both_backends(
+    k8s_cluster: Any, k8s_api: Any, k8s_namespace: str, host_config: str,
+) -> None:
+    """The backup and restore playbooks read a VM's root volume through root_volume_info on both backends: the host
+    store's record (made by a real create) and a claim bound to an RBD PersistentVolume on the real API server."""
+    ns, core = k8s_namespace, client.CoreV1Api(k8s_api)
+    kubernetes = {"backend": "kubernetes", "kubeconfig": str(k8s_cluster.kubeconfig)}
+    host = {"backend": "host", "host_config": host_config}
+    for backend in (host, kubernetes):  # nothing yet: no volume, and why
+        got = _root_volume(backend, ns, vm="vm1")
+        assert (got["name"], got["volume"]) == ("vm1-root", None) and "vm1-root" in got["missing"], got
+    assert _root_volume(kubernetes, ns, vm="vm1")["missing"] == f"no PersistentVolumeClaim {ns}/vm1-root"
+
+    made = _call(host, ns, {"owner": "alice"}, False, False)
+    assert made["changed"] is True, made
+    pv_name = f"{ns}.vm1-root"
+    labels = {OWNER_MARK: "alice"}
+    core.create_namespaced_persistent_volume_claim(ns, {
+        "metadata": {"name": "vm1-root", "labels": labels},
+        "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Block", "storageClassName": "",
+                 "resources": {"requests": {"storage": "1Mi"}}}})
+    unbound = _root_volume(kubernetes, ns, name="vm1-root")
+    assert unbound["volume"] is None and "names no PersistentVolume (spec.volumeName)" in unbound["missing"]
+    core.patch_namespaced_persistent_volume_claim("vm1-root", ns, {"spec": {"volumeName": pv_name}})
+    assert "does not exist" in _root_volume(kubernetes, ns, name="vm1-root")["missing"]
+
+    def make_pv(driver: str) -> None:
+        core.create_persistent_volume({
+            "metadata": {"name": pv_name, "labels": labels},
+            "spec": {"capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"], "volumeMode": "Block",
+                     "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                     "claimRef": {"namespace": ns, "name": "vm1-root"},
+                     "csi": {"driver": driver, "volumeHandle": f"rbd/{pv_name}",
+                             "volumeAttributes": {"pool": "rbd", "imageName": pv_name}}}})
+
+    make_pv("rbd.csi.ceph.com")
+    try:
+        on_host, on_k8s = _root_volume(host, ns, vm="vm1"), _root_volume(kubernetes, ns, vm="vm1")
+        common = ("name", "owner", "claimed_by")
+        assert {k: on_host["volume"][k] for k in common} == {k: on_k8s["volume"][k] for k in common} == {
+            "name": "vm1-root", "owner": "alice", "claimed_by": None}, (on_host, on_k8s)
+        assert (on_host["volume"]["driver"], on_host["volume_driver"], on_host["rbd_image"]) == ("file", "file", None)
+        assert on_host["host_config"] == host_config and on_host["missing"] == ""
+        assert (on_k8s["volume"]["driver"], on_k8s["volume_driver"], on_k8s["rbd_image"]) == ("rbd", "rbd", pv_name)
+        assert on_k8s["volume"]["rbd"] == {"pool": "rbd", "image": pv_name} and on_k8s["host_config"] is None
+        assert on_k8s["volume"]["persistent_volume"] == pv_name and on_k8s["missing"] == ""
+        # another CSI driver is named as the driver (the backup playbook refuses it, naming it)
+        core.delete_persistent_volume(pv_name)
+        wait_for(lambda: not core.list_persistent_volume(field_selector=f"metadata.name={pv_name}").items, 60,
+                 f"PersistentVolume {pv_name} gone")
+        make_pv("other.csi.example")
+        assert _root_volume(kubernetes, ns, vm="vm1")["volume"]["driver"] == "other.csi.example"
+    finally:
+        with contextlib.suppress(ApiException):
+            core.delete_persistent_volume(pv_name)
+    for backend in (host, kubernetes):  # bad input names the option and the rule
+        assert _root_volume(backend, ns, vm="Web_1") == {
+            "failed": True, "msg": "vm: 'Web_1' is not a DNS label (a CloudVM name such as web)"}
