@@ -20,6 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import (
+    root_volume_info_argument_spec,
+    run_root_volume_info,
+)
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import META_OWNER, ImageRef, Rbd, RbdError
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -343,3 +347,85 @@ def test_vm_backup_and_vm_restore_on_kubernetes_round_trip_the_data(
     (event,) = core.list_namespaced_event(ns, field_selector="involvedObject.name=web2").items
     assert (event.type, event.reason, event.involved_object.uid) == ("Normal", "RestoreCompleted", None)
     assert event.message == f"backup {backup['backup_id']} restored into rbd/{ns}.web2-root by alice for owner alice"
+
+
+def _host_config(tmp_path: Path, image_set: Path) -> Path:
+    """A private host store whose file volumes are copies of ``image_set``'s rootfs (no network, no guest)."""
+    config = {"node": "move", "store_path": str(tmp_path / "host" / "cloud.db"), "images_dir": str(image_set.parent),
+              "default_image": image_set.name, "volumes_dir": str(tmp_path / "host" / "volumes"),
+              "state_dir": str(tmp_path / "host" / "state"), "runtime_dir": str(tmp_path / "host" / "run"),
+              "log_dir": str(tmp_path / "host" / "log"), "netns": ""}
+    path = tmp_path / "host.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def _host_volume(host_config: Path, vm: str) -> dict | None:
+    params = {k: v.get("default") for k, v in root_volume_info_argument_spec().items()}
+    params.update(backend="host", host_config=str(host_config), vm=vm)
+    return run_root_volume_info(params, False)["volume"]
+
+
+def test_a_backup_moves_a_vm_between_the_host_backend_and_kubernetes_both_ways(
+    k8s_env: dict[str, str], cvm_api: CloudVMs, ceph_cluster: CephCluster, rbd: Rbd, core: Any,
+    k8s_namespace: str, image_set: Path, pvs: list[str], tmp_path: Path, play: Callable[..., PlayRun],
+) -> None:
+    """[backup-everywhere] "restore anywhere": a backup vm_backup.yml took of a host VM's file volume is restored by
+    vm_restore.yml on Kubernetes as an RBD image with its PV and claim and a CloudVM on it (the way a user who
+    outgrows one machine moves into the cluster), and a backup of a Kubernetes VM's RBD image comes back on the host
+    as a file volume in the host store; the owner mark goes with it both ways."""
+    ns = k8s_namespace
+    pvs.extend([f"{ns}.moved-root", f"{ns}.web-root"])
+    host_config = _host_config(tmp_path, image_set)
+    host_env = {"ZJUSCT_CLOUD_BACKEND": "host", "ZJUSCT_CLOUD_CONFIG": str(host_config)}
+    backups = tmp_path / "backups"
+    backups.mkdir()
+
+    # host -> Kubernetes
+    made = play([{"zjusct.cloud.cloudvm": {"name": "web", "namespace": ns, "owner": "alice", "wait": False,
+                                           "backend": "host", "host_config": str(host_config)}}]).results[0]
+    assert not made.get("failed") and made["changed"], made
+    volume = _host_volume(host_config, "web")
+    assert volume is not None and volume["driver"] == "file", volume
+    with open(volume["location"], "r+b") as f:
+        f.seek(3 * MiB)
+        f.write(b"written-on-the-host")
+    rc, doc = run_playbook("vm_backup.yml", {"owner": "alice", "name": "web", "vm_namespace": ns,
+                                             "backup_dir": str(backups)}, host_env, tmp_path)
+    assert rc == 0, failure(doc)
+    on_host = task_result(doc, "Back up the root volume (refused while it is in use)")
+    assert (on_host["driver"], on_host["type"]) == ("file", "full"), on_host
+    rc, doc = run_playbook("vm_restore.yml", {"backup": on_host["backup_id"], "backup_dir": str(backups),
+                                              "name": "moved", "vm_namespace": ns, "start": False,
+                                              "ssh_public_key": PUBKEY}, k8s_env, tmp_path)
+    assert rc == 0, failure(doc)
+    moved = ImageRef("rbd", f"{ns}.moved-root")
+    data = read_image(ceph_cluster, moved, str(tmp_path / "moved.raw"))
+    assert data[3 * MiB:3 * MiB + 19] == b"written-on-the-host" and MARKER in data[MiB:MiB + 64]
+    assert rbd.meta(moved)[META_OWNER] == "alice"
+    pvc = core.read_namespaced_persistent_volume_claim("moved-root", ns)
+    assert (pvc.spec.volume_name, pvc.status.phase) == (f"{ns}.moved-root", "Bound")
+    vm = cvm_api.get(ns, "moved")
+    assert vm is not None and (vm["spec"]["owner"], vm["spec"]["rootVolumeClaim"]) == ("alice", "moved-root")
+
+    # Kubernetes -> host
+    ref = ImageRef("rbd", f"{ns}.web-root")
+    made = play([claim_task(ns, "web-root", "alice", image_set.parent, image_set.name)],
+                env=ceph_env(ceph_cluster)).results[0]
+    assert not made.get("failed"), made
+    cvm_api.create(ns, "web", powerState="Stopped", bootID=0)
+    write_at(ceph_cluster, ref, 5 * MiB, b"written-in-the-cluster", str(tmp_path))
+    rc, doc = run_playbook("vm_backup.yml", {"owner": "alice", "name": "web", "vm_namespace": ns,
+                                             "backup_dir": str(backups)}, k8s_env, tmp_path)
+    assert rc == 0, failure(doc)
+    in_cluster = task_result(doc, "Back up the root volume (refused while it is in use)")
+    assert in_cluster["driver"] == "rbd", in_cluster
+    rc, doc = run_playbook("vm_restore.yml", {"backup": in_cluster["backup_id"], "backup_dir": str(backups),
+                                              "name": "back", "vm_namespace": ns, "start": False,
+                                              "ssh_public_key": PUBKEY}, host_env, tmp_path)
+    assert rc == 0, failure(doc)
+    back = _host_volume(host_config, "back")
+    assert back is not None and (back["driver"], back["owner"]) == ("file", "alice"), back
+    with open(back["location"], "rb") as f:
+        f.seek(5 * MiB)
+        assert f.read(22) == b"written-in-the-cluster"
