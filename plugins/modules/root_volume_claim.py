@@ -37,9 +37,16 @@ extends_documentation_fragment:
   - kubernetes.core.k8s_auth_options
 options:
   name:
-    description: Name of the PersistentVolumeClaim (the CloudVM's C(spec.rootVolumeClaim), by default C(<vm>-root)).
+    description:
+      - Name of the PersistentVolumeClaim (the CloudVM's C(spec.rootVolumeClaim)).
+      - Exactly one of O(name) and O(vm).
     type: str
-    required: true
+  vm:
+    description:
+      - Name of the CloudVM (a DNS label) whose default root volume claim this is, C(<vm>-root) (the claim the
+        M(zjusct.cloud.cloudvm) module gives a new CloudVM, docs/playbooks.md).
+      - Exactly one of O(name) and O(vm).
+    type: str
   namespace:
     description: Namespace of the claim (the CloudVM's).
     type: str
@@ -84,7 +91,7 @@ options:
 EXAMPLES = r"""
 - name: The root volume of alice's VM web (clone of debian-bookworm, PV, claim web-root)
   zjusct.cloud.root_volume_claim:
-    name: web-root
+    vm: web
     namespace: alice
     owner: alice
     image: debian-bookworm
@@ -140,7 +147,8 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import co
 from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.root_volume_claim import run_root_volume_claim
 
 ARGUMENT_SPEC: dict = dict(
-    name=dict(type="str", required=True),
+    name=dict(type="str"),
+    vm=dict(type="str"),
     namespace=dict(type="str", default="default"),
     owner=dict(type="str", required=True),
     pool=dict(type="str", default="rbd"),
@@ -157,7 +165,8 @@ ARGUMENT_SPEC: dict = dict(
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True,
+                           mutually_exclusive=[("name", "vm")], required_one_of=[("name", "vm")])
     run_module(module, run_root_volume_claim)
 
 
