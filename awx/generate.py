@@ -82,6 +82,11 @@ def surveys() -> dict[str, list[dict[str, Any]]]:
                   "Used only with a guarantee.", "integer",
                   minimum=s.PRIORITY_MIN, maximum=s.PRIORITY_MAX),
     ]
+    start.append(_question("volume_size_mib", "Root disk size (MiB)", "Grow the VM's root volume to this many MiB "
+                           f"(spec.rootVolumeSizeMiB), up to {s.ROOT_VOLUME_SIZE_MIB_MAX}; a root volume only grows; "
+                           "empty: the image's size for a new VM, unchanged for an existing one. The disk and its "
+                           "file system grow at the next boot.", "integer", minimum=s.ROOT_VOLUME_SIZE_MIB_MIN,
+                           maximum=s.ROOT_VOLUME_SIZE_MIB_MAX))
     for key, (option, (low, high), unit) in s.DISK_IO.items():
         what = f"Disk {'read' if key.startswith('read') else 'write'} limit ({unit})"
         start.append(_question(f"disk_{option}", what, f"Most {unit} the VM's root disk serves "

@@ -62,6 +62,9 @@ IO_OPS_PER_SECOND = (20, 10000000)
 IO_LIMIT_FIELDS = {"readBytesPerSecond": IO_BYTES_PER_SECOND, "writeBytesPerSecond": IO_BYTES_PER_SECOND,
                    "readIOPS": IO_OPS_PER_SECOND, "writeIOPS": IO_OPS_PER_SECOND}
 ROOT_FORMATS = ("raw", "qcow2")  # rootDisk.format: QEMU block format drivers of the root disk file
+# rootDisk.sizeMiB: the CloudVM's spec.rootVolumeSizeMiB range (model.spec.ROOT_VOLUME_SIZE_MIB; held equal by
+# tests/unit/cloudvm/test_crd_matches_spec_rules.py): 1 MiB to 16 TiB
+ROOT_SIZE_MIB = (1, 16777216)
 INSTANCE_ID_RE = re.compile(r"^[A-Za-z0-9_.:/-]{1,128}$")
 MAX_SSH_KEYS = 64
 MAX_SSH_KEY_LEN = 16384
@@ -121,6 +124,7 @@ class RootDisk:
     cache: str  # "Writeback" | "None"
     format: str = "raw"  # of the file at path: "raw" | "qcow2" (QEMU opens a qcow2's backing file itself)
     io_limits: IoLimits = field(default_factory=IoLimits)
+    size_mib: int | None = None  # grow the disk to this size (MiB) before the guest runs; never shrunk; None: as is
 
 
 @dataclass(frozen=True)
@@ -388,7 +392,7 @@ def _parse_boot(c: _Checker, raw: Any) -> Boot:
 
 
 def _parse_root_disk(c: _Checker, raw: Any) -> RootDisk:
-    d = c.obj("rootDisk", raw, ("path", "rbd", "cache", "format", "ioLimits"), ())
+    d = c.obj("rootDisk", raw, ("path", "rbd", "cache", "format", "ioLimits", "sizeMiB"), ())
     has_path, has_rbd = "path" in d, "rbd" in d
     if isinstance(raw, dict) and has_path == has_rbd:
         c.bad("rootDisk", "exactly one of path or rbd must be given" if has_path else
@@ -417,7 +421,8 @@ def _parse_root_disk(c: _Checker, raw: Any) -> RootDisk:
                for key, bounds in IO_LIMIT_FIELDS.items() if key in io}
         limits = IoLimits(got.get("readBytesPerSecond"), got.get("writeBytesPerSecond"), got.get("readIOPS"),
                           got.get("writeIOPS"))
-    return RootDisk(path, rbd, cache, fmt, limits)
+    size_mib = c.integer("rootDisk.sizeMiB", d["sizeMiB"], ROOT_SIZE_MIB) if "sizeMiB" in d else None
+    return RootDisk(path, rbd, cache, fmt, limits, size_mib)
 
 
 def _parse_identity(c: _Checker, raw: Any, vm: VMRef) -> Identity:

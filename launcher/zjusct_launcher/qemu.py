@@ -24,6 +24,11 @@ Command-line facts (QEMU 7.2 docs, qemu-options.hx / qapi/block-core.json):
   frees (block/throttle.c), so one ``fstrim`` of a free filesystem would hold the guest's writes for minutes; the
   BlockBackend's buckets count reads and writes only. Burst: a tenth of a second's worth (QEMU's default without
   ``*_max``; docs/throttle.txt).
+* Root disk growth (``rootDisk.sizeMiB``): ``block_resize`` of the root format node (``node-name root``) over QMP
+  while QEMU waits paused, the same way; it grows a raw file (ftruncate on QEMU's own descriptor, so after
+  ``-runas`` too), a qcow2's virtual size, or an RBD image (librbd's resize). The guest reads the disk's size when
+  its virtio-blk driver probes, so it boots on the grown disk; its root file system grows at boot
+  (docs/guest-image.md).
 """
 
 from __future__ import annotations
@@ -104,6 +109,38 @@ def io_throttle(limits: IoLimits) -> dict[str, Any] | None:
             "iops_wr": limits.write_iops or 0}
 
 
+def paused_start(cfg: LauncherConfig) -> bool:
+    """True when QEMU starts paused (``-S``) for the launcher's QMP steps before the guest's first instruction
+    (:meth:`vmm_qemu.QemuVmm.attach`): the root disk's ``ioLimits`` or ``sizeMiB``."""
+    return cfg.root_disk.io_limits.any() or cfg.root_disk.size_mib is not None
+
+
+def root_resize(block_devices: list[dict[str, Any]], size_mib: int) -> tuple[int, dict[str, Any] | None]:
+    """The root disk's size and the ``block_resize`` arguments that grow it to ``size_mib`` MiB.
+
+    Args:
+        block_devices: QMP ``query-block``'s answer (the root disk is the entry whose ``inserted.node-name`` is
+            ``root``, :func:`root_blockdev`).
+        size_mib: the size asked (``rootDisk.sizeMiB``).
+
+    Returns:
+        ``(current size in bytes, arguments)``; the arguments are None when the disk is already that size or larger
+        (a disk is never shrunk).
+
+    Raises:
+        ValueError: no root disk, or no ``virtual-size``, in the answer.
+    """
+    for dev in block_devices:
+        inserted = dev.get("inserted") or {}
+        if inserted.get("node-name") == "root":
+            current = (inserted.get("image") or {}).get("virtual-size")
+            if not isinstance(current, int):
+                raise ValueError("query-block gives no virtual-size of the root disk")
+            wanted = size_mib * 1048576
+            return current, ({"node-name": "root", "size": wanted} if current < wanted else None)
+    raise ValueError("query-block lists no root disk (node-name root)")
+
+
 def build_argv(cfg: LauncherConfig, binary: str, accel: str, paths: RuntimePaths,
                root_is_block_device: bool = False) -> list[str]:
     """The QEMU argument list for one boot.
@@ -133,8 +170,9 @@ def build_argv(cfg: LauncherConfig, binary: str, accel: str, paths: RuntimePaths
         argv += ["-object", f"secret,id={RBD_SECRET_ID},file={opt_escape(paths.rbd_secret)},format=base64"]
     argv += ["-blockdev", json.dumps(root_blockdev(cfg, paths, root_is_block_device), separators=(",", ":"))]
     root_device = f"virtio-blk-pci,drive=root,bus=pcie.0,addr={ROOT_ADDR}"
-    if cfg.root_disk.io_limits.any():
-        # paused until the launcher has set the limits over QMP (vmm_qemu.QemuVmm.attach), then ``cont``
+    if paused_start(cfg):
+        # paused until the launcher has grown the disk / set the limits over QMP (vmm_qemu.QemuVmm.attach), then
+        # ``cont``
         argv += ["-S"]
         root_device += f",id={ROOT_DEVICE_ID}"
     argv += ["-device", root_device]

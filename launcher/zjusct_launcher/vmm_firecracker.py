@@ -7,6 +7,8 @@ the command lines are :mod:`firecracker`'s, the API client :mod:`firecracker_api
   ``hypervisor.runAs``), the chroot ``<chrootBaseDir>/<binary name>/<id>/root``: read-only copies of the kernel,
   initrd, config disk and config file owned by runAs, the root disk hard-linked (the same inode) and chowned to
   runAs for the run; :meth:`FirecrackerVmm.cleanup` gives the disk its owner back and removes the jail.
+* Root disk growth (``rootDisk.sizeMiB``): the file is extended (sparse) before Firecracker starts
+  (:func:`grow_file`).
 * Console: Firecracker's stdout (the Runner appends it to ``serialLogPath``). No events: Firecracker exits on a
   guest reset (:mod:`decide`). The graceful stop is ``SendCtrlAltDel`` on the API socket, retried every
   :data:`GRACEFUL_RETRY_SECONDS` while the socket is bound but not yet listening.
@@ -26,6 +28,26 @@ from zjusct_launcher.paths import RuntimePaths
 from zjusct_launcher.vmm import Observed, RunFailed, StopFailed, StopRetry, find_executable, log_kvm_verdict
 
 GRACEFUL_RETRY_SECONDS = 0.05  # the API not listening yet at a stop: try SendCtrlAltDel again this often
+
+
+def grow_file(path: str | None, size_mib: int | None) -> None:
+    """``rootDisk.sizeMiB`` for Firecracker (raw files only): extend the root disk file to ``size_mib`` MiB (sparse)
+    when it is smaller, before Firecracker opens it; never shrinks it.
+
+    Raises:
+        RunFailed: ``LauncherError`` when the file cannot be grown (the guest never runs on a smaller disk).
+    """
+    if path is None or size_mib is None:
+        return
+    wanted = size_mib * 1048576
+    try:
+        current = os.stat(path).st_size
+        if current < wanted:
+            os.truncate(path, wanted)
+            log.info("root disk grown", from_mib=current // 1048576, to_mib=size_mib)
+    except OSError as exc:
+        raise RunFailed("LauncherError", f"rootDisk.sizeMiB: cannot grow {path} to {size_mib} MiB: "
+                        f"{exc.strerror}") from None
 
 
 class FirecrackerVmm:
@@ -61,6 +83,7 @@ class FirecrackerVmm:
         raise RunFailed("HypervisorMissing", f"KVM is not usable ({verdict.detail}) and firecracker needs KVM")
 
     def prepare_files(self) -> None:
+        grow_file(self.cfg.root_disk.path, self.cfg.root_disk.size_mib)
         if self.jailer is None:
             write_atomic(self.paths.fc_config,
                          json.dumps(firecracker.build_config(self.cfg, self.paths), indent=2).encode(), mode=0o600)

@@ -11,6 +11,8 @@
   device's ``block_set_io_throttle`` and only then resumes it (``cont``), so no request of the guest runs
   unlimited. Without QMP, or when QEMU refuses the limits, the boot fails (``LauncherError``) and QEMU is killed:
   a guest never runs without the limits its config asks for.
+* Root disk growth: with ``rootDisk.sizeMiB`` QEMU starts paused too; :meth:`QemuVmm.attach` grows a smaller root
+  disk (``block_resize``) before ``cont``; a failure ends the boot (``LauncherError``).
 """
 
 from __future__ import annotations
@@ -79,21 +81,47 @@ class QemuVmm:
 
     def attach(self, alive: Callable[[], bool]) -> None:
         throttle = qemu.io_throttle(self.cfg.root_disk.io_limits)
+        paused = qemu.paused_start(self.cfg)
         try:
             self.qmp = QmpClient.connect(self.paths.qmp_socket, QMP_CONNECT_TIMEOUT_SECONDS, alive)
         except QmpError as exc:
-            if throttle is not None:
-                raise RunFailed("LauncherError", f"no QMP connection to set rootDisk.ioLimits: {exc}") from None
+            if paused:
+                raise RunFailed("LauncherError", f"no QMP connection to prepare the root disk "
+                                f"(rootDisk.sizeMiB / rootDisk.ioLimits): {exc}") from None
             log.warning("no QMP connection; a stop will end in a kill", error=str(exc))
             return
-        if throttle is None:
+        if not paused:
             return
+        if self.cfg.root_disk.size_mib is not None:
+            self._grow_root(self.cfg.root_disk.size_mib)
         try:
-            self.qmp.execute("block_set_io_throttle", throttle)
+            if throttle is not None:
+                self.qmp.execute("block_set_io_throttle", throttle)
             self.qmp.execute("cont")
         except QmpError as exc:
             raise RunFailed("LauncherError", f"rootDisk.ioLimits: QEMU refused the limits: {exc}") from None
-        log.info("disk I/O limits set", **{k: v for k, v in throttle.items() if k != "id" and v})
+        if throttle is not None:
+            log.info("disk I/O limits set", **{k: v for k, v in throttle.items() if k != "id" and v})
+
+    def _grow_root(self, size_mib: int) -> None:
+        """Grow the root disk to ``size_mib`` MiB while QEMU is paused (``block_resize``; never shrinks it).
+
+        Raises:
+            RunFailed: ``LauncherError`` when QEMU cannot say the disk's size or refuses to grow it (a block
+                device, an RBD user without write rights): the guest never runs on a disk smaller than asked.
+        """
+        assert self.qmp is not None
+        try:
+            current, resize = qemu.root_resize(self.qmp.execute("query-block"), size_mib)
+            if resize is not None:
+                self.qmp.execute("block_resize", resize, timeout_seconds=60.0)
+        except (QmpError, ValueError) as exc:
+            raise RunFailed("LauncherError", f"rootDisk.sizeMiB: cannot grow the root disk to {size_mib} MiB: "
+                            f"{exc}") from None
+        if resize is None:
+            log.info("root disk already large enough", size_mib=current // 1048576, asked_mib=size_mib)
+        else:
+            log.info("root disk grown", from_mib=current // 1048576, to_mib=size_mib)
 
     def event_fds(self) -> list[int]:
         return [self.qmp.fileno()] if self.qmp is not None and not self.qmp.closed else []

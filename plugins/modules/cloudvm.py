@@ -163,7 +163,13 @@ options:
       - Defaults to the host configuration's default image.
     type: str
   volume_size_mib:
-    description: Host backend only. Size in MiB of a newly created root volume (at least the image's size).
+    description:
+      - Size in MiB of the root volume (C(spec.rootVolumeSizeMiB), 1 to 16777216). A new root volume (host backend)
+        is made that large (at least the image's size).
+      - An existing root volume is grown to it at the VM's next boot, on both backends - the launcher grows the disk
+        before the guest runs and the guest's root file system fills it at that boot; a running VM is warned (as for
+        O(vcpus)). A root volume never shrinks - a size below the one asked before is refused, and on the host also
+        a size below the volume's. On the host the owner's C(disk_mib) quota counts the growth when it is written.
     type: int
   delete_volume:
     description:
@@ -207,7 +213,7 @@ notes:
     one boot only.
   - On Kubernetes, O(root_volume_claim) names a raw-block PersistentVolumeClaim in the same namespace; this
     module does not create it. Waits rely on the controller's C(status.observedGeneration) and C(status.bootID).
-    O(image) and O(volume_size_mib) are ignored there (with a warning).
+    O(image) is ignored there (with a warning).
   - O(state=absent) on Kubernetes deletes with foreground propagation, so the CloudVM is gone only after its
     launcher Pod is.
   - On Kubernetes a wait for Running takes a status that says Running only when its launcher Pod (C(status.pod)) is

@@ -165,7 +165,7 @@ def _within_quota(store: HostStore, existing: Optional[dict], planned: dict, new
         store: the host store (its ``quotas``, ``cloudvms`` and ``volumes`` are read).
         existing: the CloudVM as stored now, or None when ``planned`` creates it.
         planned: the spec about to be written.
-        new_volume_mib: the size of the root volume this change creates (0 if none).
+        new_volume_mib: MiB of root volume this change creates or grows (0 if none).
 
     Raises:
         CloudVMError: ``reason: QuotaExceeded`` naming the quota, the owner, in use + requested vs limit.
@@ -177,6 +177,31 @@ def _within_quota(store: HostStore, existing: Optional[dict], planned: dict, new
     refusal = quota.check(owner, store.get_quota(owner), store.owner_usage(owner), before, after)
     if refusal is not None:
         raise CloudVMError(refusal.message, **refusal.details())
+
+
+def _volume_growth(volume: Optional[dict], desired: dict) -> int:
+    """MiB that ``spec.rootVolumeSizeMiB`` adds to an existing root volume's record (0: unset, or not larger).
+
+    The record holds the volume's allotted size, counted in the owner's ``disk_mib`` quota from the write on; the
+    launcher grows the volume itself at the next boot (``rootDisk.sizeMiB``, docs/launcher-protocol.md).
+
+    Raises:
+        CloudVMError: the size asked is below the volume's (a root volume only grows), naming both sizes.
+    """
+    size = desired.get("rootVolumeSizeMiB")
+    if size is None or volume is None:
+        return 0
+    current = int(volume.get("size_mib") or 0)
+    if size < current:
+        raise CloudVMError(f"spec.rootVolumeSizeMiB: {size} is below the size of the root volume {volume['name']}, "
+                           f"{current} MiB; a root volume only grows")
+    return size - current
+
+
+def _grow_record(store: HostStore, volume: Optional[dict], desired: dict, growth: int) -> None:
+    """Write the grown size of ``volume`` (:func:`_volume_growth`) into its record, inside the caller's transaction."""
+    if volume is not None and growth > 0:
+        store.put_volume(dict(volume, size_mib=desired["rootVolumeSizeMiB"]))
 
 
 def _remove_volume(cfg: HostConfig, volume: dict) -> None:
@@ -313,7 +338,8 @@ class HostCloudVMApi:
                 settle_claim(self.store, volume, desired["owner"], None, creating=True, rbd=self.cfg.rbd,
                              subject=f"{ns}/{name}", check_mode=dry_run,
                              launcher_alive=f"a launcher of {ns}/{name} (pid {live[1]})" if live else None)
-            new_mib = _new_volume_mib(image, root_volume.size_mib) if volume is None else 0
+            new_mib = _new_volume_mib(image, root_volume.size_mib) if volume is None else _volume_growth(volume,
+                                                                                                        desired)
             _within_quota(self.store, None, desired, new_mib)  # before creating anything; again when writing
             if dry_run:
                 return {**body, "status": {}}
@@ -331,7 +357,8 @@ class HostCloudVMApi:
                               "owner": desired["owner"], "image": image["dir"], **created}
             try:
                 with self.store.transaction():  # the quota check and the writes it admits: one transaction
-                    _within_quota(self.store, None, desired, int(new_volume["size_mib"]) if new_volume else 0)
+                    _within_quota(self.store, None, desired, int(new_volume["size_mib"]) if new_volume else new_mib)
+                    _grow_record(self.store, volume, desired, new_mib)
                     if new_volume is not None:
                         self.store.put_volume(new_volume)
                         image_name = os.path.basename(new_volume["image"])
@@ -372,14 +399,16 @@ class HostCloudVMApi:
             if volume is not None:
                 settle_claim(self.store, volume, desired["owner"], existing["metadata"]["uid"], creating=False,
                              rbd=self.cfg.rbd, subject=f"{ns}/{name}", check_mode=dry_run)
-            _within_quota(self.store, existing, desired)
+            growth = _volume_growth(volume, desired)
+            _within_quota(self.store, existing, desired, growth)
             if dry_run:
                 return {**body, "status": existing.get("status") or {}}
             with self.store.transaction():  # the quota check and the write it admits: one transaction
                 current = self.store.get_vm(ns, name)
                 if current is None or resource_version(current) != meta.get("resourceVersion"):
                     raise Conflict(f"CloudVM {ns}/{name} changed since it was read")
-                _within_quota(self.store, current, desired)
+                _within_quota(self.store, current, desired, growth)
+                _grow_record(self.store, volume, desired, growth)
                 self.store.update_vm(ns, name, spec=desired if desired != before else None, labels=labels)
                 self._intent(desired, f"spec written, powerState {desired['powerState']}")
             if desired.get("sshAuthorizedKeys") != before.get("sshAuthorizedKeys"):

@@ -97,12 +97,13 @@ class KubernetesCloudVMApi:
     ``CoreV1Api`` (``core``, None: no Pod is read, no doubt raised) for the launcher Pods of Running statuses.
 
     The controller reconciles in the background, so a wait reads the object every :data:`POLL_INTERVAL` seconds;
-    the root volume (the claim) is made by ``root_volume_claim``, so ``image`` and ``volume_size_mib`` are ignored.
+    the root volume (the claim) is made by ``root_volume_claim``, so ``image`` is ignored (``volume_size_mib`` is
+    ``spec.rootVolumeSizeMiB``: the launcher grows the RBD image at the next boot).
     """
 
     backend = "kubernetes"
     reconciles_in_background = True
-    ignored_options = {"image": "host backend only", "volume_size_mib": "host backend only"}
+    ignored_options = {"image": "host backend only"}
     ssh_gateway = False
 
     def __init__(self, custom_objects: Any, sleep: Callable[[float], None] = time.sleep, core: Any = None) -> None:

@@ -67,7 +67,8 @@ def launcher_config(vm: dict, placement: Placement) -> dict:
     Returns:
         The document (docs/launcher-protocol.md §3): the guest's host name is the VM's name, its instance id the
         VM's uid (the identity disk, docs/guest-image.md), its keys ``spec.sshAuthorizedKeys``; the root disk's
-        ``ioLimits`` are those of :func:`model.disk_io.effective` (absent when nothing is limited).
+        ``ioLimits`` are those of :func:`model.disk_io.effective` (absent when nothing is limited), its ``sizeMiB``
+        ``spec.rootVolumeSizeMiB`` (absent when unset: the launcher grows a smaller disk to it before the guest runs).
     """
     meta, spec = vm["metadata"], with_defaults(vm.get("spec") or {})
     doc: dict[str, Any] = {
@@ -95,4 +96,6 @@ def launcher_config(vm: dict, placement: Placement) -> dict:
     io_limits = disk_io.effective(spec.get("diskIO"), placement.disk_io_limits)
     if io_limits:
         doc["rootDisk"]["ioLimits"] = io_limits
+    if spec.get("rootVolumeSizeMiB") is not None:
+        doc["rootDisk"]["sizeMiB"] = int(spec["rootVolumeSizeMiB"])
     return doc

@@ -153,7 +153,7 @@ def older_boot_up(status: Optional[dict], first: int) -> Optional[int]:
     return int(running)
 
 
-BOOT_FIXED_FIELDS = ("sshAuthorizedKeys", "vcpus", "memoryMiB", "diskIO", "antiAffinityGroup")
+BOOT_FIXED_FIELDS = ("sshAuthorizedKeys", "vcpus", "memoryMiB", "diskIO", "antiAffinityGroup", "rootVolumeSizeMiB")
 """The spec fields a boot's launcher config fixes when the boot is made (docs/api/cloudvm.md "Boot semantics"): a
 change reaches the guest at its next boot (:func:`keys_change`, :func:`size_change`)."""
 
@@ -166,17 +166,19 @@ def _shown(value: object) -> str:
 
 def size_change(before: Optional[dict], after: dict, launched_boot: Optional[int],
                 status: Optional[dict]) -> Optional[str]:
-    """A warning when a task changed ``spec.vcpus``, ``spec.memoryMiB``, ``spec.diskIO`` or
-    ``spec.antiAffinityGroup`` while a boot launched with the old values is still up, else None. They are part of a
-    boot's launcher config (the VMM's ``-smp``/``-m`` and block I/O throttling; on Kubernetes the launcher Pod's
-    requests and anti-affinity, docs/controller.md), so, as for keys (:func:`keys_change`), a change takes effect at
-    the next boot, whose start checks the node's capacity for the new size and the group (placement).
+    """A warning when a task changed ``spec.vcpus``, ``spec.memoryMiB``, ``spec.diskIO``, ``spec.antiAffinityGroup``
+    or ``spec.rootVolumeSizeMiB`` while a boot launched with the old values is still up, else None. They are part of
+    a boot's launcher config (the VMM's ``-smp``/``-m``, block I/O throttling and the root disk's growth before the
+    guest runs; on Kubernetes the launcher Pod's requests and anti-affinity, docs/controller.md), so, as for keys
+    (:func:`keys_change`), a change takes effect at the next boot, whose start checks the node's capacity for the
+    new size and the group (placement).
 
     Args: as :func:`keys_change` (``before`` None: the VM was created).
     """
     if before is None:
         return None
-    fields = [f for f in ("vcpus", "memoryMiB", "diskIO", "antiAffinityGroup") if before.get(f) != after.get(f)]
+    fields = [f for f in ("vcpus", "memoryMiB", "diskIO", "antiAffinityGroup", "rootVolumeSizeMiB")
+              if before.get(f) != after.get(f)]
     if not fields:
         return None
     first = first_boot_with_change(before, launched_boot)
@@ -185,7 +187,8 @@ def size_change(before: Optional[dict], after: dict, launched_boot: Optional[int
         return None
     changed = [f"{f} {_shown(before.get(f))} -> {_shown(after.get(f))}" for f in fields]
     kept = " and ".join(what for what, names in (("size", {"vcpus", "memoryMiB"}), ("disk I/O limits", {"diskIO"}),
-                                                 ("node", {"antiAffinityGroup"})) if names & set(fields))
+                                                 ("node", {"antiAffinityGroup"}),
+                                                 ("root disk size", {"rootVolumeSizeMiB"})) if names & set(fields))
     return (f"spec.{' and spec.'.join(changed)}: takes effect at the next boot (bootID {first}); boot {running} keeps"
             f" its {kept} until it ends; restart the VM (restart: true, playbook vm_restart) to apply it now")
 
@@ -266,7 +269,7 @@ def params_to_spec(params: dict, existing: Optional[dict]) -> dict:
         claim = default_root_volume_claim(params["name"])
     if claim is not None:
         spec["rootVolumeClaim"] = claim
-    for option, field in (("vcpus", "vcpus"), ("memory_mib", "memoryMiB")):
+    for option, field in (("vcpus", "vcpus"), ("memory_mib", "memoryMiB"), ("volume_size_mib", "rootVolumeSizeMiB")):
         if params.get(option) is not None:
             spec[field] = params[option]
     if params.get("ssh_authorized_keys") is not None:

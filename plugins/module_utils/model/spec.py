@@ -38,6 +38,8 @@ FENCE_FINALIZER = f"{GROUP}/fence"
 
 VCPUS_MIN, VCPUS_MAX = 1, 4
 MEMORY_MIB_MIN, MEMORY_MIB_MAX = 128, 4096
+# spec.rootVolumeSizeMiB: 1 MiB to 16 TiB (the launcher's rootDisk.sizeMiB range)
+ROOT_VOLUME_SIZE_MIB_MIN, ROOT_VOLUME_SIZE_MIB_MAX = 1, 16777216
 BANDWIDTH_MBPS_MAX = 100000
 PRIORITY_MIN, PRIORITY_MAX = 0, 1000
 SSH_KEYS_MAX = 16
@@ -74,6 +76,8 @@ FIELDS = {
     "spec.rootVolumeClaim": ("root_volume_claim", f"default <name>-root; {DNS_SUBDOMAIN_RULE}"),
     "spec.vcpus": ("vcpus", f"allowed {VCPUS_MIN} to {VCPUS_MAX}"),
     "spec.memoryMiB": ("memory_mib", f"allowed {MEMORY_MIB_MIN} to {MEMORY_MIB_MAX} MiB"),
+    "spec.rootVolumeSizeMiB": ("volume_size_mib", f"allowed {ROOT_VOLUME_SIZE_MIB_MIN} to "
+                               f"{ROOT_VOLUME_SIZE_MIB_MAX} MiB; a root volume only grows"),
     "spec.powerState": ("power_state", "running or stopped"),
     "spec.sshAuthorizedKeys": ("ssh_public_key / ssh_authorized_keys",
                                f"OpenSSH public key lines, at most {SSH_KEYS_MAX}"),
@@ -175,6 +179,9 @@ def validate_spec(spec: dict) -> list[str]:
         errors.append(f"spec.rootVolumeClaim: {claim!r} is not a DNS subdomain")
     _int_in_range(errors, "spec.vcpus", spec.get("vcpus"), VCPUS_MIN, VCPUS_MAX)
     _int_in_range(errors, "spec.memoryMiB", spec.get("memoryMiB"), MEMORY_MIB_MIN, MEMORY_MIB_MAX)
+    if spec.get("rootVolumeSizeMiB") is not None:
+        _int_in_range(errors, "spec.rootVolumeSizeMiB", spec["rootVolumeSizeMiB"], ROOT_VOLUME_SIZE_MIB_MIN,
+                      ROOT_VOLUME_SIZE_MIB_MAX)
     _int_in_range(errors, "spec.bootID", spec.get("bootID"), 0, None)
     power = spec.get("powerState")
     if power not in POWER_STATES:
@@ -240,7 +247,9 @@ def _validate_bandwidth(bw: dict) -> list[str]:
 def validate_update(old: dict, new: dict) -> list[str]:
     """Check the transition rules of an update (the CRD's CEL transition rules).
 
-    ``owner`` and ``rootVolumeClaim`` are immutable; ``bootID`` never decreases.
+    ``owner`` and ``rootVolumeClaim`` are immutable; ``bootID`` never decreases; ``rootVolumeSizeMiB``, once set,
+    never decreases nor goes (a root volume only grows: the CRD's ``self >= oldSelf`` and its ``oldSelf`` rule on
+    spec).
 
     Returns:
         One message per violated rule (empty when the update is allowed).
@@ -251,4 +260,8 @@ def validate_update(old: dict, new: dict) -> list[str]:
             errors.append(f"spec.{field}: is immutable (was {old.get(field)!r}, requested {new.get(field)!r})")
     if int(new.get("bootID", 0)) < int(old.get("bootID", 0)):
         errors.append(f"spec.bootID: must never decrease (was {old.get('bootID')}, requested {new.get('bootID')})")
+    size, was = new.get("rootVolumeSizeMiB"), old.get("rootVolumeSizeMiB")
+    if was is not None and (size is None or int(size) < int(was)):
+        errors.append(f"spec.rootVolumeSizeMiB: must never decrease (was {was}, requested {size}); a root volume "
+                      "only grows")
     return errors

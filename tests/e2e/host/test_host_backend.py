@@ -260,29 +260,42 @@ def test_a_vm_whose_launcher_or_vmm_was_killed_starts_again_in_one_run(cloud: Cl
 
 
 def test_a_resize_of_a_running_vm_takes_effect_at_its_next_boot(cloud: Cloud, alice: dict):
-    """vm_start -e vcpus/memory_mib on the running VM writes the spec and warns that boot N keeps its size; the
-    guest still has it; after vm_restart (boot N + 1) the guest has the new size."""
+    """vm_start -e vcpus/memory_mib/volume_size_mib on the running VM writes the spec and warns that boot N keeps its
+    size and root disk; the guest still has them; after vm_restart (boot N + 1) the guest has the new size, its root
+    disk is 256 MiB larger (the launcher grew the volume file before the guest ran) and its root file system fills
+    it (resize2fs at boot). A smaller volume_size_mib is then refused: a root volume only grows."""
     boot, spec = int(alice["spec"]["bootID"]), alice["spec"]
     vcpus, memory = (2, 768) if spec["vcpus"] == 1 else (1, 512)
     ip = alice["status"]["sshEndpoint"]["host"]
+    volume = Path(cloud.config["volumes_dir"]) / "alice-root.raw"
+    disk_mib = volume.stat().st_size // 2**20 + 256  # grows on every run: volumes never shrink
 
     def size() -> tuple:
-        out = cloud.ssh(ip, "nproc; awk '/^MemTotal:/ {print $2}' /proc/meminfo")
+        out = cloud.ssh(ip, "nproc; awk '/^MemTotal:/ {print $2}' /proc/meminfo; cat /sys/block/vda/size;"
+                            " df -Pm / | awk 'NR == 2 {print $2}'")
         assert out.returncode == 0, out.stderr
-        cpus, kib = out.stdout.split()
-        return int(cpus), int(kib) // 1024
+        cpus, kib, sectors, fs_mib = out.stdout.split()
+        return int(cpus), int(kib) // 1024, int(sectors) // 2048, int(fs_mib)
 
     before = size()
-    resized = task_result(cloud.playbook("vm_start", "owner=alice", f"vcpus={vcpus}", f"memory_mib={memory}"), START)
+    resized = task_result(cloud.playbook("vm_start", "owner=alice", f"vcpus={vcpus}", f"memory_mib={memory}",
+                                         f"volume_size_mib={disk_mib}"), START)
     assert resized["changed"] is True and resized["boot_id"] == boot, resized
     assert [w for w in resized.get("warnings", []) if w.startswith(
-        f"spec.vcpus {spec['vcpus']} -> {vcpus} and spec.memoryMiB {spec['memoryMiB']} -> {memory}: takes effect at"
-        f" the next boot (bootID {boot + 1}); boot {boot} keeps its size")], resized.get("warnings")
+        f"spec.vcpus {spec['vcpus']} -> {vcpus} and spec.memoryMiB {spec['memoryMiB']} -> {memory} and"
+        f" spec.rootVolumeSizeMiB {spec.get('rootVolumeSizeMiB', 'none')} -> {disk_mib}: takes effect at"
+        f" the next boot (bootID {boot + 1}); boot {boot} keeps its size and root disk size")], resized.get("warnings")
     assert size() == before
     restarted = task_result(cloud.playbook("vm_restart", "owner=alice"), "Restart the VM")
     assert restarted["boot_id"] == boot + 1 and restarted["phase"] == "Running", restarted
-    cpus, mib = size()
+    ip = restarted["cloudvm"]["status"]["sshEndpoint"]["host"]
+    cpus, mib, disk, fs_mib = size()
     assert cpus == vcpus and memory - 64 <= mib <= memory, (cpus, mib)  # MemTotal: what the kernel keeps is not in it
+    assert disk == disk_mib and volume.stat().st_size == disk_mib * 2**20, (disk, volume.stat().st_size)
+    assert fs_mib >= before[3] + 200, (before, fs_mib)  # ext4 keeps some of the 256 MiB for its metadata
+    shrink = cloud.playbook("vm_start", "owner=alice", f"volume_size_mib={disk_mib - 128}", check=False)
+    assert shrink["rc"] != 0 and "volume_size_mib (spec.rootVolumeSizeMiB;" in str(shrink), shrink.get("raw")
+    assert f"must never decrease (was {disk_mib}, requested {disk_mib - 128}); a root volume only grows" in str(shrink)
 
 
 def test_a_second_running_vm_of_an_anti_affinity_group_is_unschedulable_on_the_one_host(cloud: Cloud, alice: dict):

@@ -180,3 +180,24 @@ def test_root_volume_info_describes_a_root_volume_in_one_shape_on_both_backends(
     for backend in (host, kubernetes):  # bad input names the option and the rule
         assert _root_volume(backend, ns, vm="Web_1") == {
             "failed": True, "msg": "vm: 'Web_1' is not a DNS label (a CloudVM name such as web)"}
+
+
+def test_a_root_volume_grows_on_both_backends_and_never_shrinks(
+    controller: Controller, k8s_cluster: Any, k8s_namespace: str, host_config: str,
+) -> None:
+    """volume_size_mib on an existing VM writes spec.rootVolumeSizeMiB on both backends (the launcher grows the disk
+    at the next boot); a smaller one is refused by both - the host's validate_update, the API server's CEL rule
+    ``self >= oldSelf`` - naming the variable and the field. The host's volume record takes the new size."""
+    kubernetes = {"backend": "kubernetes", "kubeconfig": str(k8s_cluster.kubeconfig)}
+    host = {"backend": "host", "host_config": host_config}
+    for backend in (host, kubernetes):
+        assert _call(backend, k8s_namespace, {"owner": "alice"}, False, False)["changed"] is True
+        grown = _call(backend, k8s_namespace, {"owner": "alice", "volume_size_mib": 8}, False, True)
+        assert grown["changed"] is True and grown["spec"]["rootVolumeSizeMiB"] == 8, grown
+        assert grown["diff"]["after"]["rootVolumeSizeMiB"] == 8, grown
+        shrunk = _call(backend, k8s_namespace, {"owner": "alice", "volume_size_mib": 6}, False, False)
+        assert shrunk["failed"] and "volume_size_mib (spec.rootVolumeSizeMiB;" in shrunk["msg"], shrunk
+        assert "must never decrease" in shrunk["msg"], shrunk
+    params = {k: v.get("default") for k, v in root_volume_info_argument_spec().items()}
+    record = run_root_volume_info(dict(params, backend="host", host_config=host_config, vm="vm1"), False)["volume"]
+    assert record["size_mib"] == 8, record

@@ -144,6 +144,8 @@ def test_site_then_vm_start_inventory_stop_start_backup_restore_delete_on_kubern
         pool, image = pv.spec.csi.volume_attributes["pool"], pv.spec.csi.volume_attributes["imageName"]
         assert _rbd(pod_ceph, "image-meta", "get", f"{pool}/{image}", "cloud.zjusct.io/owner").strip() == "alice"
         assert ssh(key, ep, "cat /proc/cmdline") != ""
+        fs_mib = "df -Pm / | awk 'NR == 2 {print $2}'"
+        first_fs_mib = int(ssh(key, ep, fs_mib).strip())
         # the operator's disk write limit (controller diskIOLimits) is every VM's default: QEMU's root device throup
         limits = _launcher_config(core, ns, "alice")["rootDisk"]["ioLimits"]
         assert limits == {"writeBytesPerSecond": OPERATOR_WRITE_BPS}, limits
@@ -166,14 +168,20 @@ def test_site_then_vm_start_inventory_stop_start_backup_restore_delete_on_kubern
         op.play("vm_stop.yml", {"owner": "alice", "vm_namespace": ns})
         assert custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "alice")["status"]["phase"] == "Stopped"
         # started again with limits of her own: a lower write limit wins, a read limit the operator has not set
-        # applies as asked
+        # applies as asked; and a root volume 256 MiB larger, grown by the launcher (QEMU's block_resize of the RBD
+        # image) before the guest runs, its root file system filling it at boot
+        grown_mib = guest_image.rootfs.stat().st_size // 2**20 + 256
         restarted = task_result(op.play("vm_start.yml", {**vm_vars, "disk_write_bytes_per_second": TENANT_WRITE_BPS,
-                                                         "disk_read_iops": 5000}),
+                                                         "disk_read_iops": 5000, "volume_size_mib": grown_mib}),
                                 "Start the VM and wait until its SSH answers")
         assert (restarted["phase"], restarted["cloudvm"]["status"]["bootID"]) == ("Running", 2), restarted
         assert restarted["cloudvm"]["spec"]["diskIO"] == {"writeBytesPerSecond": TENANT_WRITE_BPS, "readIOPS": 5000}
         ep = restarted["cloudvm"]["status"]["sshEndpoint"]["host"]
         assert ssh(key, ep, "cat /root/marker").strip() == "journey-1"
+        assert _launcher_config(core, ns, "alice")["rootDisk"]["sizeMiB"] == grown_mib
+        assert int(ssh(key, ep, "cat /sys/block/vda/size").strip()) == grown_mib * 2048
+        assert int(ssh(key, ep, fs_mib).strip()) >= first_fs_mib + 200  # ext4 keeps some of the 256 MiB
+        assert json.loads(_rbd(pod_ceph, "info", "--format", "json", f"{pool}/{image}"))["size"] == grown_mib * 2**20
         assert _launcher_config(core, ns, "alice")["rootDisk"]["ioLimits"] == {"writeBytesPerSecond": TENANT_WRITE_BPS,
                                                                                "readIOPS": 5000}
         tenant_rate = _write_rate(key, ep)

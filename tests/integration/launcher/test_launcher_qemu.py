@@ -48,6 +48,7 @@ SCENARIOS: dict[str, tuple[str, dict[str, Any]]] = {
     "panicserial": ("zjtest.nopvpanic=1", {}),
     "orphan": ("", {}),
     "noready": ("zjtest.nossh=1 zjtest.acpi=1", {"readiness": {"timeoutSeconds": 45}, "stopTimeoutSeconds": 60}),
+    "grow": ("zjtest.acpi=1", {"rootDisk": {"sizeMiB": 12}}),  # merged into the rootDisk of the 4 MiB disk
 }
 
 
@@ -69,6 +70,8 @@ class Fleet:
         port = self.ports.setdefault(name, free_port())
         cfg = base_config(work, f"bb-{name}", kernel=self.kernel, initrd=self.initrd, disk=str(disk),
                           cmdline=f"{BASE_CMDLINE} {extra_cmdline}".strip(), port=port, boot_id=boot_id)
+        overrides = dict(overrides)
+        cfg["rootDisk"].update(overrides.pop("rootDisk", {}))
         cfg.update(overrides)
         return cfg
 
@@ -328,3 +331,21 @@ def test_firecracker_missing_is_reported_by_check_and_run(tmp_path: Path) -> Non
     assert run.returncode == 1 and result["reason"] == "HypervisorMissing"
     assert "firecracker not found" in result["message"]
 
+
+
+def test_a_root_disk_smaller_than_its_size_is_grown_before_the_guest_runs(fleet: Fleet) -> None:
+    """rootDisk.sizeMiB 12 on a 4 MiB disk: QEMU starts paused, the launcher block_resizes the root node over QMP,
+    then resumes it, so the guest's virtio-blk driver finds a 12 MiB /dev/vda at its first probe; the file grew (a
+    sparse extension). The stop is the usual one."""
+    vm = fleet.vm("grow")
+    vm.wait_ready()
+    sectors = bg.guest_command(fleet.ports["grow"], "sh cat /sys/block/vda/size").strip()
+    assert sectors.splitlines()[-1] == str(12 * 2048), sectors
+    assert (fleet.root / "grow" / "disk.raw").stat().st_size == 12 * 1024 * 1024
+    grown = [line for line in vm.log_lines() if line.get("msg") == "root disk grown"]
+    assert grown and (grown[0]["from_mib"], grown[0]["to_mib"]) == (4, 12), vm.log_tail()
+    pid = vm.vmm_pid()
+    vm.signal(signal.SIGTERM)
+    rc, result = finish(vm)
+    assert (rc, result["reason"]) == (0, "StopRequested"), result
+    assert_clean(vm, pid)

@@ -40,6 +40,9 @@ def test_numeric_limits_and_defaults_match(schema: dict[str, Any]) -> None:
     assert (spec["vcpus"]["minimum"], spec["vcpus"]["maximum"]) == (_spec.VCPUS_MIN, _spec.VCPUS_MAX)
     assert (spec["memoryMiB"]["minimum"], spec["memoryMiB"]["maximum"]) == (_spec.MEMORY_MIB_MIN,
                                                                           _spec.MEMORY_MIB_MAX)
+    # the root volume's size: CRD, model and the launcher's rootDisk.sizeMiB take the same range
+    assert (spec["rootVolumeSizeMiB"]["minimum"], spec["rootVolumeSizeMiB"]["maximum"]) == (
+        _spec.ROOT_VOLUME_SIZE_MIB_MIN, _spec.ROOT_VOLUME_SIZE_MIB_MAX) == launcher_config.ROOT_SIZE_MIB
     assert spec["bootID"]["minimum"] == 0
     assert tuple(spec["powerState"]["enum"]) == _spec.POWER_STATES
     assert {k: spec[k]["default"] for k in _spec.DEFAULTS} == _spec.DEFAULTS
@@ -87,8 +90,11 @@ def test_every_field_is_described_and_every_string_and_list_is_bounded(schema: d
 def test_immutable_fields_and_monotonic_boot_id_have_transition_rules(schema: dict[str, Any]) -> None:
     spec = schema["properties"]["spec"]["properties"]
     for field, rule in (("owner", "self == oldSelf"), ("rootVolumeClaim", "self == oldSelf"),
-                        ("bootID", "self >= oldSelf")):
+                        ("bootID", "self >= oldSelf"), ("rootVolumeSizeMiB", "self >= oldSelf")):
         assert [r["rule"] for r in spec[field]["x-kubernetes-validations"]] == [rule]
+    # and a set root volume size cannot be removed (model.spec.validate_update says the same)
+    rules = [r["rule"] for r in schema["properties"]["spec"]["x-kubernetes-validations"]]
+    assert rules == ["!has(oldSelf.rootVolumeSizeMiB) || has(self.rootVolumeSizeMiB)"]
 
 
 def test_cloudquota_crd_holds_the_dimensions_of_model_quota(schema: dict[str, Any]) -> None:

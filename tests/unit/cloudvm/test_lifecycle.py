@@ -31,7 +31,7 @@ class FakeApi:
 
     backend = "kubernetes"
     reconciles_in_background = True
-    ignored_options = {"image": "host backend only", "volume_size_mib": "host backend only"}
+    ignored_options = {"image": "host backend only"}
     ssh_gateway = False
     launched_boot = k8s.KubernetesCloudVMApi.launched_boot  # a pure read of the status, as the adapter's
     # the adapter's check of a Running status against its launcher Pod, over the Pods of ``_core`` (a FakeCore);
@@ -840,3 +840,21 @@ def test_the_node_is_read_only_for_a_start_of_a_live_boot_on_a_named_node() -> N
     api.set_status("ns", "vm1", phase="Stopped", reason="StopRequested", bootID=1, node="node-2")
     result = backend(api).ensure(params(power_state="running", wait=False), check_mode=False, diff=False)
     assert result["boot_id"] == 2 and core.reads == reads, "a start of an ended boot needs no Node either"
+
+
+def test_a_root_volume_size_is_written_a_running_vm_is_told_and_it_never_decreases() -> None:
+    api = FakeApi()
+    clock = Clock(obedient_controller(api))
+    backend(api, clock).ensure(params(power_state="running", wait=True), check_mode=False, diff=False)
+    grown = backend(api, clock).ensure(params(volume_size_mib=4096), check_mode=False, diff=False)
+    assert api.objects[("ns", "vm1")]["spec"]["rootVolumeSizeMiB"] == 4096
+    assert grown["warnings"] == [
+        "spec.rootVolumeSizeMiB none -> 4096: takes effect at the next boot (bootID 2); boot 1 keeps its root disk"
+        " size until it ends; restart the VM (restart: true, playbook vm_restart) to apply it now"]
+    assert backend(api, clock).ensure(params(volume_size_mib=4096), check_mode=False, diff=False)["changed"] is False
+    with pytest.raises(CloudVMError, match=r"spec.rootVolumeSizeMiB: must never decrease \(was 4096, requested 2048\)"
+                                           r"; a root volume only grows"):
+        backend(api, clock).ensure(params(volume_size_mib=2048), check_mode=False, diff=False)
+    with pytest.raises(CloudVMError, match=r"spec.rootVolumeSizeMiB: 0 is below the minimum 1"):
+        backend(api, clock).ensure(params(volume_size_mib=0), check_mode=False, diff=False)
+    assert api.objects[("ns", "vm1")]["spec"]["rootVolumeSizeMiB"] == 4096

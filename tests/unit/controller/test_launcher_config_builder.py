@@ -100,3 +100,22 @@ def test_the_launcher_pods_nft_script_guards_exactly_the_tap_mac_and_address_its
     elements = NET_SETUP.split(f"table bridge {hostnet.NFT_TABLE} {{", 1)[1]
     assert f'add element bridge {hostnet.NFT_TABLE} guest_ipv4 {{ "{net["tap"]}" . 10.0.3.2 }}' in elements
     assert NET_SETUP.index(hostnet.NFT_TABLE) < NET_SETUP.index("zjusct_launcher run")  # before the guest starts
+
+
+def test_the_root_volume_size_reaches_the_launcher_as_the_root_disks_size_on_both_backends(tmp_path: Path) -> None:
+    vm = {**VM, "spec": {**VM["spec"], "rootVolumeSizeMiB": 4096}}
+    image = tmp_path / "images" / "tiny-1"
+    image.mkdir(parents=True)
+    (image / "manifest.json").write_text(json.dumps({"name": "tiny", "defaultCmdline": "console=ttyS0"}))
+    (tmp_path / "host.json").write_text(json.dumps({"state_dir": str(tmp_path / "state"), "netns": "",
+                                                     "runtime_dir": str(tmp_path / "run")}))
+    volume = {"name": "web-root", "driver": "file", "image": str(image), "location": str(tmp_path / "web-root.raw")}
+    lease = {"tap": "zjt0123456789a", "mac": "52:54:00:12:34:56", "ipv4": "10.200.0.7"}
+    host = reconciler.launcher_config(load(str(tmp_path / "host.json")), vm, volume, lease,
+                                      {"path": volume["location"], "cache": "Writeback"})
+    pod = pod_launcher_config(vm, Config(launcher_image="localhost/zjusct/launcher:1", image_dir="/images",
+                                         cmdline="console=ttyS0"))
+    for doc in (host, pod):
+        assert doc["rootDisk"]["sizeMiB"] == 4096
+        assert launcher_config.parse(doc).root_disk.size_mib == 4096
+    assert "sizeMiB" not in _host_doc(tmp_path / "plain")["rootDisk"]  # unset: the disk as it is

@@ -217,3 +217,16 @@ def test_bad_owner_quota_and_audit_info_input_names_the_option(config: str) -> N
         list_audit({"host_config": config, "since": "yesterday", "limit": 5})
     with pytest.raises(TenancyError, match=r"^limit: 0 is not an integer >= 1"):
         list_audit({"host_config": config, "limit": 0})
+
+
+def test_a_root_volume_size_grows_the_volume_record_and_is_refused_below_it() -> None:
+    from ansible_collections.zjusct.cloud.plugins.module_utils.host.cloudvm import _volume_growth
+
+    volume = {"name": "alice-root", "size_mib": 2048}
+    assert _volume_growth(volume, spec()) == 0  # unset: the volume as it is
+    assert _volume_growth(None, dict(spec(), rootVolumeSizeMiB=4096)) == 0  # a new volume is made that size
+    assert _volume_growth(volume, dict(spec(), rootVolumeSizeMiB=2048)) == 0
+    assert _volume_growth(volume, dict(spec(), rootVolumeSizeMiB=3072)) == 1024  # counted in disk_mib
+    with pytest.raises(CloudVMError, match=r"^spec.rootVolumeSizeMiB: 1024 is below the size of the root volume "
+                                           r"alice-root, 2048 MiB; a root volume only grows$"):
+        _volume_growth(volume, dict(spec(), rootVolumeSizeMiB=1024))

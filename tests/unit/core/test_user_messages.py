@@ -93,4 +93,4 @@ def test_playbook_number_rules_match_the_spec_module():
             path, rule = by_variable[variable]
             assert text == f"{path}; {rule}", variable
             checked += 1
-    assert checked == 9
+    assert checked == 10

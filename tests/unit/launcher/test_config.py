@@ -311,3 +311,15 @@ def test_boot_slots_are_optional_and_parsed_when_given() -> None:
     doc = set_path(example(), "bootSlots", {"directory": "/run/lock/zjusct-cloud/boot-slots", "count": 2})
     assert config.parse(doc).boot_slots == config.BootSlots("/run/lock/zjusct-cloud/boot-slots", 2)
     assert schema_ok(doc) and schema_ok(set_path(example(), "bootSlots", None))
+
+
+def test_rootdisk_size_is_an_optional_integer_in_range() -> None:
+    assert config.parse(example()).root_disk.size_mib is None  # a v1 document without the field
+    doc = example()
+    doc["rootDisk"]["sizeMiB"] = 4096
+    assert config.parse(doc).root_disk.size_mib == 4096 and schema_ok(doc)
+    for bad, message in ((0, "rootDisk.sizeMiB: 0 is below the minimum 1"),
+                         (16777217, "rootDisk.sizeMiB: 16777217 is above the maximum 16777216"),
+                         ("8G", 'rootDisk.sizeMiB: expected an integer, got string "8G"')):
+        doc["rootDisk"]["sizeMiB"] = bad
+        assert message in problems(doc) and not schema_ok(doc)

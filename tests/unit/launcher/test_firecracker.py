@@ -89,3 +89,19 @@ def test_jailed_config_names_paths_inside_the_chroot() -> None:
     assert doc["boot-source"]["kernel_image_path"] == "/vmlinux"
     assert doc["boot-source"]["initrd_path"] == "/initrd.img"
     assert [d["path_on_host"] for d in doc["drives"]] == ["/rootfs.raw", "/identity.tar"]
+
+
+def test_a_firecracker_root_file_is_extended_sparse_to_its_size_and_never_shrunk(tmp_path: Path) -> None:
+    from zjusct_launcher.vmm import RunFailed
+    from zjusct_launcher.vmm_firecracker import grow_file
+
+    disk = tmp_path / "root.raw"
+    disk.write_bytes(b"data" * 1024)
+    grow_file(str(disk), 2)
+    assert disk.stat().st_size == 2 << 20 and disk.read_bytes()[:8] == b"datadata"
+    assert disk.stat().st_blocks * 512 < 1 << 20  # sparse
+    grow_file(str(disk), 1)
+    assert disk.stat().st_size == 2 << 20
+    grow_file(None, 4)  # an RBD disk (QEMU only) or no size: nothing to do
+    with pytest.raises(RunFailed, match=r"rootDisk.sizeMiB: cannot grow .*missing.raw to 4 MiB"):
+        grow_file(str(tmp_path / "missing.raw"), 4)

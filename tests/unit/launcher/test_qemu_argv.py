@@ -186,3 +186,20 @@ def test_seccomp_off_leaves_no_sandbox_flag() -> None:
     doc = json.loads((EXAMPLES / "config-qemu-tap.json").read_text())
     doc["hypervisor"]["seccomp"] = False
     assert "-sandbox" not in argv(config.parse(doc))
+
+
+def test_a_root_size_starts_qemu_paused_and_only_a_smaller_disk_is_resized() -> None:
+    doc = json.loads((EXAMPLES / "config-qemu-tap.json").read_text())
+    doc["rootDisk"]["sizeMiB"] = 8
+    c = config.parse(doc)
+    assert qemu.paused_start(c) and "-S" in argv(c)
+    assert not qemu.paused_start(cfg()) and "-S" not in argv(cfg())
+    blocks = [{"device": "", "inserted": {"node-name": "identity", "image": {"virtual-size": 10240}}},
+              {"device": "", "inserted": {"node-name": "root", "image": {"virtual-size": 4 << 20}}}]
+    assert qemu.root_resize(blocks, 8) == (4 << 20, {"node-name": "root", "size": 8 << 20})
+    assert qemu.root_resize(blocks, 4) == (4 << 20, None)  # already that size
+    assert qemu.root_resize(blocks, 2) == (4 << 20, None)  # never shrunk
+    with pytest.raises(ValueError, match="no root disk"):
+        qemu.root_resize(blocks[:1], 8)
+    with pytest.raises(ValueError, match="no virtual-size"):
+        qemu.root_resize([{"inserted": {"node-name": "root", "image": {}}}], 8)
