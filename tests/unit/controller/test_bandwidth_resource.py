@@ -1,5 +1,5 @@
 """Guaranteed bandwidth as the extended resource ``cloud.zjusct.io/bandwidth-mbps`` of a launcher Pod
-(zjusct_controller.decide.pod_resources), and the status of a launcher Pod the scheduler cannot place
+(zjusct_controller.pod.pod_resources), and the status of a launcher Pod the scheduler cannot place
 (Pending/Unschedulable with the scheduler's message). The real scheduler's side is
 tests/integration/cloudvm_k8s/test_controller_bandwidth.py.
 """
@@ -10,17 +10,10 @@ from typing import Any
 
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import validate_spec, with_defaults
-from zjusct_controller.decide import (
-    BANDWIDTH_RESOURCE,
-    FINALIZER,
-    Config,
-    decide,
-    guaranteed_mbps,
-    launcher_pod,
-    pod_name,
-    pod_resources,
-    unschedulable,
-)
+from zjusct_controller.config import Config
+from zjusct_controller.decide import FINALIZER, decide
+from zjusct_controller.observe import unschedulable
+from zjusct_controller.pod import BANDWIDTH_RESOURCE, guaranteed_mbps, launcher_pod, pod_name, pod_resources
 
 from tests.cluster import BANDWIDTH_RESOURCE as HARNESS_RESOURCE
 

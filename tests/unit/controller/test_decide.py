@@ -11,20 +11,10 @@ from typing import Any
 
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.names import DNS1123_LABEL_MAX
-from zjusct_controller.decide import (
-    CLAIMED_BY,
-    FINALIZER,
-    LAUNCHER_TOLERATIONS,
-    OWNER_LABEL,
-    Config,
-    decide,
-    launcher_pod,
-    needs_volume,
-    pod_name,
-    pod_resources,
-    status_patch,
-    transition_event,
-)
+from zjusct_controller.config import Config
+from zjusct_controller.decide import FINALIZER, decide, needs_volume, status_patch, transition_event
+from zjusct_controller.pod import LAUNCHER_TOLERATIONS, OWNER_LABEL, launcher_pod, pod_name, pod_resources
+from zjusct_controller.volume import CLAIMED_BY
 
 CFG = Config(launcher_image="launcher:1", image_dir="/srv/images", cmdline="console=ttyS0",
              node_selector={"zone": "a"}, tolerations=[{"key": "t", "operator": "Exists"}])

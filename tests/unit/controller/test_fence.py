@@ -11,20 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from zjusct_controller.decide import (
-    CLAIMED_BY,
-    CONFIG_ANNOTATION,
-    OUT_OF_SERVICE_TAINT,
-    POD_FINALIZER,
-    CephConfig,
-    Config,
-    decide,
-    observe,
-    pod_name,
-    pod_rbd,
-    releasable,
-)
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import OUT_OF_SERVICE_TAINT
+from zjusct_controller.config import CephConfig, Config
+from zjusct_controller.decide import decide
 from zjusct_controller.fence import address_ip, addresses_to_fence
+from zjusct_controller.observe import observe, pod_rbd, releasable
+from zjusct_controller.pod import CONFIG_ANNOTATION, POD_FINALIZER, pod_name
+from zjusct_controller.volume import CLAIMED_BY
 
 CEPH = CephConfig(monitors=("10.0.0.1:6789",), user="vm", secret_name="ceph-vm", fence_user="fence",
                   fence_keyring="/etc/zjusct-fence/keyring")

@@ -10,18 +10,11 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from zjusct_controller.decide import (
-    CEPH_CONF_ANNOTATION,
-    CLAIMED_BY,
-    ROOT_CLAIM,
-    CephConfig,
-    Config,
-    VolumeProblem,
-    decide,
-    needs_volume,
-    rbd_root_disk,
-)
+from zjusct_controller.config import CephConfig, Config
+from zjusct_controller.decide import decide, needs_volume
+from zjusct_controller.pod import CEPH_CONF_ANNOTATION, ROOT_CLAIM
 from zjusct_controller.reconcile import Reconciler
+from zjusct_controller.volume import CLAIMED_BY, VolumeProblem, rbd_root_disk
 
 CEPH = CephConfig(monitors=("[v2:10.0.0.1:3300/0,v1:10.0.0.1:6789/0]",), user="vm", secret_name="ceph-vm")
 CFG = Config(launcher_image="launcher:1", image_dir="/srv/images", cmdline="console=ttyS0", ceph=CEPH)

@@ -10,8 +10,10 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from zjusct_controller.decide import CLAIMED_BY, FINALIZER, Config
+from zjusct_controller.config import Config
+from zjusct_controller.decide import FINALIZER
 from zjusct_controller.reconcile import Reconciler
+from zjusct_controller.volume import CLAIMED_BY
 
 CFG = Config(launcher_image="x", image_dir="/x", cmdline="c")
 UID = "0b7c1f4e-0000-4000-8000-000000000001"

@@ -1,6 +1,6 @@
-"""Refused writes and the per-owner quota in the controller: the pure parts (zjusct_controller.decide: which answers
-are refusals, the refused plan, the backoff) and the adapter (zjusct_controller.reconcile) against the stub API of
-test_reconcile_scope.py. The real API server, ResourceQuota, LimitRange and controller process:
+"""Refused writes and the per-owner quota in the controller: the pure parts (zjusct_controller.refusal: which answers
+are refusals, the backoff; zjusct_controller.decide: the refused plan) and the adapter (zjusct_controller.reconcile)
+against the stub API of test_reconcile_scope.py. The real API server, ResourceQuota, LimitRange and controller process:
 tests/integration/cloudvm_k8s/test_controller_quota.py."""
 
 from __future__ import annotations
@@ -12,15 +12,8 @@ from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
-from zjusct_controller.decide import (
-    QUOTA_EXCEEDED,
-    REFUSED,
-    api_refusal,
-    decide,
-    refuse,
-    retry_delay,
-    transition_event,
-)
+from zjusct_controller.decide import decide, refuse, transition_event
+from zjusct_controller.refusal import QUOTA_EXCEEDED, REFUSED, api_refusal, retry_delay
 
 from tests.unit.controller.test_decide import CFG, NOW, claim, pod, vm
 from tests.unit.controller.test_reconcile_scope import _Api, _reconciler, _resp

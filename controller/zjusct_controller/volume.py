@@ -1,0 +1,143 @@
+"""A CloudVM's root volume: may the VM start on its claim (:func:`claim_problem`: the claim is Bound, carries no
+other owner's mark, no other CloudVM's claim mark and no other Pod uses it), and the RBD image a Block claim's
+PersistentVolume names (:func:`rbd_root_disk`). Pure: the claim and the PersistentVolume are read by :mod:`.reconcile`.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import CLAIMED_BY_MARK, with_defaults
+
+from .config import CEPH_NAME_RE, Config
+from .pod import CEPH_CONF_PATH, KEYRING_PATH, OWNER_LABEL
+
+CLAIMED_BY = CLAIMED_BY_MARK  # PVC annotation: uid of the CloudVM using the root volume
+RBD_DRIVER = "rbd.csi.ceph.com"  # the CSI driver name an RBD PV carries (Ceph-CSI's, no driver needed on nodes)
+
+
+class VolumeProblem(Exception):
+    """A root volume claim the controller cannot start a VM on.
+
+    Attributes:
+        reason: the status reason (``VolumeClaimNotReady`` or ``VolumeNotSupported``).
+        message: names the object (claim or PersistentVolume), the field, its value and what is allowed.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def is_block_claim(claim: Optional[dict]) -> bool:
+    """True when the claim asks for a raw block volume (``spec.volumeMode: Block``): an RBD root disk."""
+    return ((claim or {}).get("spec") or {}).get("volumeMode") == "Block"
+
+
+def rbd_root_disk(claim: dict, volume: Optional[dict], cfg: Config) -> dict:
+    """The launcher's ``rootDisk.rbd`` for a Bound Block claim, from its PersistentVolume.
+
+    The PV must be bound to this claim (``spec.claimRef``), ``volumeMode: Block`` and name the image the way
+    Ceph-CSI does: ``spec.csi.driver`` :data:`RBD_DRIVER`, ``spec.csi.volumeAttributes.pool`` and ``.imageName``
+    (1-128 of ``A-Z a-z 0-9 _ . -``, the launcher's rule). No CSI driver runs: the launcher Pod does not mount
+    the claim, QEMU opens the image through librbd with :attr:`Config.ceph`.
+
+    Returns:
+        ``{"pool", "image", "conf", "user", "keyringPath"}`` (paths inside the launcher Pod).
+
+    Raises:
+        VolumeProblem: ``VolumeNotSupported`` (no ``ceph`` in the controller config, the PV is not an RBD PV or
+            not Block) or ``VolumeClaimNotReady`` (the PV is missing or bound to another claim), naming the
+            object and the field.
+    """
+    md, spec = claim.get("metadata") or {}, claim.get("spec") or {}
+    name, pv_name = md.get("name", ""), spec.get("volumeName") or ""
+    if cfg.ceph is None:
+        raise VolumeProblem("VolumeNotSupported", f"the root volume claim {name} is a Block volume (spec.volumeMode)"
+                            " but the controller config has no ceph section (docs/controller.md)")
+    if volume is None:
+        raise VolumeProblem("VolumeClaimNotReady", f"PersistentVolume {pv_name or '(none)'} of the root volume "
+                            f"claim {name} (spec.volumeName) does not exist")
+    vspec = volume.get("spec") or {}
+    ref = vspec.get("claimRef") or {}
+    if (ref.get("namespace"), ref.get("name")) != (md.get("namespace"), name) or (
+            ref.get("uid") and md.get("uid") and ref["uid"] != md["uid"]):
+        raise VolumeProblem("VolumeClaimNotReady", f"PersistentVolume {pv_name}: spec.claimRef is "
+                            f"{ref.get('namespace')}/{ref.get('name')}, not the root volume claim "
+                            f"{md.get('namespace')}/{name}")
+    if vspec.get("volumeMode") != "Block":
+        raise VolumeProblem("VolumeNotSupported", f"PersistentVolume {pv_name}: spec.volumeMode is "
+                            f"{vspec.get('volumeMode') or 'Filesystem'}, an RBD root disk needs Block")
+    csi = vspec.get("csi") or {}
+    if csi.get("driver") != RBD_DRIVER:
+        raise VolumeProblem("VolumeNotSupported", f"PersistentVolume {pv_name}: spec.csi.driver is "
+                            f"{csi.get('driver') or '(none)'}, an RBD root disk needs {RBD_DRIVER}")
+    attrs = csi.get("volumeAttributes") or {}
+    for key in ("pool", "imageName"):
+        value = attrs.get(key)
+        if not isinstance(value, str) or not CEPH_NAME_RE.match(value):
+            raise VolumeProblem("VolumeNotSupported", f"PersistentVolume {pv_name}: spec.csi.volumeAttributes."
+                                f"{key} is {value!r}, not an RBD name (1-128 of A-Z a-z 0-9 _ . -)")
+    return {"pool": attrs["pool"], "image": attrs["imageName"], "conf": CEPH_CONF_PATH, "user": cfg.ceph.user,
+            "keyringPath": KEYRING_PATH}
+
+
+def owner_problem(owner: str, claim: dict, volume: Optional[dict]) -> Optional[str]:
+    """Why the root volume claim (and its PersistentVolume, when read) is not ``owner``'s, or None.
+
+    The owner mark is the label :data:`OWNER_LABEL` (``root_volume_claim`` writes it on the claim and the PV
+    after checking the RBD image's own mark). A claim or PV that carries another owner's mark belongs to that
+    owner: a CloudVM of ``owner`` that names it would boot another tenant's disk (docs/security.md, threat model).
+    An object without the mark is not judged here (an operator's own volume, e.g. pre-bound by hand).
+
+    Returns:
+        A message naming the object, the field, both owners and what to do; None when no mark disagrees.
+    """
+    md = claim.get("metadata") or {}
+    marked = [(f"PersistentVolumeClaim {md.get('namespace')}/{md.get('name')}", claim)]
+    if volume is not None:
+        marked.append((f"PersistentVolume {(volume.get('metadata') or {}).get('name')}", volume))
+    for what, obj in marked:
+        mark = ((obj.get("metadata") or {}).get("labels") or {}).get(OWNER_LABEL)
+        if mark is not None and mark != owner:
+            return (f"the root volume claim {md.get('name')} belongs to owner {mark} ({what} "
+                    f"metadata.labels[{OWNER_LABEL}]), not to {owner} (spec.owner): a CloudVM boots only its "
+                    f"owner's volumes; name a claim of {owner} in spec.rootVolumeClaim")
+    return None
+
+
+def claim_problem(vm: dict, claim: Optional[dict], writers: list[str], volume: Optional[dict], cfg: Config,
+                  ) -> tuple[Optional[str], bool, str, Optional[dict]]:
+    """``(problem, mark, reason, rbd)``: why the root volume claim cannot be used (None: it can), whether to mark
+    it, and for a Block claim the launcher's ``rootDisk.rbd`` (:func:`rbd_root_disk`).
+
+    ``reason``: ``VolumeClaimNotReady`` (missing or not Bound yet, its PV missing), ``VolumeOwnerMismatch`` (the
+    claim or its PV carries another owner's mark, :func:`owner_problem`), ``VolumeInUse`` (claimed by another
+    CloudVM uid, or used by a Pod that is not this VM's launcher) or ``VolumeNotSupported``.
+    """
+    spec = with_defaults(vm.get("spec") or {})
+    name = spec["rootVolumeClaim"]
+    if claim is None:
+        return f"the root volume claim {name} does not exist", False, "VolumeClaimNotReady", None
+    foreign = owner_problem(spec["owner"], claim, volume)
+    if foreign:
+        return foreign, False, "VolumeOwnerMismatch", None
+    phase = (claim.get("status") or {}).get("phase")
+    if phase != "Bound":
+        return (f"the root volume claim {name} is {phase or 'not bound'} (waiting until it is Bound)", False,
+                "VolumeClaimNotReady", None)
+    holder = ((claim.get("metadata") or {}).get("annotations") or {}).get(CLAIMED_BY)
+    uid = vm["metadata"]["uid"]
+    if holder and holder != uid:
+        return (f"the root volume claim {name} is claimed by CloudVM uid {holder} ({CLAIMED_BY})", False,
+                "VolumeInUse", None)
+    if writers:
+        return f"Pod {', '.join(sorted(writers))} uses the root volume claim {name}", False, "VolumeInUse", None
+    rbd = None
+    if is_block_claim(claim):
+        try:
+            rbd = rbd_root_disk(claim, volume, cfg)
+        except VolumeProblem as exc:
+            return exc.message, False, exc.reason, None
+    return None, holder != uid, "", rbd
