@@ -153,6 +153,254 @@ def _conditions(prev: list, phase: str, reason: str, message: str, generation: i
              "lastTransitionTime": since, "observedGeneration": generation}]
 
 
+@dataclass(frozen=True)
+class _Seen:
+    """What the steps of :func:`decide` read: the CloudVM and its launcher Pods split by boot.
+
+    Attributes:
+        vm: the CloudVM as read; ``md`` its metadata, ``spec`` its spec with defaults, ``prev`` its status.
+        boot: ``spec.bootID``.
+        want: ``spec.powerState`` is Running.
+        deleting: the CloudVM is being deleted (``metadata.deletionTimestamp``).
+        current: the launcher Pod of ``boot`` (the first one), or None.
+        older: the launcher Pods of other boots, by bootID.
+        nodes, cfg: as :func:`decide` got them.
+    """
+
+    vm: dict
+    md: dict
+    spec: dict
+    prev: dict
+    boot: int
+    want: bool
+    deleting: bool
+    current: Optional[dict]
+    older: list
+    nodes: dict
+    cfg: Config
+
+    @classmethod
+    def of(cls, vm: dict, pods: list, nodes: dict, cfg: Config) -> _Seen:
+        spec = with_defaults(vm.get("spec") or {})
+        boot = int(spec["bootID"])
+        current = [p for p in pods if boot_of(p) == boot]
+        return cls(vm=vm, md=vm["metadata"], spec=spec, prev=dict(vm.get("status") or {}), boot=boot,
+                   want=spec["powerState"] == "Running", deleting=bool(vm["metadata"].get("deletionTimestamp")),
+                   current=current[0] if current else None,
+                   older=sorted((p for p in pods if boot_of(p) != boot), key=lambda p: boot_of(p) or 0),
+                   nodes=nodes, cfg=cfg)
+
+    @property
+    def name(self) -> str:
+        """The launcher Pod name of ``boot``."""
+        return pod_name(self.md["name"], self.boot)
+
+    def ready(self, pod: dict) -> Optional[bool]:
+        """:func:`model.lifecycle.node_ready` of the Node ``pod`` is bound to; None when it is not bound."""
+        node = (pod.get("spec") or {}).get("nodeName")
+        return node_ready(self.nodes.get(node)) if node else None
+
+    def obs(self, pod: dict) -> BootObservation:
+        """:func:`.observe.observe` of one launcher Pod."""
+        return observe(pod, self.ready(pod))
+
+    @property
+    def others(self) -> tuple[BootObservation, ...]:
+        """The observations of the older boots' Pods."""
+        return tuple(self.obs(p) for p in self.older)
+
+    @property
+    def ending(self) -> list:
+        """The Pods that must end: the older boots', and the current one when the VM should be off or is deleted."""
+        return self.older + ([self.current] if self.current is not None and (self.deleting or not self.want) else [])
+
+    @property
+    def recorded(self) -> bool:
+        """A Pod of this boot was created before (the status names it)."""
+        return self.prev.get("bootID") == self.boot and bool(self.prev.get("pod"))
+
+    @property
+    def moving(self) -> bool:
+        """The boot's evicted Pod is gone and its node answers: its guest was stopped, the boot starts again
+        elsewhere."""
+        return (self.recorded and self.want and self.current is None and being_moved(self.prev)
+                and node_ready(self.nodes.get(str(self.prev.get("node")))) is True)
+
+
+def _deletions(seen: _Seen) -> list[tuple[str, int]]:
+    """``(name, grace seconds)`` of the Pods that must end (:attr:`_Seen.ending`) and are not terminating yet.
+
+    A Pod on a lost node is not deleted: a terminating Pod on an out-of-service node is force-deleted by the pod GC
+    (its finalizer, :data:`.pod.POD_FINALIZER`, keeps it), and a Pod without the finalizer would be gone with the
+    record of the RBD client to fence; it is deleted once its node is back, or after the fence (:attr:`Plan.fence`).
+    """
+    return [(p["metadata"]["name"], seen.cfg.grace_period_s) for p in seen.ending
+            if not (p.get("metadata") or {}).get("deletionTimestamp") and seen.obs(p).state != "unknown"]
+
+
+def _releases(seen: _Seen, pods: list) -> list[tuple[str, Optional[str], list]]:
+    """``(name, uid, finalizers)`` of the Pods whose finalizer :data:`.pod.POD_FINALIZER` may go
+    (:func:`.observe.releasable`)."""
+    out = []
+    for p in pods:
+        pmd = p.get("metadata") or {}
+        finalizers = list(pmd.get("finalizers") or [])
+        if POD_FINALIZER in finalizers and releasable(p, seen.ready(p)):
+            out.append((pmd["name"], pmd.get("uid"), finalizers))
+    return out
+
+
+def _ends_by_stop(observed: BootObservation) -> bool:
+    """True when a deletion of the Pod stops its launcher or did: it runs or starts, or it ended by a stop
+    (:data:`STOP_OUTCOMES`). False when its node cannot be observed or its launcher ended with another result."""
+    if observed.state == "unknown":
+        return False
+    return observed.state != "exited" or (observed.result or {}).get("reason") in STOP_OUTCOMES
+
+
+def _with_pod(seen: _Seen, pod: dict) -> tuple[Status, dict]:
+    """The status while the boot's launcher Pod ``pod`` exists, and the status keys ``pod`` and ``sshEndpoint``.
+
+    Someone else's deletion of the Pod while the VM should run is a lost launcher (``Failed/LauncherLost`` once it
+    ended), an eviction (:func:`.observe.moved_away`) ``Stopping/Evicted``.
+    """
+    observed = seen.obs(pod)
+    by_stop = seen.want and _ends_by_stop(observed)
+    evicted = moved_away(pod) if by_stop else None
+    if by_stop and (pod.get("metadata") or {}).get("deletionTimestamp"):
+        verb = "was deleted" if observed.state == "exited" else "is being deleted"
+        observed = BootObservation(seen.boot, "lost", started_at=observed.started_at, node=observed.node,
+                                   detail=f"launcher Pod {seen.name} {verb} while the VM should run")
+    status = derive_status(seen.spec, observed, seen.others)
+    if evicted is not None:
+        status = Status("Stopping", EVICTED,
+                        f"launcher Pod {seen.name} is evicted from node {observed.node} ({evicted}): the guest is "
+                        f"stopped, then boot {seen.boot} starts again on a node the scheduler picks", seen.boot,
+                        node=observed.node, started_at=observed.started_at)
+    elif (status.phase, status.reason) == ("Pending", "Starting"):
+        status = _not_started(seen, pod, observed, status)
+    extra: dict[str, Any] = {"pod": seen.name}
+    pod_ip = (pod.get("status") or {}).get("podIP")
+    if status.phase == "Running" and pod_ip:
+        extra["sshEndpoint"] = {"host": pod_ip, "port": SSH_PORT}
+    return status, extra
+
+
+def _not_started(seen: _Seen, pod: dict, observed: BootObservation, status: Status) -> Status:
+    """``Pending/Starting`` while the boot's Pod has not started its container, with the scheduler's verdict when
+    it cannot place the Pod (``Pending/Unschedulable``, e.g. not enough cloud.zjusct.io/bandwidth-mbps anywhere)."""
+    if observed.state == "starting":
+        # created (and perhaps bound), its container not started: the status the create wrote stands, so the
+        # scheduler's binding costs no status write; the node is recorded once the container runs
+        status = Status("Pending", "Starting", f"boot {seen.boot} requested", seen.boot)
+    why = unschedulable(pod)
+    if why is not None:
+        status.reason, status.message = "Unschedulable", f"launcher Pod {seen.name} cannot be scheduled: {why}"
+        group = seen.spec.get("antiAffinityGroup")
+        if group and "anti-affinity" in why:
+            status.message += (f" (spec.antiAffinityGroup {group!r}: running VMs of owner {seen.spec['owner']} "
+                               "in this group never share a node)")
+    return status
+
+
+def _as_recorded(prev: dict) -> Status:
+    """The ended boot the status ``prev`` records (``Stopped`` or ``Failed``), as it is."""
+    return Status(prev["phase"], prev.get("reason", ""), prev.get("message", ""), int(prev["bootID"]),
+                  node=prev.get("node"), started_at=prev.get("startedAt"), ssh_ready_at=prev.get("sshReadyAt"),
+                  exit_result=prev.get("exitResult"))
+
+
+def _pod_gone(seen: _Seen) -> tuple[Status, dict]:
+    """The status once the boot's launcher Pod, which the status records, is gone: the boot's end as recorded, the
+    end of a stop, or a lost launcher (gone without a result while the VM should run)."""
+    prev = seen.prev
+    extra = {"pod": prev["pod"]}
+    if prev.get("phase") in ("Stopped", "Failed"):  # the boot ended and was recorded; the Pod is gone since
+        return _as_recorded(prev), extra
+    if not seen.want:
+        return Status("Stopped", "StopRequested", f"the launcher Pod of boot {seen.boot} is gone after the stop",
+                      seen.boot, node=prev.get("node"), started_at=prev.get("startedAt")), extra
+    lost = BootObservation(seen.boot, "lost", node=prev.get("node"), started_at=prev.get("startedAt"),
+                           detail=f"launcher Pod {prev['pod']} of boot {seen.boot} is gone without a result")
+    return derive_status(seen.spec, lost, seen.others), extra
+
+
+def _off(seen: _Seen) -> tuple[Status, dict]:
+    """The status of a VM that should be off and has no Pod of its boot: an older boot still alive, the last
+    boot's end as recorded, or none ever ran."""
+    others, prev = seen.others, seen.prev
+    alive = [o for o in others if o.state in ("alive", "starting", "unknown")]
+    if alive:
+        return derive_status(seen.spec, alive[-1], others), {}
+    if prev.get("phase") in ("Stopped", "Failed") and prev.get("bootID") is not None:
+        return _as_recorded(prev), ({"pod": prev["pod"]} if prev.get("pod") else {})
+    return derive_status(seen.spec, None, others), {}
+
+
+def _start(seen: _Seen, plan: Plan, claim: Optional[dict], claim_writers: list, volume: Optional[dict],
+           ) -> tuple[Status, dict]:
+    """The status of a boot to start, no Pod of which exists: ``Pending`` with the launcher Pod to create (and the
+    claim mark to write) set on ``plan``, or ``Blocked`` by an older boot's launcher (fenced when its node is out
+    of service: ``plan.fence``) or by the root volume claim."""
+    problem, mark, why, rbd = claim_problem(seen.vm, claim, claim_writers, volume, seen.cfg)
+    status = derive_status(seen.spec, None, seen.others, volume_writer=problem)
+    if status.phase == "Blocked" and status.reason == "VolumeInUse" and problem:  # the claim's own reason
+        status.reason, status.message = why, problem
+    if status.reason == "PreviousBootRunning":
+        plan.fence, status.message = _fence_older(seen, claim, volume, rbd, status.message)
+    if status.phase != "Pending":
+        return status, {}
+    plan.mark_claim = mark
+    plan.create_pod = launcher_pod(seen.vm, seen.cfg, rbd)
+    return status, {"pod": seen.name}
+
+
+def _fence_older(seen: _Seen, claim: Optional[dict], volume: Optional[dict], rbd: Optional[dict], message: str,
+                 ) -> tuple[list, str]:
+    """``(targets, message)`` when an older boot's launcher blocks the start: the fence of those on an
+    out-of-service node (:func:`fence_targets`), and ``message`` with what is fenced or why not."""
+    if rbd is None and claim is not None and is_block_claim(claim) and volume is not None:
+        try:  # the image even when the claim is blocked for the old launcher's sake
+            rbd = rbd_root_disk(claim, volume, seen.cfg)
+        except VolumeProblem:
+            rbd = None
+    targets, note = fence_targets(seen.older, seen.nodes, rbd, seen.cfg)
+    note = fencing_note(targets) or note
+    return targets, (f"{message}; {note}" if note else message)
+
+
+def _status_of(seen: _Seen, plan: Plan, claim: Optional[dict], claim_writers: list, volume: Optional[dict],
+               ) -> tuple[Status, dict]:
+    """The status of a VM not being deleted, by what exists of its boot: its Pod, a record of a Pod now gone, a
+    boot to start, or nothing while the VM should be off."""
+    if seen.current is not None:
+        return _with_pod(seen, seen.current)
+    if seen.recorded and not seen.moving:
+        return _pod_gone(seen)
+    if seen.want:
+        return _start(seen, plan, claim, claim_writers, volume)
+    return _off(seen)
+
+
+def _status_doc(seen: _Seen, plan: Plan, status: Status, extra: dict, fence_note: str, now: str) -> dict:
+    """The status to write: ``status`` with ``extra``, the note of a stop's fence, the admitted boot,
+    ``observedGeneration`` and the Ready condition."""
+    fence_note = fencing_note(plan.fence) or fence_note
+    if fence_note and not seen.want and fence_note not in status.message:  # a kept message may carry it already
+        status.message = f"{status.message}; {fence_note}"
+    status.extra.update(extra)
+    out = status.as_dict()
+    admitted = seen.boot if plan.create_pod is not None else admitted_boot(seen.prev)
+    if admitted is not None:  # kept in every status: the quota counts the VM from its first admitted boot on
+        out[ADMITTED_FIELD] = admitted
+    generation = int(seen.md.get("generation") or 0)
+    out["observedGeneration"] = generation
+    out["message"] = out.get("message", "")[:4096]
+    out["conditions"] = _conditions(seen.prev.get("conditions") or [], out["phase"], out["reason"], out["message"],
+                                    generation, now)
+    return out
+
+
 def decide(vm: dict, pods: list, nodes: dict, claim: Optional[dict], claim_writers: list, cfg: Config,
            now: str, volume: Optional[dict] = None) -> Plan:
     """The next step for one CloudVM.
@@ -181,144 +429,18 @@ def decide(vm: dict, pods: list, nodes: dict, claim: Optional[dict], claim_write
         Pod is gone from a node that is Ready, the boot's Pod is created again (the one exception to "never
         twice": the old Pod ended by a graceful stop on a node that answers, so its guest is off).
     """
-    md = vm["metadata"]
-    spec = with_defaults(vm.get("spec") or {})
-    prev = dict(vm.get("status") or {})
-    boot = int(spec["bootID"])
-    want = spec["powerState"] == "Running"
-    deleting = bool(md.get("deletionTimestamp"))
-    grace = cfg.grace_period_s
-    plan = Plan()
-
-    def obs(p: dict) -> BootObservation:
-        n = (p.get("spec") or {}).get("nodeName")
-        return observe(p, node_ready(nodes.get(n)) if n else None)
-
-    current_pods = [p for p in pods if boot_of(p) == boot]
-    older = sorted((p for p in pods if boot_of(p) != boot), key=lambda p: boot_of(p) or 0)
-    cur = current_pods[0] if current_pods else None
-
-    ending = older + ([cur] if cur is not None and (deleting or not want) else [])
-    for p in ending:
-        # a Pod on a lost node is not deleted: a terminating Pod on an out-of-service node is force-deleted by
-        # the pod GC (its finalizer, POD_FINALIZER, keeps it), and a Pod without the finalizer would be gone with
-        # the record of the RBD client to fence; it is deleted once its node is back, or after the fence (Plan.fence)
-        if not (p.get("metadata") or {}).get("deletionTimestamp") and obs(p).state != "unknown":
-            plan.delete_pods.append((p["metadata"]["name"], grace))
-    for p in pods:
-        pmd = p.get("metadata") or {}
-        node_name = (p.get("spec") or {}).get("nodeName")
-        if POD_FINALIZER in (pmd.get("finalizers") or []) and releasable(
-                p, node_ready(nodes.get(node_name)) if node_name else None):
-            plan.release_pods.append((pmd["name"], pmd.get("uid"), list(pmd.get("finalizers") or [])))
+    seen = _Seen.of(vm, pods, nodes, cfg)
+    finalizers = seen.md.get("finalizers") or []
+    plan = Plan(delete_pods=_deletions(seen), release_pods=_releases(seen, pods))
     fence_note = ""
-    if deleting or not want:  # a stop or a deletion waits on a launcher of an out-of-service node: fence it
-        plan.fence, fence_note = fence_targets(ending, nodes, None, cfg)
-
-    if deleting:
-        plan.remove_finalizer = not pods and FINALIZER in (md.get("finalizers") or [])
+    if seen.deleting or not seen.want:  # a stop or a deletion waits on a launcher of an out-of-service node: fence it
+        plan.fence, fence_note = fence_targets(seen.ending, nodes, None, cfg)
+    if seen.deleting:
+        plan.remove_finalizer = not pods and FINALIZER in finalizers
         return plan
-    plan.add_finalizer = FINALIZER not in (md.get("finalizers") or [])
-
-    others = tuple(obs(p) for p in older)
-    recorded = prev.get("bootID") == boot and bool(prev.get("pod"))  # a Pod of this boot was created before
-    # the boot's evicted Pod is gone and its node answers: its guest was stopped, the boot starts again elsewhere
-    moving = (recorded and want and cur is None and being_moved(prev)
-              and node_ready(nodes.get(str(prev.get("node")))) is True)
-    name = pod_name(md["name"], boot)
-    extra: dict[str, Any] = {}
-    status: Status
-    if cur is not None:
-        current = obs(cur)
-        evicted = moved_away(cur) if want and current.state != "unknown" and (
-            current.state != "exited" or (current.result or {}).get("reason") in STOP_OUTCOMES) else None
-        being_deleted = want and bool((cur.get("metadata") or {}).get("deletionTimestamp"))
-        if being_deleted and current.state not in ("exited", "unknown"):
-            current = BootObservation(boot, "lost", started_at=current.started_at, node=current.node,
-                                      detail=f"launcher Pod {name} is being deleted while the VM should run")
-        elif being_deleted and current.state == "exited":
-            result = current.result or {}
-            # the outcome of a stop (graceful or by force) that was not ours: someone deleted the Pod
-            if result.get("reason") in STOP_OUTCOMES:
-                current = BootObservation(boot, "lost", started_at=current.started_at, node=current.node,
-                                          detail=f"launcher Pod {name} was deleted while the VM should run")
-        status = derive_status(spec, current, others)
-        if evicted is not None:
-            status = Status("Stopping", EVICTED,
-                            f"launcher Pod {name} is evicted from node {current.node} ({evicted}): the guest is "
-                            f"stopped, then boot {boot} starts again on a node the scheduler picks", boot,
-                            node=current.node, started_at=current.started_at)
-        if current.state == "starting" and (status.phase, status.reason) == ("Pending", "Starting"):
-            # created (and perhaps bound), its container not started: the status the create wrote stands, so
-            # the scheduler's binding costs no status write; the node is recorded once the container runs
-            status = Status("Pending", "Starting", f"boot {boot} requested", boot)
-        why = unschedulable(cur) if (status.phase, status.reason) == ("Pending", "Starting") else None
-        if why is not None:  # the scheduler's verdict, e.g. not enough cloud.zjusct.io/bandwidth-mbps anywhere
-            status.reason, status.message = "Unschedulable", f"launcher Pod {name} cannot be scheduled: {why}"
-            if spec.get("antiAffinityGroup") and "anti-affinity" in why:
-                status.message += (f" (spec.antiAffinityGroup {spec['antiAffinityGroup']!r}: running VMs of owner "
-                                   f"{spec['owner']} in this group never share a node)")
-        extra["pod"] = name
-        pod_ip = (cur.get("status") or {}).get("podIP")
-        if status.phase == "Running" and pod_ip:
-            extra["sshEndpoint"] = {"host": pod_ip, "port": SSH_PORT}
-    elif recorded and not moving:
-        extra["pod"] = prev["pod"]
-        if prev.get("phase") in ("Stopped", "Failed"):  # the boot ended and was recorded; the Pod is gone since
-            status = Status(prev["phase"], prev.get("reason", ""), prev.get("message", ""), boot,
-                            node=prev.get("node"), started_at=prev.get("startedAt"),
-                            ssh_ready_at=prev.get("sshReadyAt"), exit_result=prev.get("exitResult"))
-        elif not want:
-            status = Status("Stopped", "StopRequested", f"the launcher Pod of boot {boot} is gone after the stop",
-                            boot, node=prev.get("node"), started_at=prev.get("startedAt"))
-        else:
-            status = derive_status(spec, BootObservation(
-                boot, "lost", node=prev.get("node"), started_at=prev.get("startedAt"),
-                detail=f"launcher Pod {prev['pod']} of boot {boot} is gone without a result"), others)
-    elif want:
-        problem, mark, why, rbd = claim_problem(vm, claim, claim_writers, volume, cfg)
-        status = derive_status(spec, None, others, volume_writer=problem)
-        if status.phase == "Blocked" and status.reason == "VolumeInUse" and problem:  # the claim's own reason
-            status.reason, status.message = why, problem
-        if status.reason == "PreviousBootRunning":  # an older boot on a lost node: fence it, or say why not
-            if rbd is None and claim is not None and is_block_claim(claim) and volume is not None:
-                try:  # the image even when the claim is blocked for the old launcher's sake
-                    rbd = rbd_root_disk(claim, volume, cfg)
-                except VolumeProblem:
-                    rbd = None
-            plan.fence, note = fence_targets(older, nodes, rbd, cfg)
-            note = fencing_note(plan.fence) or note
-            if note:
-                status.message = f"{status.message}; {note}"
-        if status.phase == "Pending":
-            plan.mark_claim = mark
-            plan.create_pod = launcher_pod(vm, cfg, rbd)
-            extra["pod"] = name
-    else:
-        alive = [o for o in others if o.state in ("alive", "starting", "unknown")]
-        if alive:
-            status = derive_status(spec, alive[-1], others)
-        elif prev.get("phase") in ("Stopped", "Failed") and prev.get("bootID") is not None:
-            status = Status(prev["phase"], prev.get("reason", ""), prev.get("message", ""), int(prev["bootID"]),
-                            node=prev.get("node"), started_at=prev.get("startedAt"),
-                            ssh_ready_at=prev.get("sshReadyAt"), exit_result=prev.get("exitResult"))
-            extra.update({k: prev[k] for k in ("pod",) if prev.get(k)})
-        else:
-            status = derive_status(spec, None, others)
-    fence_note = fencing_note(plan.fence) or fence_note
-    if fence_note and not want and fence_note not in status.message:  # a kept message may carry it already
-        status.message = f"{status.message}; {fence_note}"
-    status.extra.update(extra)
-    out = status.as_dict()
-    admitted = boot if plan.create_pod is not None else admitted_boot(prev)
-    if admitted is not None:  # kept in every status: the quota counts the VM from its first admitted boot on
-        out[ADMITTED_FIELD] = admitted
-    generation = int(md.get("generation") or 0)
-    out["observedGeneration"] = generation
-    out["message"] = out.get("message", "")[:4096]
-    out["conditions"] = _conditions(prev.get("conditions") or [], out["phase"], out["reason"], out["message"],
-                                    generation, now)
-    plan.status = out
+    plan.add_finalizer = FINALIZER not in finalizers
+    status, extra = _status_of(seen, plan, claim, claim_writers, volume)
+    plan.status = _status_doc(seen, plan, status, extra, fence_note, now)
     return plan
 
 
