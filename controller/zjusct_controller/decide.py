@@ -16,6 +16,7 @@ What the decisions build on lives beside this file: the configuration (:mod:`.co
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -32,7 +33,7 @@ from .config import Config
 from .observe import boot_of, moved_away, observe, pod_rbd, releasable, unschedulable
 from .pod import POD_FINALIZER, SSH_PORT, launcher_pod, pod_name
 from .refusal import REFUSAL_REASONS
-from .volume import VolumeProblem, claim_problem, is_block_claim, rbd_root_disk
+from .volume import ClaimUse, VolumeProblem, claim_use, is_block_claim, rbd_root_disk, used_by_pods
 
 FINALIZER = "cloud.zjusct.io/launcher"  # the CloudVM's finalizer, removed once none of its launcher Pods is left
 # the status reason of a boot whose launcher Pod is evicted (observe.moved_away): it starts again elsewhere
@@ -337,22 +338,36 @@ def _off(seen: _Seen) -> tuple[Status, dict]:
     return derive_status(seen.spec, None, others), {}
 
 
-def _start(seen: _Seen, plan: Plan, claim: Optional[dict], claim_writers: list, volume: Optional[dict],
-           ) -> tuple[Status, dict]:
+def _start(seen: _Seen, plan: Plan, claim: Optional[dict], claim_writers: Callable[[], Sequence[str]],
+           volume: Optional[dict]) -> tuple[Status, dict]:
     """The status of a boot to start, no Pod of which exists: ``Pending`` with the launcher Pod to create (and the
     claim mark to write) set on ``plan``, or ``Blocked`` by an older boot's launcher (fenced when its node is out
-    of service: ``plan.fence``) or by the root volume claim."""
-    problem, mark, why, rbd = claim_problem(seen.vm, claim, claim_writers, volume, seen.cfg)
-    status = derive_status(seen.spec, None, seen.others, volume_writer=problem)
-    if status.phase == "Blocked" and status.reason == "VolumeInUse" and problem:  # the claim's own reason
-        status.reason, status.message = why, problem
+    of service: ``plan.fence``) or by the root volume claim (:func:`_claim_verdict`)."""
+    status, use = _claim_verdict(seen, claim, claim_writers, volume)
     if status.reason == "PreviousBootRunning":
-        plan.fence, status.message = _fence_older(seen, claim, volume, rbd, status.message)
+        plan.fence, status.message = _fence_older(seen, claim, volume, use.rbd, status.message)
     if status.phase != "Pending":
         return status, {}
-    plan.mark_claim = mark
-    plan.create_pod = launcher_pod(seen.vm, seen.cfg, rbd)
+    plan.mark_claim = use.mark
+    plan.create_pod = launcher_pod(seen.vm, seen.cfg, use.rbd)
     return status, {"pod": seen.name}
+
+
+def _claim_verdict(seen: _Seen, claim: Optional[dict], claim_writers: Callable[[], Sequence[str]],
+                   volume: Optional[dict]) -> tuple[Status, ClaimUse]:
+    """The status of a boot to start as its older boots and its root volume claim allow it, and the claim's
+    verdict. The claim's other users (``claim_writers()``) are asked for once, and only when nothing else holds the
+    boot back: only then would a Pod be created."""
+    others = seen.others
+    use = claim_use(seen.vm, claim, volume, seen.cfg)
+    status = derive_status(seen.spec, None, others, volume_writer=use.problem)
+    if status.phase == "Pending":
+        in_use = used_by_pods(seen.spec["rootVolumeClaim"], claim_writers())
+        if in_use.problem is not None:
+            use, status = in_use, derive_status(seen.spec, None, others, volume_writer=in_use.problem)
+    if status.phase == "Blocked" and status.reason == "VolumeInUse" and use.problem:  # the claim's own reason
+        status.reason, status.message = use.reason, use.problem
+    return status, use
 
 
 def _fence_older(seen: _Seen, claim: Optional[dict], volume: Optional[dict], rbd: Optional[dict], message: str,
@@ -369,8 +384,8 @@ def _fence_older(seen: _Seen, claim: Optional[dict], volume: Optional[dict], rbd
     return targets, (f"{message}; {note}" if note else message)
 
 
-def _status_of(seen: _Seen, plan: Plan, claim: Optional[dict], claim_writers: list, volume: Optional[dict],
-               ) -> tuple[Status, dict]:
+def _status_of(seen: _Seen, plan: Plan, claim: Optional[dict], claim_writers: Callable[[], Sequence[str]],
+               volume: Optional[dict]) -> tuple[Status, dict]:
     """The status of a VM not being deleted, by what exists of its boot: its Pod, a record of a Pod now gone, a
     boot to start, or nothing while the VM should be off."""
     if seen.current is not None:
@@ -401,8 +416,8 @@ def _status_doc(seen: _Seen, plan: Plan, status: Status, extra: dict, fence_note
     return out
 
 
-def decide(vm: dict, pods: list, nodes: dict, claim: Optional[dict], claim_writers: list, cfg: Config,
-           now: str, volume: Optional[dict] = None) -> Plan:
+def decide(vm: dict, pods: list, nodes: dict, claim: Optional[dict], claim_writers: Callable[[], Sequence[str]],
+           cfg: Config, now: str, volume: Optional[dict] = None) -> Plan:
     """The next step for one CloudVM.
 
     Args:
@@ -411,8 +426,9 @@ def decide(vm: dict, pods: list, nodes: dict, claim: Optional[dict], claim_write
         nodes: node name -> Node dict (or None when the Node does not exist) for the Pods' nodes and the node
             ``status.node`` names.
         claim: the PVC named by ``spec.rootVolumeClaim`` in the VM's namespace, or None.
-        claim_writers: names of Pods not belonging to this VM that mount the claim or name it in their
-            :data:`.pod.ROOT_CLAIM` annotation, and have not ended.
+        claim_writers: the lookup of the names of Pods not belonging to this VM that mount the claim or name it
+            in their :data:`.pod.ROOT_CLAIM` annotation and have not ended; called at most once, and only when a
+            launcher Pod would be created otherwise (the adapter's lookup may then cost a read).
         cfg: the launcher defaults.
         now: the current time (RFC 3339), for condition transition times.
         volume: the claim's PersistentVolume when :func:`needs_volume` says it is needed (a Block claim: the RBD

@@ -25,6 +25,7 @@ reason alone for a stop's or a delete's) and a Warning Event, not in an exceptio
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import logging
 import threading
@@ -336,11 +337,9 @@ class Reconciler:
             return None
         pods, nodes, claim = self._read(vm)
         volume = self._root_volume(claim) if needs_volume(vm, claim) else None
-        plan = decide(vm, pods, nodes, claim, [], self.cfg, now_rfc3339(), volume)
-        if plan.create_pod is not None:  # only now: is the claim used by any other Pod?
-            writers = self._claim_writers(vm)
-            if writers:
-                plan = decide(vm, pods, nodes, claim, writers, self.cfg, now_rfc3339(), volume)
+        # the claim's other users are looked up only when a launcher Pod would be created otherwise
+        plan = decide(vm, pods, nodes, claim, functools.partial(self._claim_writers, vm), self.cfg, now_rfc3339(),
+                      volume)
         if plan.add_finalizer:
             finalizers = [*(vm["metadata"].get("finalizers") or []), FINALIZER]
             try:

@@ -1,10 +1,13 @@
-"""A CloudVM's root volume: may the VM start on its claim (:func:`claim_problem`: the claim is Bound, carries no
-other owner's mark, no other CloudVM's claim mark and no other Pod uses it), and the RBD image a Block claim's
-PersistentVolume names (:func:`rbd_root_disk`). Pure: the claim and the PersistentVolume are read by :mod:`.reconcile`.
+"""A CloudVM's root volume: may the VM start on its claim (:func:`claim_use`: the claim is Bound, carries no other
+owner's mark and no other CloudVM's claim mark; :func:`used_by_pods`: no other Pod uses it), and the RBD image a Block
+claim's PersistentVolume names (:func:`rbd_root_disk`). Pure: the claim and the PersistentVolume are read by
+:mod:`.reconcile`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import CLAIMED_BY_MARK, with_defaults
@@ -107,37 +110,64 @@ def owner_problem(owner: str, claim: dict, volume: Optional[dict]) -> Optional[s
     return None
 
 
-def claim_problem(vm: dict, claim: Optional[dict], writers: list[str], volume: Optional[dict], cfg: Config,
-                  ) -> tuple[Optional[str], bool, str, Optional[dict]]:
-    """``(problem, mark, reason, rbd)``: why the root volume claim cannot be used (None: it can), whether to mark
-    it, and for a Block claim the launcher's ``rootDisk.rbd`` (:func:`rbd_root_disk`).
+@dataclass(frozen=True)
+class ClaimUse:
+    """Whether a VM may start on its root volume claim (:func:`claim_use`, :func:`used_by_pods`).
 
-    ``reason``: ``VolumeClaimNotReady`` (missing or not Bound yet, its PV missing), ``VolumeOwnerMismatch`` (the
-    claim or its PV carries another owner's mark, :func:`owner_problem`), ``VolumeInUse`` (claimed by another
-    CloudVM uid, or used by a Pod that is not this VM's launcher) or ``VolumeNotSupported``.
+    Attributes:
+        problem: why it may not, naming the claim, its PersistentVolume or the Pods and the field; None: it may.
+        reason: the status reason of ``problem`` (``VolumeClaimNotReady``, ``VolumeOwnerMismatch``,
+            ``VolumeInUse``, ``VolumeNotSupported``); ``""`` when there is none.
+        mark: the claim does not carry the VM's claim mark (:data:`CLAIMED_BY`) yet: write it before the Pod.
+        rbd: for a usable Block claim the launcher's ``rootDisk.rbd`` (:func:`rbd_root_disk`), else None.
+    """
+
+    problem: Optional[str] = None
+    reason: str = ""
+    mark: bool = False
+    rbd: Optional[dict] = None
+
+
+def claim_use(vm: dict, claim: Optional[dict], volume: Optional[dict], cfg: Config) -> ClaimUse:
+    """Whether the CloudVM ``vm`` may start on the root volume claim ``claim`` (its ``spec.rootVolumeClaim``, None
+    when it does not exist), judged on the claim and its PersistentVolume ``volume`` alone; the other Pods that use
+    the claim are :func:`used_by_pods`' to judge.
+
+    Problems, in this order: the claim is missing or not Bound (``VolumeClaimNotReady``), the claim or its PV
+    carries another owner's mark (``VolumeOwnerMismatch``, :func:`owner_problem`), another CloudVM uid's claim mark
+    (``VolumeInUse``), a Block claim whose PV does not name an RBD image this controller can open (the reason of
+    :func:`rbd_root_disk`'s :class:`VolumeProblem`).
     """
     spec = with_defaults(vm.get("spec") or {})
     name = spec["rootVolumeClaim"]
     if claim is None:
-        return f"the root volume claim {name} does not exist", False, "VolumeClaimNotReady", None
+        return ClaimUse(f"the root volume claim {name} does not exist", "VolumeClaimNotReady")
     foreign = owner_problem(spec["owner"], claim, volume)
     if foreign:
-        return foreign, False, "VolumeOwnerMismatch", None
+        return ClaimUse(foreign, "VolumeOwnerMismatch")
     phase = (claim.get("status") or {}).get("phase")
     if phase != "Bound":
-        return (f"the root volume claim {name} is {phase or 'not bound'} (waiting until it is Bound)", False,
-                "VolumeClaimNotReady", None)
+        return ClaimUse(f"the root volume claim {name} is {phase or 'not bound'} (waiting until it is Bound)",
+                        "VolumeClaimNotReady")
     holder = ((claim.get("metadata") or {}).get("annotations") or {}).get(CLAIMED_BY)
     uid = vm["metadata"]["uid"]
     if holder and holder != uid:
-        return (f"the root volume claim {name} is claimed by CloudVM uid {holder} ({CLAIMED_BY})", False,
-                "VolumeInUse", None)
-    if writers:
-        return f"Pod {', '.join(sorted(writers))} uses the root volume claim {name}", False, "VolumeInUse", None
+        return ClaimUse(f"the root volume claim {name} is claimed by CloudVM uid {holder} ({CLAIMED_BY})",
+                        "VolumeInUse")
     rbd = None
     if is_block_claim(claim):
         try:
             rbd = rbd_root_disk(claim, volume, cfg)
         except VolumeProblem as exc:
-            return exc.message, False, exc.reason, None
-    return None, holder != uid, "", rbd
+            return ClaimUse(exc.message, exc.reason)
+    return ClaimUse(mark=holder != uid, rbd=rbd)
+
+
+def used_by_pods(claim_name: str, writers: Sequence[str]) -> ClaimUse:
+    """The verdict on a claim that :func:`claim_use` allows, once the Pods that use it are known: ``writers`` are
+    the names of Pods not of this VM that mount the claim or name it in their :data:`.pod.ROOT_CLAIM` annotation
+    and have not ended. Any: ``VolumeInUse`` naming them (sorted); none: no problem (the caller keeps
+    :func:`claim_use`'s verdict)."""
+    if not writers:
+        return ClaimUse()
+    return ClaimUse(f"Pod {', '.join(sorted(writers))} uses the root volume claim {claim_name}", "VolumeInUse")

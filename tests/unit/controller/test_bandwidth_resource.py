@@ -91,7 +91,7 @@ def test_an_unschedulable_launcher_pod_makes_the_vm_pending_unschedulable_with_t
                        "finalizers": [FINALIZER]},
           "spec": spec({"guaranteedMbps": 60}, powerState="Running", bootID=1),
           "status": {"phase": "Pending", "reason": "Starting", "bootID": 1, "pod": "web-boot-1"}}
-    plan = decide(vm, [_pending_pod([UNSCHEDULABLE])], {}, None, [], CFG, NOW)
+    plan = decide(vm, [_pending_pod([UNSCHEDULABLE])], {}, None, lambda: [], CFG, NOW)
     assert plan.status is not None and plan.create_pod is None and plan.delete_pods == []
     assert (plan.status["phase"], plan.status["reason"]) == ("Pending", "Unschedulable")
     assert plan.status["message"] == f"launcher Pod web-boot-1 cannot be scheduled: {SCHEDULER_MESSAGE}"
@@ -109,7 +109,7 @@ def test_a_pod_not_judged_unschedulable_stays_pending_starting(conditions: list[
     vm = {"metadata": {"name": "web", "namespace": "alice", "uid": UID, "generation": 2, "finalizers": [FINALIZER]},
           "spec": spec(powerState="Running", bootID=1),
           "status": {"phase": "Pending", "reason": "Starting", "bootID": 1, "pod": "web-boot-1"}}
-    plan = decide(vm, [_pending_pod(conditions)], {}, None, [], CFG, NOW)
+    plan = decide(vm, [_pending_pod(conditions)], {}, None, lambda: [], CFG, NOW)
     assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == ("Pending", "Starting")
 
 

@@ -75,7 +75,7 @@ def test_refusals_name_the_object_and_the_field(volume: Any, cfg: Config, reason
     for w in words:
         assert w in exc.value.message, exc.value.message
     # through decide(): Blocked with that reason and message, no Pod
-    plan = decide(vm(), [], {}, claim(), [], cfg, NOW, volume)
+    plan = decide(vm(), [], {}, claim(), lambda: [], cfg, NOW, volume)
     assert plan.create_pod is None and plan.status is not None
     assert (plan.status["phase"], plan.status["reason"], plan.status["message"]) == (
         "Blocked", reason, exc.value.message)
@@ -83,7 +83,7 @@ def test_refusals_name_the_object_and_the_field(volume: Any, cfg: Config, reason
 
 def test_claim_not_bound_is_refused_before_the_pv_is_read() -> None:
     assert not needs_volume(vm(), claim(phase="Pending"))
-    plan = decide(vm(), [], {}, claim(phase="Pending"), [], CFG, NOW, None)
+    plan = decide(vm(), [], {}, claim(phase="Pending"), lambda: [], CFG, NOW, None)
     assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == (
         "Blocked", "VolumeClaimNotReady")
     assert "web-root" in plan.status["message"] and "Pending" in plan.status["message"]
@@ -101,7 +101,7 @@ def test_pv_is_read_only_when_a_pod_may_be_created() -> None:
 
 
 def test_launcher_pod_of_an_rbd_disk_mounts_no_claim_and_gets_conf_and_keyring_secret() -> None:
-    plan = decide(vm(), [], {}, claim(), [], CFG, NOW, pv())
+    plan = decide(vm(), [], {}, claim(), lambda: [], CFG, NOW, pv())
     pod = plan.create_pod
     assert pod is not None and plan.status is not None and plan.status["phase"] == "Pending"
     ann = pod["metadata"]["annotations"]
@@ -121,7 +121,7 @@ def test_launcher_pod_of_an_rbd_disk_mounts_no_claim_and_gets_conf_and_keyring_s
 
 def test_filesystem_claim_keeps_the_mounted_root_raw_and_names_the_claim() -> None:
     fs_claim = claim(mode="Filesystem")
-    plan = decide(vm(), [], {}, fs_claim, [], CFG, NOW)
+    plan = decide(vm(), [], {}, fs_claim, lambda: [], CFG, NOW)
     pod = plan.create_pod
     assert pod is not None
     assert pod["metadata"]["annotations"][ROOT_CLAIM] == "web-root"
