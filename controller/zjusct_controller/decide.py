@@ -262,8 +262,8 @@ def _ends_by_stop(observed: BootObservation) -> bool:
 def _with_pod(seen: _Seen, pod: dict) -> tuple[Status, dict]:
     """The status while the boot's launcher Pod ``pod`` exists, and the status keys ``pod`` and ``sshEndpoint``.
 
-    Someone else's deletion of the Pod while the VM should run is a lost launcher (``Failed/LauncherLost`` once it
-    ended), an eviction (:func:`.observe.moved_away`) ``Stopping/Evicted``.
+    Someone else's deletion of the Pod while the VM should run is a lost launcher (``Failed/LauncherLost``), except
+    an eviction (:func:`.observe.moved_away`): ``Stopping/Evicted``.
     """
     observed = seen.obs(pod)
     by_stop = seen.want and _ends_by_stop(observed)
