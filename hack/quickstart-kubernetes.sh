@@ -8,7 +8,7 @@
 #   -> vm_start.yml -e owner=alice on an RBD root disk, the dynamic inventory, a command in her guest.
 # Re-running it is safe: a running local cluster is reused and every step is idempotent (a running VM is left
 # alone). Environment: OWNER (default alice), ZJUSCT_LOCALCLUSTER (state dir, default /var/lib/zjusct-localcluster).
-# Guests run under TCG: the launcher Pod mounts no /dev/kvm (controller/zjusct_controller/decide.py), and nested KVM does not boot
+# Guests run under TCG: the launcher Pod mounts no /dev/kvm (controller/zjusct_controller/pod.py), and nested KVM does not boot
 # guests on these machines anyway.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)

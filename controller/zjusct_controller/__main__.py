@@ -14,7 +14,7 @@ from pathlib import Path
 import kopf
 from kubernetes import client, config
 
-from .decide import Config
+from .config import Config
 from .leader import LeaderElector
 from .metrics import Metrics
 from .operator import MAX_WORKERS, install

@@ -12,7 +12,7 @@ reconcile reads memory instead of the API server. Rules:
   event arriving late cannot bring it back.
 * **relist**: :meth:`Store.replace` installs a full LIST of one kind (at start-up, before any reconcile, and at each
   resync): objects missing from the list and not newer than it are dropped - as an informer's relist.
-* **slim Pods**: Pods that are not launcher Pods (no :data:`.decide.LABEL_VM` label) are kept only as what the
+* **slim Pods**: Pods that are not launcher Pods (no :data:`.pod.LABEL_VM` label) are kept only as what the
   claim index needs (name, labels, resourceVersion, the claims their volumes mount, phase).
 * **claim index**: ``(namespace, claim) -> names of the Pods whose volumes mount it``, kept from the Pod events, so
   the check "is the root volume claim used by another Pod" is a dictionary lookup instead of a namespace-wide
@@ -31,7 +31,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any, Optional
 
-from .decide import LABEL_VM, ROOT_CLAIM
+from .pod import LABEL_VM, ROOT_CLAIM
 
 Key = tuple[str, str]  # (namespace or "" for cluster-scoped, name)
 KINDS = ("cloudvm", "pod", "claim", "node", "quota")  # quota: CloudQuota (cluster-scoped, named after the owner)

@@ -29,7 +29,7 @@ from typing import Any, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import Connection, ImageRef, Rbd, RbdError
 
-from .decide import CephConfig
+from .config import CephConfig
 
 log = logging.getLogger("zjusct_controller")
 TIMEOUT = 60  # seconds per ceph/rbd command

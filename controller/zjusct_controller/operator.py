@@ -21,10 +21,12 @@ import threading
 from typing import Any, Optional
 
 import kopf
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import node_ready, out_of_service
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.quota import CRD_PLURAL as QUOTA_PLURAL
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import GROUP, PLURAL, VERSION
 
 from .cache import plain, pod_claims
-from .decide import GROUP, LABEL_VM, PLURAL, VERSION, node_ready, out_of_service
+from .pod import LABEL_VM
 from .reconcile import Reconciler
 
 log = logging.getLogger("zjusct_controller")

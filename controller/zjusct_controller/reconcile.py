@@ -5,7 +5,7 @@ Pods, their Nodes, its root volume claim, and - only when a Pod is about to be c
 that mount that claim). The caches are primed with one LIST per kind before the first reconcile and relisted at
 each resync; every write's response goes back into them, so a reconcile never sees an object older than this
 process's own last write of it. Why no fresh read is needed before a create is explained in docs/controller.md
-(Reconciliation: stale caches): launcher Pods have deterministic names (:func:`.decide.pod_name`), so a second
+(Reconciliation: stale caches): launcher Pods have deterministic names (:func:`.pod.pod_name`), so a second
 controller process or a retry gets ``409 AlreadyExists`` and never makes a second Pod; the claim mark is written
 with the claim's resourceVersion (a stale cache gets ``409 Conflict``). Concurrent reconciles of one VM in this
 process are serialised by a per-VM lock.
@@ -16,7 +16,7 @@ plus the boots this process admitted itself (a create whose answer was lost is s
 lock held from the count to the create's answer, so two boots of one owner are never admitted on the same count.
 
 Refusals: a write the API server refuses for good (HTTP 400, 403, 422: a ResourceQuota or LimitRange, an admission
-policy, Pod Security, RBAC, an invalid object; :func:`.decide.api_refusal`) ends the reconcile in a status that
+policy, Pod Security, RBAC, an invalid object; :func:`.refusal.api_refusal`) ends the reconcile in a status that
 says so (:func:`.decide.refuse`: ``Blocked/QuotaExceeded`` or ``Blocked/Refused`` for the boot's own writes, the
 reason alone for a stop's or a delete's) and a Warning Event, not in an exception; the VM is retried with backoff
 (:meth:`Reconciler.due`) and at once when what refused it may have changed (:meth:`Reconciler.waiting`).
@@ -25,6 +25,7 @@ reason alone for a stop's or a delete's) and a Warning Event, not in an exceptio
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import logging
 import threading
@@ -41,34 +42,19 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.quota import (
     claim_mib,
     limits_from_spec,
 )
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import GROUP, PLURAL, VERSION
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from .cache import Store
-from .decide import (
-    CLAIMED_BY,
-    FINALIZER,
-    GROUP,
-    LABEL_BOOT,
-    PLURAL,
-    POD_FINALIZER,
-    QUOTA_EXCEEDED,
-    REFUSAL_REASONS,
-    REFUSED,
-    VERSION,
-    Config,
-    Plan,
-    api_refusal,
-    boot_of,
-    decide,
-    needs_volume,
-    refuse,
-    retry_delay,
-    status_patch,
-    transition_event,
-)
+from .config import Config
+from .decide import FINALIZER, Plan, decide, needs_volume, refuse, status_patch, transition_event
 from .fence import FenceError, Fencer
 from .metrics import Metrics
+from .observe import boot_of
+from .pod import LABEL_BOOT, POD_FINALIZER
+from .refusal import QUOTA_EXCEEDED, REFUSAL_REASONS, REFUSED, api_refusal, retry_delay
+from .volume import CLAIMED_BY
 
 log = logging.getLogger("zjusct_controller")
 REQUEST_TIMEOUT = 30  # seconds, every API call
@@ -288,7 +274,7 @@ class Reconciler:
 
     def _settled(self, ns: str, name: str, outcome: Any) -> None:
         """Book the outcome of one reconcile: a refusal (``Plan.refused``) or a failure (``"failed"``) schedules
-        the VM's next retry after :func:`.decide.retry_delay` of its attempts in a row; anything else clears it."""
+        the VM's next retry after :func:`.refusal.retry_delay` of its attempts in a row; anything else clears it."""
         key = (ns, name)
         with self._retry_lock:
             if not (outcome == "failed" or (isinstance(outcome, Plan) and outcome.refused)):
@@ -351,11 +337,9 @@ class Reconciler:
             return None
         pods, nodes, claim = self._read(vm)
         volume = self._root_volume(claim) if needs_volume(vm, claim) else None
-        plan = decide(vm, pods, nodes, claim, [], self.cfg, now_rfc3339(), volume)
-        if plan.create_pod is not None:  # only now: is the claim used by any other Pod?
-            writers = self._claim_writers(vm)
-            if writers:
-                plan = decide(vm, pods, nodes, claim, writers, self.cfg, now_rfc3339(), volume)
+        # the claim's other users are looked up only when a launcher Pod would be created otherwise
+        plan = decide(vm, pods, nodes, claim, functools.partial(self._claim_writers, vm), self.cfg, now_rfc3339(),
+                      volume)
         if plan.add_finalizer:
             finalizers = [*(vm["metadata"].get("finalizers") or []), FINALIZER]
             try:
@@ -591,7 +575,7 @@ class Reconciler:
             self.store.forget("pod", ns, target["pod"])
 
     def _release(self, ns: str, pod: str, uid: Optional[str], finalizers: list) -> bool:
-        """Remove :data:`.decide.POD_FINALIZER` from the launcher Pod ``ns/pod`` (a JSON patch that first tests the
+        """Remove :data:`.pod.POD_FINALIZER` from the launcher Pod ``ns/pod`` (a JSON patch that first tests the
         Pod's uid and ``finalizers`` as read, so it neither touches a newer Pod of that name nor drops another
         controller's finalizer added since). A Pod gone or changed since (404, 409, 422: the test failed) is left
         to the next reconcile, which reads it again; any other refusal is logged and also retried then. Returns

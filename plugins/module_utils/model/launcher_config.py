@@ -7,7 +7,7 @@ backends (pure).
 What comes from the CloudVM is the same everywhere (the VM's identity and boot, its machine size, the guest's
 identity: host name, instance id and SSH keys); what a backend decides is a small record of placement facts,
 :class:`Placement` (paths as the launcher sees them, the network, the root disk, the hypervisor settings). The host
-reconciler (:func:`host.reconciler.launcher_config`) and the controller (``zjusct_controller.decide.launcher_config``)
+reconciler (:func:`host.reconciler.launcher_config`) and the controller (``zjusct_controller.pod.launcher_config``)
 each build a Placement and call :func:`launcher_config`.
 """
 

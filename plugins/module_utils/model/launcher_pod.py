@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional
 
-# the launcher Pods' label, as the controller sets it (controller/zjusct_controller/decide.py, launcher_pod)
+# the launcher Pods' label, as the controller sets it (controller/zjusct_controller/pod.py, launcher_pod)
 LAUNCHER_SELECTOR = "app.kubernetes.io/name=zjusct-launcher"
 NOT_RECORDED = "the controller has not recorded that (it may be down or unable to update the status)"
 

@@ -19,7 +19,7 @@ from tests.ceph import Cluster
 from tests.cluster import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "controller"))
-from zjusct_controller.decide import CephConfig
+from zjusct_controller.config import CephConfig
 from zjusct_controller.fence import Fencer
 
 pytestmark = [pytest.mark.ceph]

@@ -32,7 +32,7 @@ KEYRING = "/etc/zjusct-controller-fence/keyring"
 # The controller's fence adapter as the controller runs it: its config file, CephConfig, Fencer (argv of rbd/ceph).
 IN_POD = """
 import json, sys
-from zjusct_controller.decide import CephConfig
+from zjusct_controller.config import CephConfig
 from zjusct_controller.fence import Fencer
 cfg = json.load(open("/etc/zjusct-controller/controller.json"))
 target = json.loads(sys.argv[1])

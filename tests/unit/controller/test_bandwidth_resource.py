@@ -1,5 +1,5 @@
 """Guaranteed bandwidth as the extended resource ``cloud.zjusct.io/bandwidth-mbps`` of a launcher Pod
-(zjusct_controller.decide.pod_resources), and the status of a launcher Pod the scheduler cannot place
+(zjusct_controller.pod.pod_resources), and the status of a launcher Pod the scheduler cannot place
 (Pending/Unschedulable with the scheduler's message). The real scheduler's side is
 tests/integration/cloudvm_k8s/test_controller_bandwidth.py.
 """
@@ -10,17 +10,10 @@ from typing import Any
 
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import validate_spec, with_defaults
-from zjusct_controller.decide import (
-    BANDWIDTH_RESOURCE,
-    FINALIZER,
-    Config,
-    decide,
-    guaranteed_mbps,
-    launcher_pod,
-    pod_name,
-    pod_resources,
-    unschedulable,
-)
+from zjusct_controller.config import Config
+from zjusct_controller.decide import FINALIZER, decide
+from zjusct_controller.observe import unschedulable
+from zjusct_controller.pod import BANDWIDTH_RESOURCE, guaranteed_mbps, launcher_pod, pod_name, pod_resources
 
 from tests.cluster import BANDWIDTH_RESOURCE as HARNESS_RESOURCE
 
@@ -98,7 +91,7 @@ def test_an_unschedulable_launcher_pod_makes_the_vm_pending_unschedulable_with_t
                        "finalizers": [FINALIZER]},
           "spec": spec({"guaranteedMbps": 60}, powerState="Running", bootID=1),
           "status": {"phase": "Pending", "reason": "Starting", "bootID": 1, "pod": "web-boot-1"}}
-    plan = decide(vm, [_pending_pod([UNSCHEDULABLE])], {}, None, [], CFG, NOW)
+    plan = decide(vm, [_pending_pod([UNSCHEDULABLE])], {}, None, lambda: [], CFG, NOW)
     assert plan.status is not None and plan.create_pod is None and plan.delete_pods == []
     assert (plan.status["phase"], plan.status["reason"]) == ("Pending", "Unschedulable")
     assert plan.status["message"] == f"launcher Pod web-boot-1 cannot be scheduled: {SCHEDULER_MESSAGE}"
@@ -116,7 +109,7 @@ def test_a_pod_not_judged_unschedulable_stays_pending_starting(conditions: list[
     vm = {"metadata": {"name": "web", "namespace": "alice", "uid": UID, "generation": 2, "finalizers": [FINALIZER]},
           "spec": spec(powerState="Running", bootID=1),
           "status": {"phase": "Pending", "reason": "Starting", "bootID": 1, "pod": "web-boot-1"}}
-    plan = decide(vm, [_pending_pod(conditions)], {}, None, [], CFG, NOW)
+    plan = decide(vm, [_pending_pod(conditions)], {}, None, lambda: [], CFG, NOW)
     assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == ("Pending", "Starting")
 
 

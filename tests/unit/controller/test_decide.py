@@ -11,20 +11,10 @@ from typing import Any
 
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.names import DNS1123_LABEL_MAX
-from zjusct_controller.decide import (
-    CLAIMED_BY,
-    FINALIZER,
-    LAUNCHER_TOLERATIONS,
-    OWNER_LABEL,
-    Config,
-    decide,
-    launcher_pod,
-    needs_volume,
-    pod_name,
-    pod_resources,
-    status_patch,
-    transition_event,
-)
+from zjusct_controller.config import Config
+from zjusct_controller.decide import FINALIZER, decide, needs_volume, status_patch, transition_event
+from zjusct_controller.pod import LAUNCHER_TOLERATIONS, OWNER_LABEL, launcher_pod, pod_name, pod_resources
+from zjusct_controller.volume import CLAIMED_BY
 
 CFG = Config(launcher_image="launcher:1", image_dir="/srv/images", cmdline="console=ttyS0",
              node_selector={"zone": "a"}, tolerations=[{"key": "t", "operator": "Exists"}])
@@ -76,7 +66,7 @@ def result(reason: str, code: int = 0) -> dict[str, Any]:
 
 
 def test_running_request_creates_one_pod_named_from_vm_and_boot_and_reports_pending() -> None:
-    plan = decide(vm(), [], {}, claim(), [], CFG, NOW)
+    plan = decide(vm(), [], {}, claim(), lambda: [], CFG, NOW)
     assert plan.create_pod is not None and plan.delete_pods == [] and not plan.add_finalizer
     assert plan.create_pod["metadata"]["name"] == "web-boot-1"
     assert plan.status is not None
@@ -90,18 +80,18 @@ def test_pod_created_before_is_never_created_again_even_when_it_vanished() -> No
     # the status records the Pod of boot 1: a restart or a retry never makes a second one, and its
     # disappearance while the VM should run is LauncherLost (never Running, no new boot of the same bootID)
     prev = {"phase": "Running", "reason": "SSHReady", "bootID": 1, "pod": "web-boot-1"}
-    plan = decide(vm(status=prev), [], {}, claim(), [], CFG, NOW)
+    plan = decide(vm(status=prev), [], {}, claim(), lambda: [], CFG, NOW)
     assert plan.create_pod is None
     assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == ("Failed", "LauncherLost")
 
 
 def test_running_only_when_the_pod_is_ready_and_then_ssh_endpoint_is_the_pod_ip() -> None:
     prev = {"phase": "Pending", "reason": "Starting", "bootID": 1, "pod": "web-boot-1"}
-    not_ready = decide(vm(status=prev), [pod(ready=False)], READY_NODE, claim(), [], CFG, NOW)
+    not_ready = decide(vm(status=prev), [pod(ready=False)], READY_NODE, claim(), lambda: [], CFG, NOW)
     assert not_ready.status is not None and not_ready.create_pod is None
     assert (not_ready.status["phase"], not_ready.status["reason"]) == ("Pending", "WaitingForSSH")
     assert "sshEndpoint" not in not_ready.status
-    ready = decide(vm(status=not_ready.status), [pod(ready=True)], READY_NODE, claim(), [], CFG, NOW)
+    ready = decide(vm(status=not_ready.status), [pod(ready=True)], READY_NODE, claim(), lambda: [], CFG, NOW)
     assert ready.status is not None
     assert (ready.status["phase"], ready.status["reason"]) == ("Running", "SSHReady")
     assert ready.status["sshEndpoint"] == {"host": "10.1.0.5", "port": 22}
@@ -110,49 +100,49 @@ def test_running_only_when_the_pod_is_ready_and_then_ssh_endpoint_is_the_pod_ip(
 
 
 def test_pod_on_a_not_ready_node_is_unknown_never_running_and_no_second_pod() -> None:
-    plan = decide(vm(), [pod(ready=True)], NOT_READY_NODE, claim(), [], CFG, NOW)
+    plan = decide(vm(), [pod(ready=True)], NOT_READY_NODE, claim(), lambda: [], CFG, NOW)
     assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == ("Unknown", "NodeLost")
     assert plan.create_pod is None and plan.delete_pods == []
 
 
 def test_guest_shutdown_stays_stopped_until_boot_id_grows() -> None:
     done = pod(phase="Succeeded", terminated=result("GuestShutdown"))
-    plan = decide(vm(), [done], READY_NODE, claim(), [], CFG, NOW)
+    plan = decide(vm(), [done], READY_NODE, claim(), lambda: [], CFG, NOW)
     assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == ("Stopped", "GuestShutdown")
     assert plan.create_pod is None and plan.delete_pods == []
     assert plan.status["exitResult"]["reason"] == "GuestShutdown"
     # bootID 2: the old Pod is deleted and the new one created in the same step (the old one has ended)
-    nxt = decide(vm(boot=2, status=plan.status), [done], READY_NODE, claim(), [], CFG, NOW)
+    nxt = decide(vm(boot=2, status=plan.status), [done], READY_NODE, claim(), lambda: [], CFG, NOW)
     assert nxt.create_pod is not None and nxt.create_pod["metadata"]["name"] == "web-boot-2"
     assert [name for name, _grace in nxt.delete_pods] == ["web-boot-1"]
 
 
 def test_pod_failed_with_result_is_failed_with_its_reason_and_without_result_is_launcher_lost() -> None:
-    crashed = decide(vm(), [pod(phase="Failed", terminated=result("HypervisorCrashed", 1))], READY_NODE, claim(), [],
-                     CFG, NOW)
+    crashed = decide(vm(), [pod(phase="Failed", terminated=result("HypervisorCrashed", 1))], READY_NODE, claim(),
+                     lambda: [], CFG, NOW)
     assert crashed.status is not None and (crashed.status["phase"], crashed.status["reason"]) == (
         "Failed", "HypervisorCrashed")
     killed = decide(vm(), [pod(phase="Failed", terminated={"exitCode": 137, "reason": "Error"})], READY_NODE,
-                    claim(), [], CFG, NOW)
+                    claim(), lambda: [], CFG, NOW)
     assert killed.status is not None and (killed.status["phase"], killed.status["reason"]) == (
         "Failed", "LauncherLost")
     assert "137" in killed.status["message"]
 
 
 def test_pod_deleted_by_someone_else_while_running_is_launcher_lost_at_once() -> None:
-    plan = decide(vm(), [pod(ready=True, deleting=True)], READY_NODE, claim(), [], CFG, NOW)
+    plan = decide(vm(), [pod(ready=True, deleting=True)], READY_NODE, claim(), lambda: [], CFG, NOW)
     assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == ("Failed", "LauncherLost")
     assert plan.create_pod is None and plan.delete_pods == []
     # the stop that followed (graceful, or killed after stopTimeoutSeconds when the guest ignores ACPI early in
     # its boot) was not asked for by the VM's spec: still LauncherLost, never Stopped
     for reason in ("StopRequested", "StopTimeoutKilled"):
         ended = decide(vm(), [pod(phase="Succeeded", terminated=result(reason), deleting=True)], READY_NODE,
-                       claim(), [], CFG, NOW)
+                       claim(), lambda: [], CFG, NOW)
         assert ended.status is not None and (ended.status["phase"], ended.status["reason"]) == (
             "Failed", "LauncherLost"), reason
     # a result from before the deletion that is not a stop's outcome is kept (the guest panicked)
     panicked = decide(vm(), [pod(phase="Failed", terminated=result("GuestPanic", 1), deleting=True)], READY_NODE,
-                      claim(), [], CFG, NOW)
+                      claim(), lambda: [], CFG, NOW)
     assert panicked.status is not None and panicked.status["reason"] == "GuestPanic"
 
 
@@ -165,7 +155,7 @@ def test_an_evicted_launcher_stops_its_guest_then_the_same_boot_starts_again_onc
     running = {"phase": "Running", "reason": "SSHReady", "bootID": 1, "pod": "web-boot-1", "node": "n1"}
     for reason in ("EvictionByEvictionAPI", "DeletionByTaintManager"):
         evicting = decide(vm(status=running), [_disrupted(pod(ready=True, deleting=True), reason)], READY_NODE,
-                          claim(), [], CFG, NOW)
+                          claim(), lambda: [], CFG, NOW)
         assert evicting.status is not None and (evicting.status["phase"], evicting.status["reason"]) == (
             "Stopping", "Evicted"), reason
         assert reason in evicting.status["message"] and "n1" in evicting.status["message"]
@@ -173,13 +163,13 @@ def test_an_evicted_launcher_stops_its_guest_then_the_same_boot_starts_again_onc
     # the launcher stopped the guest; the Pod is still there: still Stopping, nothing created
     stopped = _disrupted(pod(phase="Succeeded", terminated=result("StopRequested"), deleting=True),
                          "EvictionByEvictionAPI")
-    ended = decide(vm(status=running), [stopped], READY_NODE, claim(), [], CFG, NOW)
+    ended = decide(vm(status=running), [stopped], READY_NODE, claim(), lambda: [], CFG, NOW)
     assert ended.status is not None and ended.status["reason"] == "Evicted" and ended.create_pod is None
     # gone, its node Ready (cordoned by the drain): the boot's Pod again, the same name and bootID, its claim's
     # PersistentVolume read again as for any Pod created (the owner mark, the RBD image)
     assert needs_volume(vm(status=ended.status), claim())
     assert not needs_volume(vm(status=running), claim())
-    again = decide(vm(status=ended.status), [], READY_NODE, claim(), [], CFG, NOW)
+    again = decide(vm(status=ended.status), [], READY_NODE, claim(), lambda: [], CFG, NOW)
     assert again.create_pod is not None and again.create_pod["metadata"]["name"] == "web-boot-1"
     assert again.status is not None and (again.status["phase"], again.status["reason"], again.status["bootID"]) == (
         "Pending", "Starting", 1)
@@ -188,49 +178,49 @@ def test_an_evicted_launcher_stops_its_guest_then_the_same_boot_starts_again_onc
 def test_an_eviction_is_not_a_move_when_the_node_is_lost_or_the_guest_failed() -> None:
     running = {"phase": "Running", "reason": "SSHReady", "bootID": 1, "pod": "web-boot-1", "node": "n1"}
     evicting = _disrupted(pod(ready=True, deleting=True), "EvictionByEvictionAPI")
-    lost = decide(vm(status=running), [evicting], NOT_READY_NODE, claim(), [], CFG, NOW)
+    lost = decide(vm(status=running), [evicting], NOT_READY_NODE, claim(), lambda: [], CFG, NOW)
     assert lost.status is not None and lost.status["reason"] != "Evicted" and lost.create_pod is None
     # the evicted Pod vanished while its node does not answer (or is gone): its guest may still run
     was = dict(running, phase="Stopping", reason="Evicted")
     for nodes in (NOT_READY_NODE, {}):
-        gone = decide(vm(status=was), [], nodes, claim(), [], CFG, NOW)
+        gone = decide(vm(status=was), [], nodes, claim(), lambda: [], CFG, NOW)
         assert gone.create_pod is None
         assert gone.status is not None and (gone.status["phase"], gone.status["reason"]) == ("Failed", "LauncherLost")
     # the guest panicked as it was stopped: Failed with its reason, not started again
     panicked = _disrupted(pod(phase="Failed", terminated=result("GuestPanic", 1), deleting=True),
                           "EvictionByEvictionAPI")
-    failed = decide(vm(status=running), [panicked], READY_NODE, claim(), [], CFG, NOW)
+    failed = decide(vm(status=running), [panicked], READY_NODE, claim(), lambda: [], CFG, NOW)
     assert failed.status is not None and failed.status["reason"] == "GuestPanic" and failed.create_pod is None
     # a deletion that is no eviction (the pod GC, a person) stays LauncherLost
     collected = decide(vm(status=running), [_disrupted(pod(ready=True, deleting=True), "DeletionByPodGC")],
-                       READY_NODE, claim(), [], CFG, NOW)
+                       READY_NODE, claim(), lambda: [], CFG, NOW)
     assert collected.status is not None and collected.status["reason"] == "LauncherLost"
     # the VM was stopped meanwhile: no new Pod
     off = decide(vm("Stopped", status=dict(running, phase="Stopping", reason="Evicted")), [], READY_NODE, claim(),
-                 [], CFG, NOW)
+                 lambda: [], CFG, NOW)
     assert off.create_pod is None and off.status is not None and off.status["phase"] == "Stopped"
 
 
 def test_stop_deletes_the_pod_with_the_grace_period_then_stopped_and_kept_after_the_pod_is_gone() -> None:
     prev = {"phase": "Running", "reason": "SSHReady", "bootID": 1, "pod": "web-boot-1"}
-    plan = decide(vm("Stopped", status=prev), [pod(ready=True)], READY_NODE, claim(), [], CFG, NOW)
+    plan = decide(vm("Stopped", status=prev), [pod(ready=True)], READY_NODE, claim(), lambda: [], CFG, NOW)
     assert plan.delete_pods == [("web-boot-1", CFG.stop_timeout_s + 30)]
     assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == ("Stopping", "StopRequested")
     term = pod(phase="Succeeded", terminated=result("StopRequested"), deleting=True)
-    done = decide(vm("Stopped", status=plan.status), [term], READY_NODE, claim(), [], CFG, NOW)
+    done = decide(vm("Stopped", status=plan.status), [term], READY_NODE, claim(), lambda: [], CFG, NOW)
     assert done.status is not None and (done.status["phase"], done.status["reason"]) == ("Stopped", "StopRequested")
     assert done.delete_pods == []  # already being deleted
-    gone = decide(vm("Stopped", status=done.status), [], {}, claim(), [], CFG, NOW)
+    gone = decide(vm("Stopped", status=done.status), [], {}, claim(), lambda: [], CFG, NOW)
     assert gone.status == done.status and status_patch(done.status, gone.status) is None
     # the Pod vanished before its result was seen: Stopped too (the stop was asked for)
-    lost = decide(vm("Stopped", status=plan.status), [], {}, claim(), [], CFG, NOW)
+    lost = decide(vm("Stopped", status=plan.status), [], {}, claim(), lambda: [], CFG, NOW)
     assert lost.status is not None and (lost.status["phase"], lost.status["reason"]) == ("Stopped", "StopRequested")
 
 
 def test_a_lingering_older_boot_blocks_the_new_one() -> None:
     prev = {"phase": "Stopping", "reason": "StopRequested", "bootID": 1, "pod": "web-boot-1"}
     old = pod(1, ready=True, deleting=True)
-    plan = decide(vm(boot=2, status=prev), [old], READY_NODE, claim(), [], CFG, NOW)
+    plan = decide(vm(boot=2, status=prev), [old], READY_NODE, claim(), lambda: [], CFG, NOW)
     assert plan.create_pod is None
     assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == (
         "Blocked", "PreviousBootRunning")
@@ -244,10 +234,48 @@ def test_a_lingering_older_boot_blocks_the_new_one() -> None:
 ])
 def test_root_volume_claim_problems_block_the_start_naming_the_claim(pvc: Any, writers: list, why: str,
                                                                     reason: str) -> None:
-    plan = decide(vm(), [], {}, pvc, writers, CFG, NOW)
+    plan = decide(vm(), [], {}, pvc, lambda: writers, CFG, NOW)
     assert plan.create_pod is None
     assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == ("Blocked", reason)
     assert "web-root" in plan.status["message"] and why in plan.status["message"]
+
+
+class _Lookup:
+    """A claim-users lookup that counts its calls."""
+
+    def __init__(self, users: list[str]) -> None:
+        self.users, self.calls = users, 0
+
+    def __call__(self) -> list[str]:
+        self.calls += 1
+        return self.users
+
+
+@pytest.mark.parametrize(("case", "args"), [
+    ("stopped", (vm("Stopped"), [], READY_NODE, claim())),
+    ("deleting", (vm(deleting=True), [], READY_NODE, claim())),
+    ("its Pod exists", (vm(), [pod(ready=True)], READY_NODE, claim())),
+    ("its Pod was recorded", (vm(status={"phase": "Running", "bootID": 1, "pod": "web-boot-1"}), [], {}, claim())),
+    ("claim not Bound", (vm(), [], {}, claim(phase="Pending"))),
+    ("claimed by another VM", (vm(), [], {}, claim(holder="another-uid"))),
+    ("an older boot runs", (vm(boot=2), [pod(1, ready=True)], READY_NODE, claim())),
+])
+def test_the_claim_users_are_not_looked_up_when_no_pod_would_be_created(case: str, args: tuple) -> None:
+    lookup = _Lookup(["other-pod"])
+    plan = decide(*args, lookup, CFG, NOW)
+    assert plan.create_pod is None and lookup.calls == 0, case
+
+
+def test_the_claim_users_are_looked_up_once_before_a_create_and_any_blocks_it() -> None:
+    free = _Lookup([])
+    plan = decide(vm(), [], {}, claim(holder=None), free, CFG, NOW)
+    assert free.calls == 1 and plan.create_pod is not None and plan.mark_claim
+    used = _Lookup(["backup", "a-job"])
+    plan = decide(vm(), [], {}, claim(holder=None), used, CFG, NOW)
+    assert used.calls == 1 and plan.create_pod is None and not plan.mark_claim
+    assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == ("Blocked", "VolumeInUse")
+    assert plan.status["message"] == "Pod a-job, backup uses the root volume claim web-root"
+    assert "pod" not in plan.status and "admittedBootID" not in plan.status
 
 
 def _owned(obj: dict[str, Any], owner: str) -> dict[str, Any]:
@@ -258,7 +286,7 @@ def _owned(obj: dict[str, Any], owner: str) -> dict[str, Any]:
 @pytest.mark.parametrize("holder", [None, UID])
 def test_a_claim_marked_for_another_owner_is_blocked_naming_both_and_never_marked(holder: str | None) -> None:
     """Case: alice's CloudVM names bob's root volume claim (kept after his VM was deleted, no claim mark)."""
-    plan = decide(vm(), [], {}, _owned(claim(holder=holder), "bob"), [], CFG, NOW)
+    plan = decide(vm(), [], {}, _owned(claim(holder=holder), "bob"), lambda: [], CFG, NOW)
     assert plan.create_pod is None and not plan.mark_claim
     assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == (
         "Blocked", "VolumeOwnerMismatch")
@@ -269,7 +297,7 @@ def test_a_claim_marked_for_another_owner_is_blocked_naming_both_and_never_marke
 
 def test_a_persistent_volume_marked_for_another_owner_is_blocked_even_under_an_own_claim() -> None:
     pv = _owned({"metadata": {"name": "pv-web"}}, "bob")
-    plan = decide(vm(), [], {}, _owned(claim(holder=None), "alice"), [], CFG, NOW, pv)
+    plan = decide(vm(), [], {}, _owned(claim(holder=None), "alice"), lambda: [], CFG, NOW, pv)
     assert plan.create_pod is None and not plan.mark_claim
     assert plan.status is not None and plan.status["reason"] == "VolumeOwnerMismatch"
     assert "PersistentVolume pv-web" in plan.status["message"] and "owner bob" in plan.status["message"]
@@ -278,26 +306,26 @@ def test_a_persistent_volume_marked_for_another_owner_is_blocked_even_under_an_o
 def test_own_or_unmarked_claims_and_volumes_start() -> None:
     for pvc, pv in ((_owned(claim(holder=None), "alice"), _owned({"metadata": {"name": "pv"}}, "alice")),
                     (claim(holder=None), {"metadata": {"name": "pv"}})):
-        plan = decide(vm(), [], {}, pvc, [], CFG, NOW, pv)
+        plan = decide(vm(), [], {}, pvc, lambda: [], CFG, NOW, pv)
         assert plan.create_pod is not None and plan.mark_claim
 
 
 def test_unclaimed_volume_is_marked_with_the_vm_uid() -> None:
-    plan = decide(vm(), [], {}, claim(holder=None), [], CFG, NOW)
+    plan = decide(vm(), [], {}, claim(holder=None), lambda: [], CFG, NOW)
     assert plan.mark_claim and plan.create_pod is not None
-    assert not decide(vm(), [], {}, claim(), [], CFG, NOW).mark_claim
+    assert not decide(vm(), [], {}, claim(), lambda: [], CFG, NOW).mark_claim
 
 
 def test_finalizer_added_and_removed_only_once_the_pods_are_gone() -> None:
-    assert decide(vm(finalizers=()), [], {}, claim(), [], CFG, NOW).add_finalizer
-    deleting = decide(vm(deleting=True), [pod(ready=True)], READY_NODE, claim(), [], CFG, NOW)
+    assert decide(vm(finalizers=()), [], {}, claim(), lambda: [], CFG, NOW).add_finalizer
+    deleting = decide(vm(deleting=True), [pod(ready=True)], READY_NODE, claim(), lambda: [], CFG, NOW)
     assert deleting.delete_pods == [("web-boot-1", CFG.stop_timeout_s + 30)]
     assert not deleting.remove_finalizer and deleting.status is None and deleting.create_pod is None
-    assert decide(vm(deleting=True), [], {}, claim(), [], CFG, NOW).remove_finalizer
+    assert decide(vm(deleting=True), [], {}, claim(), lambda: [], CFG, NOW).remove_finalizer
 
 
 def test_never_started_vm_is_stopped_never_started() -> None:
-    plan = decide(vm("Stopped", boot=0), [], {}, claim(), [], CFG, NOW)
+    plan = decide(vm("Stopped", boot=0), [], {}, claim(), lambda: [], CFG, NOW)
     assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == ("Stopped", "NeverStarted")
     assert plan.create_pod is None
 
@@ -340,7 +368,7 @@ def test_an_anti_affinity_group_keeps_the_owners_launchers_of_the_group_apart_an
                                                    "anti-affinity rules."}]
     prev = {"phase": "Pending", "reason": "Starting", "bootID": 1, "pod": "web-boot-1"}
     grouped["status"] = prev
-    plan = decide(grouped, [waiting], {}, claim(), [], CFG, NOW)
+    plan = decide(grouped, [waiting], {}, claim(), lambda: [], CFG, NOW)
     assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == ("Pending", "Unschedulable")
     assert "anti-affinity rules" in plan.status["message"] and "spec.antiAffinityGroup 'web'" in plan.status["message"]
 

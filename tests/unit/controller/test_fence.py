@@ -11,20 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from zjusct_controller.decide import (
-    CLAIMED_BY,
-    CONFIG_ANNOTATION,
-    OUT_OF_SERVICE_TAINT,
-    POD_FINALIZER,
-    CephConfig,
-    Config,
-    decide,
-    observe,
-    pod_name,
-    pod_rbd,
-    releasable,
-)
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import OUT_OF_SERVICE_TAINT
+from zjusct_controller.config import CephConfig, Config
+from zjusct_controller.decide import decide
 from zjusct_controller.fence import address_ip, addresses_to_fence
+from zjusct_controller.observe import observe, pod_rbd, releasable
+from zjusct_controller.pod import CONFIG_ANNOTATION, POD_FINALIZER, pod_name
+from zjusct_controller.volume import CLAIMED_BY
 
 CEPH = CephConfig(monitors=("10.0.0.1:6789",), user="vm", secret_name="ceph-vm", fence_user="fence",
                   fence_keyring="/etc/zjusct-fence/keyring")
@@ -72,7 +65,7 @@ def node(ready: str = "Unknown", taints: list | None = None) -> dict[str, dict]:
 
 
 def test_not_ready_without_the_taint_blocks_the_new_boot_names_the_taint_and_deletes_nothing() -> None:
-    plan = decide(vm(), [old_pod()], node(), claim(), [], CFG, NOW, PV)
+    plan = decide(vm(), [old_pod()], node(), claim(), lambda: [], CFG, NOW, PV)
     assert plan.create_pod is None and plan.fence == []
     # not even a graceful delete: a terminating Pod on an out-of-service node would be force-deleted by the
     # pod GC before the fence, and with it the record of the client to fence
@@ -84,7 +77,7 @@ def test_not_ready_without_the_taint_blocks_the_new_boot_names_the_taint_and_del
 
 
 def test_out_of_service_node_fences_the_old_rbd_client_and_creates_nothing_yet() -> None:
-    plan = decide(vm(), [old_pod()], node(taints=[OOS]), claim(), [], CFG, NOW, PV)
+    plan = decide(vm(), [old_pod()], node(taints=[OOS]), claim(), lambda: [], CFG, NOW, PV)
     assert plan.fence == [{"pod": "web-boot-1", "uid": "pod-uid-1", "node": "n1", "podIP": "10.1.0.5",
                            "pool": "rbd", "image": "alice-web"}]
     assert plan.create_pod is None and plan.delete_pods == []
@@ -93,13 +86,13 @@ def test_out_of_service_node_fences_the_old_rbd_client_and_creates_nothing_yet()
 
 
 def test_once_the_fenced_pod_is_gone_the_new_boot_is_created() -> None:
-    plan = decide(vm(), [], node(taints=[OOS]), claim(), [], CFG, NOW, PV)
+    plan = decide(vm(), [], node(taints=[OOS]), claim(), lambda: [], CFG, NOW, PV)
     assert plan.fence == [] and plan.create_pod is not None
     assert plan.create_pod["metadata"]["name"] == "web-boot-2"
 
 
 def test_a_gone_node_counts_as_out_of_service_and_a_pod_without_ip_is_fenced_too() -> None:
-    plan = decide(vm(), [old_pod(ip=None)], {"n1": None}, claim(), [], CFG, NOW, PV)
+    plan = decide(vm(), [old_pod(ip=None)], {"n1": None}, claim(), lambda: [], CFG, NOW, PV)
     assert [(t["pod"], t["podIP"]) for t in plan.fence] == [("web-boot-1", None)]
 
 
@@ -109,7 +102,7 @@ def test_a_gone_node_counts_as_out_of_service_and_a_pod_without_ip_is_fenced_too
 ])
 def test_out_of_service_without_a_fence_identity_or_rbd_disk_stays_blocked_saying_why(
         cfg: Config, pvc: dict, volume: dict | None, words: tuple) -> None:
-    plan = decide(vm(), [old_pod()], node(taints=[OOS]), pvc, [], cfg, NOW, volume)
+    plan = decide(vm(), [old_pod()], node(taints=[OOS]), pvc, lambda: [], cfg, NOW, volume)
     assert plan.fence == [] and plan.create_pod is None
     assert plan.status is not None and plan.status["reason"] == "PreviousBootRunning"
     for word in words:
@@ -117,19 +110,19 @@ def test_out_of_service_without_a_fence_identity_or_rbd_disk_stays_blocked_sayin
 
 
 def test_a_ready_node_is_never_fenced_even_with_the_taint() -> None:
-    plan = decide(vm(), [old_pod()], node(ready="True", taints=[OOS]), claim(), [], CFG, NOW, PV)
+    plan = decide(vm(), [old_pod()], node(ready="True", taints=[OOS]), claim(), lambda: [], CFG, NOW, PV)
     assert plan.fence == [] and plan.create_pod is None
     assert plan.delete_pods == [("web-boot-1", CFG.stop_timeout_s + 30)]  # the kubelet stops it gracefully
 
 
 def test_the_current_boot_on_a_lost_node_is_unknown_and_not_fenced() -> None:
-    plan = decide(vm(boot=1), [old_pod()], node(taints=[OOS]), claim(), [], CFG, NOW, PV)
+    plan = decide(vm(boot=1), [old_pod()], node(taints=[OOS]), claim(), lambda: [], CFG, NOW, PV)
     assert plan.fence == [] and plan.create_pod is None and plan.delete_pods == []
     assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == ("Unknown", "NodeLost")
 
 
 def test_launcher_pod_tolerates_the_lost_node_taints_so_kubernetes_does_not_evict_it() -> None:
-    plan = decide(vm(), [], {}, claim(), [], CFG, NOW, PV)
+    plan = decide(vm(), [], {}, claim(), lambda: [], CFG, NOW, PV)
     assert plan.create_pod is not None
     tolerated = {(t["key"], t.get("effect"), t.get("tolerationSeconds"))
                  for t in plan.create_pod["spec"]["tolerations"]}
@@ -192,10 +185,10 @@ def stopping_pod(boot: int = 1, *, gc_marked: bool = True, terminated: bool = Fa
 
 
 def test_an_rbd_launcher_pod_carries_the_fence_finalizer_and_a_file_disk_pod_does_not() -> None:
-    plan = decide(vm(), [], {}, claim(), [], CFG, NOW, PV)
+    plan = decide(vm(), [], {}, claim(), lambda: [], CFG, NOW, PV)
     assert plan.create_pod is not None and plan.create_pod["metadata"]["finalizers"] == [POD_FINALIZER]
     assert pod_rbd(plan.create_pod) is not None and pod_rbd(plan.create_pod)["image"] == "alice-web"
-    filesystem = decide(vm(), [], {}, claim(mode="Filesystem"), [], CFG, NOW, None)
+    filesystem = decide(vm(), [], {}, claim(mode="Filesystem"), lambda: [], CFG, NOW, None)
     assert filesystem.create_pod is not None and "finalizers" not in filesystem.create_pod["metadata"]
 
 
@@ -228,46 +221,46 @@ def test_a_never_bound_terminating_pod_is_released() -> None:
 
 def test_a_stop_on_an_out_of_service_node_fences_the_terminating_pod_and_keeps_it_until_then() -> None:
     stopped = vm(boot=1, power="Stopped")
-    plan = decide(stopped, [stopping_pod()], node(taints=[OOS]), claim(), [], CFG, NOW, None)
+    plan = decide(stopped, [stopping_pod()], node(taints=[OOS]), claim(), lambda: [], CFG, NOW, None)
     assert [t["pod"] for t in plan.fence] == ["web-boot-1"] and plan.release_pods == []
     assert plan.delete_pods == [] and plan.create_pod is None
     assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == ("Unknown", "NodeLost")
     assert "fencing launcher Pod web-boot-1 on the out-of-service node n1" in plan.status["message"]
     # not yet out of service: nothing fenced, nothing released, the status says what the operator can do
-    waiting = decide(stopped, [stopping_pod(gc_marked=False)], node(), claim(), [], CFG, NOW, None)
+    waiting = decide(stopped, [stopping_pod(gc_marked=False)], node(), claim(), lambda: [], CFG, NOW, None)
     assert waiting.fence == [] and waiting.release_pods == []
     assert waiting.status is not None and OUT_OF_SERVICE_TAINT in waiting.status["message"]
-    again = decide({**stopped, "status": waiting.status}, [stopping_pod(gc_marked=False)], node(), claim(), [], CFG,
-                   NOW, None)
+    again = decide({**stopped, "status": waiting.status}, [stopping_pod(gc_marked=False)], node(), claim(), lambda: [],
+                   CFG, NOW, None)
     assert again.status is not None and again.status["message"] == waiting.status["message"]  # said once
 
 
 def test_a_start_after_a_stop_interrupted_by_the_node_loss_waits_for_the_fence() -> None:
     # the defect the fault campaign found: the stopped boot's Pod, force-deleted by the pod GC, was forgotten and
     # the next boot started while the old launcher (a partitioned node) could still write the image
-    plan = decide(vm(boot=2), [stopping_pod()], node(taints=[OOS]), claim(), [], CFG, NOW, PV)
+    plan = decide(vm(boot=2), [stopping_pod()], node(taints=[OOS]), claim(), lambda: [], CFG, NOW, PV)
     assert plan.create_pod is None and [t["pod"] for t in plan.fence] == ["web-boot-1"]
     assert plan.status is not None and plan.status["reason"] == "PreviousBootRunning"
 
 
 def test_a_terminating_current_pod_on_a_lost_node_is_unknown_not_failed() -> None:
-    plan = decide(vm(boot=1), [stopping_pod(gc_marked=False)], node(), claim(), [], CFG, NOW, PV)
+    plan = decide(vm(boot=1), [stopping_pod(gc_marked=False)], node(), claim(), lambda: [], CFG, NOW, PV)
     assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == ("Unknown", "NodeLost")
 
 
 def test_a_deleted_vm_fences_its_launcher_on_an_out_of_service_node_and_releases_an_ended_one() -> None:
     deleted = vm(boot=1)
     deleted["metadata"]["deletionTimestamp"] = NOW
-    plan = decide(deleted, [stopping_pod()], node(taints=[OOS]), claim(), [], CFG, NOW, None)
+    plan = decide(deleted, [stopping_pod()], node(taints=[OOS]), claim(), lambda: [], CFG, NOW, None)
     assert [t["pod"] for t in plan.fence] == ["web-boot-1"] and not plan.remove_finalizer
-    ended = decide(deleted, [stopping_pod(terminated=True)], node(taints=[OOS]), claim(), [], CFG, NOW, None)
+    ended = decide(deleted, [stopping_pod(terminated=True)], node(taints=[OOS]), claim(), lambda: [], CFG, NOW, None)
     assert ended.fence == [] and ended.release_pods == [("web-boot-1", "pod-uid-1", [POD_FINALIZER])]
 
 
 def test_the_fenced_image_is_the_one_the_pods_own_launcher_config_names() -> None:
     p = stopping_pod()
     p["metadata"]["annotations"] = {CONFIG_ANNOTATION: '{"rootDisk": {"rbd": {"pool": "vms", "image": "old-web"}}}'}
-    plan = decide(vm(boot=2), [p], node(taints=[OOS]), claim(), [], CFG, NOW, PV)
+    plan = decide(vm(boot=2), [p], node(taints=[OOS]), claim(), lambda: [], CFG, NOW, PV)
     assert [(t["pool"], t["image"]) for t in plan.fence] == [("vms", "old-web")]
-    stopped = decide(vm(boot=1, power="Stopped"), [p], node(taints=[OOS]), claim(), [], CFG, NOW, None)
+    stopped = decide(vm(boot=1, power="Stopped"), [p], node(taints=[OOS]), claim(), lambda: [], CFG, NOW, None)
     assert [(t["pool"], t["image"]) for t in stopped.fence] == [("vms", "old-web")]

@@ -14,8 +14,9 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.host import reconcile
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import load
 from ansible_collections.zjusct.cloud.plugins.module_utils.model import launcher_config as builder
 from ansible_collections.zjusct.cloud.plugins.module_utils.network import hostnet
-from zjusct_controller.decide import NET_SETUP, Config
-from zjusct_controller.decide import launcher_config as pod_launcher_config
+from zjusct_controller.config import Config
+from zjusct_controller.pod import NET_SETUP
+from zjusct_controller.pod import launcher_config as pod_launcher_config
 
 VM = {"metadata": {"namespace": "default", "name": "web", "uid": "0f6c1e2a-7d3b-4c59-9a0e-4b8f2d1c3e5a"},
       "spec": {"owner": "alice", "rootVolumeClaim": "web-root", "vcpus": 2, "memoryMiB": 768, "powerState": "Running",

@@ -10,18 +10,11 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from zjusct_controller.decide import (
-    CEPH_CONF_ANNOTATION,
-    CLAIMED_BY,
-    ROOT_CLAIM,
-    CephConfig,
-    Config,
-    VolumeProblem,
-    decide,
-    needs_volume,
-    rbd_root_disk,
-)
+from zjusct_controller.config import CephConfig, Config
+from zjusct_controller.decide import decide, needs_volume
+from zjusct_controller.pod import CEPH_CONF_ANNOTATION, ROOT_CLAIM
 from zjusct_controller.reconcile import Reconciler
+from zjusct_controller.volume import CLAIMED_BY, VolumeProblem, rbd_root_disk
 
 CEPH = CephConfig(monitors=("[v2:10.0.0.1:3300/0,v1:10.0.0.1:6789/0]",), user="vm", secret_name="ceph-vm")
 CFG = Config(launcher_image="launcher:1", image_dir="/srv/images", cmdline="console=ttyS0", ceph=CEPH)
@@ -82,7 +75,7 @@ def test_refusals_name_the_object_and_the_field(volume: Any, cfg: Config, reason
     for w in words:
         assert w in exc.value.message, exc.value.message
     # through decide(): Blocked with that reason and message, no Pod
-    plan = decide(vm(), [], {}, claim(), [], cfg, NOW, volume)
+    plan = decide(vm(), [], {}, claim(), lambda: [], cfg, NOW, volume)
     assert plan.create_pod is None and plan.status is not None
     assert (plan.status["phase"], plan.status["reason"], plan.status["message"]) == (
         "Blocked", reason, exc.value.message)
@@ -90,7 +83,7 @@ def test_refusals_name_the_object_and_the_field(volume: Any, cfg: Config, reason
 
 def test_claim_not_bound_is_refused_before_the_pv_is_read() -> None:
     assert not needs_volume(vm(), claim(phase="Pending"))
-    plan = decide(vm(), [], {}, claim(phase="Pending"), [], CFG, NOW, None)
+    plan = decide(vm(), [], {}, claim(phase="Pending"), lambda: [], CFG, NOW, None)
     assert plan.status is not None and (plan.status["phase"], plan.status["reason"]) == (
         "Blocked", "VolumeClaimNotReady")
     assert "web-root" in plan.status["message"] and "Pending" in plan.status["message"]
@@ -108,7 +101,7 @@ def test_pv_is_read_only_when_a_pod_may_be_created() -> None:
 
 
 def test_launcher_pod_of_an_rbd_disk_mounts_no_claim_and_gets_conf_and_keyring_secret() -> None:
-    plan = decide(vm(), [], {}, claim(), [], CFG, NOW, pv())
+    plan = decide(vm(), [], {}, claim(), lambda: [], CFG, NOW, pv())
     pod = plan.create_pod
     assert pod is not None and plan.status is not None and plan.status["phase"] == "Pending"
     ann = pod["metadata"]["annotations"]
@@ -128,7 +121,7 @@ def test_launcher_pod_of_an_rbd_disk_mounts_no_claim_and_gets_conf_and_keyring_s
 
 def test_filesystem_claim_keeps_the_mounted_root_raw_and_names_the_claim() -> None:
     fs_claim = claim(mode="Filesystem")
-    plan = decide(vm(), [], {}, fs_claim, [], CFG, NOW)
+    plan = decide(vm(), [], {}, fs_claim, lambda: [], CFG, NOW)
     pod = plan.create_pod
     assert pod is not None
     assert pod["metadata"]["annotations"][ROOT_CLAIM] == "web-root"

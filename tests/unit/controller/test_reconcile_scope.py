@@ -10,8 +10,11 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from zjusct_controller.decide import CLAIMED_BY, FINALIZER, Config
+from zjusct_controller import reconcile
+from zjusct_controller.config import Config
+from zjusct_controller.decide import FINALIZER
 from zjusct_controller.reconcile import Reconciler
+from zjusct_controller.volume import CLAIMED_BY
 
 CFG = Config(launcher_image="x", image_dir="/x", cmdline="c")
 UID = "0b7c1f4e-0000-4000-8000-000000000001"
@@ -214,6 +217,37 @@ def test_a_pod_mounting_the_claim_in_the_index_blocks_the_create_without_any_pod
     r.observe("pod", "DELETED", api.pods.pop(("alice", "backup")))  # the watch shows it gone
     plan = r.reconcile("alice", "web")
     assert plan is not None and plan.create_pod is not None and list(api.pods) == [("alice", "web-boot-1")]
+
+
+def test_a_reconcile_decides_once_and_looks_up_the_claim_users_only_before_a_create(monkeypatch: Any) -> None:
+    api = _Api()
+    api.pods[("alice", "backup")] = {"metadata": {"name": "backup", "namespace": "alice", "resourceVersion": "3"},
+                                     "spec": {"volumes": [{"name": "v",
+                                                           "persistentVolumeClaim": {"claimName": "web-root"}}]},
+                                     "status": {"phase": "Running"}}
+    r = _reconciler(api)
+    r.relist()
+    decided: list[str] = []
+    looked_up: list[str] = []
+
+    def counted_decide(*args: Any, **kwargs: Any) -> Any:
+        decided.append(args[0]["metadata"]["name"])
+        return real_decide(*args, **kwargs)
+
+    def counted_users(*args: Any, **kwargs: Any) -> list[str]:
+        looked_up.append(args[1])
+        return real_users(*args, **kwargs)
+
+    real_decide, real_users = reconcile.decide, r.store.claim_users
+    monkeypatch.setattr(reconcile, "decide", counted_decide)
+    monkeypatch.setattr(r.store, "claim_users", counted_users)
+    plan = r.reconcile("alice", "web")  # the backup Pod blocks the create
+    assert plan is not None and plan.create_pod is None and (decided, looked_up) == (["web"], ["web-root"])
+    r.observe("pod", "DELETED", api.pods.pop(("alice", "backup")))
+    plan = r.reconcile("alice", "web")  # nothing blocks it now: created
+    assert plan is not None and plan.create_pod is not None and (len(decided), len(looked_up)) == (2, 2)
+    plan = r.reconcile("alice", "web")  # the boot's Pod exists: no create, so no lookup
+    assert plan is not None and plan.create_pod is None and (len(decided), len(looked_up)) == (3, 2)
 
 
 def test_namespaced_controller_resyncs_and_fans_out_only_its_namespaces() -> None:

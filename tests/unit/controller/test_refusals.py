@@ -1,6 +1,6 @@
-"""Refused writes and the per-owner quota in the controller: the pure parts (zjusct_controller.decide: which answers
-are refusals, the refused plan, the backoff) and the adapter (zjusct_controller.reconcile) against the stub API of
-test_reconcile_scope.py. The real API server, ResourceQuota, LimitRange and controller process:
+"""Refused writes and the per-owner quota in the controller: the pure parts (zjusct_controller.refusal: which answers
+are refusals, the backoff; zjusct_controller.decide: the refused plan) and the adapter (zjusct_controller.reconcile)
+against the stub API of test_reconcile_scope.py. The real API server, ResourceQuota, LimitRange and controller process:
 tests/integration/cloudvm_k8s/test_controller_quota.py."""
 
 from __future__ import annotations
@@ -12,15 +12,8 @@ from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
-from zjusct_controller.decide import (
-    QUOTA_EXCEEDED,
-    REFUSED,
-    api_refusal,
-    decide,
-    refuse,
-    retry_delay,
-    transition_event,
-)
+from zjusct_controller.decide import decide, refuse, transition_event
+from zjusct_controller.refusal import QUOTA_EXCEEDED, REFUSED, api_refusal, retry_delay
 
 from tests.unit.controller.test_decide import CFG, NOW, claim, pod, vm
 from tests.unit.controller.test_reconcile_scope import _Api, _reconciler, _resp
@@ -56,7 +49,7 @@ def test_other_answers_are_not_refusals_and_are_retried_as_errors(code: int | No
 def test_a_refused_start_is_blocked_without_its_pod_and_keeps_the_boot_admitted_before() -> None:
     prev = {"phase": "Stopped", "reason": "StopRequested", "bootID": 1, "pod": "web-boot-1", "admittedBootID": 1}
     obj = vm(boot=2, status=prev)
-    plan = decide(obj, [], {}, claim(), [], CFG, NOW)
+    plan = decide(obj, [], {}, claim(), lambda: [], CFG, NOW)
     assert plan.create_pod is not None and plan.status is not None
     assert (plan.status["admittedBootID"], plan.status["pod"]) == (2, "web-boot-2")  # what a create records
     refused = refuse(obj, plan, QUOTA_EXCEEDED, "vcpus: owner 'alice' would use ...", NOW)
@@ -66,7 +59,7 @@ def test_a_refused_start_is_blocked_without_its_pod_and_keeps_the_boot_admitted_
     assert (st["phase"], st["reason"], st["bootID"], st["admittedBootID"]) == ("Blocked", QUOTA_EXCEEDED, 2, 1)
     assert "pod" not in st  # no Pod of boot 2 exists: the next reconcile tries again instead of calling it lost
     assert st["conditions"][0]["reason"] == QUOTA_EXCEEDED and st["conditions"][0]["status"] == "False"
-    again = decide(vm(boot=2, status=st), [], {}, claim(), [], CFG, NOW)
+    again = decide(vm(boot=2, status=st), [], {}, claim(), lambda: [], CFG, NOW)
     assert again.create_pod is not None  # retried: still a start to make
     assert transition_event(prev, st) == ("Warning", QUOTA_EXCEEDED, "boot 2: Stopped -> Blocked: vcpus: owner "
                                                                      "'alice' would use ...")
@@ -75,7 +68,7 @@ def test_a_refused_start_is_blocked_without_its_pod_and_keeps_the_boot_admitted_
 def test_a_refused_stop_keeps_its_phase_and_says_why_in_a_warning() -> None:
     obj = vm(power="Stopped", status={"phase": "Running", "reason": "SSHReady", "bootID": 1, "pod": "web-boot-1"})
     plan = decide(obj, [pod(1, ready=True)], {"n1": {"status": {"conditions": [
-        {"type": "Ready", "status": "True"}]}}}, claim(), [], CFG, NOW)
+        {"type": "Ready", "status": "True"}]}}}, claim(), lambda: [], CFG, NOW)
     assert plan.delete_pods and plan.status is not None and plan.status["phase"] == "Stopping"
     refused = refuse(obj, plan, REFUSED, "the API server refused the deletion of launcher Pod ...", NOW,
                      starting=False)
@@ -89,7 +82,7 @@ def test_a_refused_stop_keeps_its_phase_and_says_why_in_a_warning() -> None:
 def test_a_status_from_before_admitted_boot_existed_gets_it_from_its_pod() -> None:
     obj = vm(status={"phase": "Running", "reason": "SSHReady", "bootID": 1, "pod": "web-boot-1"})
     plan = decide(obj, [pod(1, ready=True)], {"n1": {"status": {"conditions": [
-        {"type": "Ready", "status": "True"}]}}}, claim(), [], CFG, NOW)
+        {"type": "Ready", "status": "True"}]}}}, claim(), lambda: [], CFG, NOW)
     assert plan.status is not None and plan.status["admittedBootID"] == 1
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.k8s import root_volume_claim as rvc
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import ImageRef, MiB
-from zjusct_controller.decide import CephConfig, Config, rbd_root_disk
+from zjusct_controller.config import CephConfig, Config
+from zjusct_controller.volume import rbd_root_disk
 
 NS, CLAIM, PV = "alice", "web-root", "alice.web-root"
 
