@@ -71,7 +71,7 @@ from .fence import FenceError, Fencer
 from .metrics import Metrics
 
 log = logging.getLogger("zjusct_controller")
-REQUEST_TIMEOUT = 30  # seconds, every API call
+REQUEST_TIMEOUT = 30  # seconds, every API call; the modules' is k8s/client.py's REQUEST_TIMEOUT (same value)
 CONFLICT_RETRIES = 3  # reconciles of one VM in a row after a 409 Conflict on a stale cached object
 COMPONENT = "zjusct-controller"
 

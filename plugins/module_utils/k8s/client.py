@@ -18,7 +18,8 @@ from typing import Any, Callable
 
 # Also ApiException (module __getattr__ below): callers catch the client's error type from here, also when the
 # library is missing.
-__all__ = ["HAS_K8S_CORE", "HAS_KUBERNETES", "CoreException", "api_client", "auth_argument_spec"]
+__all__ = ["HAS_K8S_CORE", "HAS_KUBERNETES", "REQUEST_TIMEOUT", "CoreException", "api_client",
+           "auth_argument_spec"]
 
 # Only kubernetes.core's light modules are imported here. Its get_api_client and the kubernetes library (whose
 # package import alone loads its config, dynamic and watch modules: 0.15-0.3 s) are imported when a Kubernetes
@@ -37,6 +38,9 @@ except ImportError:  # pragma: no cover - reported by api_client()
         """Placeholder when kubernetes.core is missing."""
 
 HAS_KUBERNETES = importlib.util.find_spec("kubernetes") is not None
+
+REQUEST_TIMEOUT = 30  # seconds, every Kubernetes API call of the modules (``_request_timeout``); the controller's
+# own reconcile.REQUEST_TIMEOUT is the same value
 
 
 def __getattr__(name: str) -> Any:

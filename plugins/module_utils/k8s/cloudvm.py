@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Optional
 from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm.lifecycle import Lifecycle
 from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm.port import Access, Conflict, RootVolume
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
-from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import ApiException, api_missing
+from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import REQUEST_TIMEOUT, ApiException, api_missing
 from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import api_client as _api_client
 from ansible_collections.zjusct.cloud.plugins.module_utils.model import launcher_pod
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import (
@@ -46,7 +46,6 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
 )
 
 FIELD_MANAGER = "zjusct.cloud.cloudvm"
-REQUEST_TIMEOUT = 30  # seconds, every API call
 POLL_INTERVAL = 1.0  # seconds between GETs while waiting
 API_MISSING_HINT = ("the CloudVM API is not installed on this cluster (no CRD cloudvms.cloud.zjusct.io): "
                     "ansible-playbook site.yml -e zjusct_cloud_backend=kubernetes -e cluster_kubeconfig=<kubeconfig> "

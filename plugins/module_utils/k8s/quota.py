@@ -22,11 +22,15 @@ import json
 from typing import Any, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
-from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import ApiException, api_client, api_missing
+from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import (
+    REQUEST_TIMEOUT,
+    ApiException,
+    api_client,
+    api_missing,
+)
 from ansible_collections.zjusct.cloud.plugins.module_utils.model import quota
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import GROUP, PLURAL, VERSION, is_dns_label
 
-REQUEST_TIMEOUT = 30  # seconds, every API call
 CONFLICT_RETRIES = 5
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
+from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import REQUEST_TIMEOUT
 from ansible_collections.zjusct.cloud.plugins.module_utils.model import names as _names
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
     CLAIMED_BY_MARK,
@@ -63,7 +64,6 @@ CLAIMED_BY = CLAIMED_BY_MARK  # the controller's claim mark on the PVC (uid of t
 RBD_DRIVER = "rbd.csi.ceph.com"  # the controller's decide.RBD_DRIVER
 IMAGE_NAME_MAX = 128  # the controller's rule for volumeAttributes.imageName (1-128 of A-Z a-z 0-9 _ . -)
 FIELD_MANAGER = "zjusct.cloud.root_volume_claim"
-REQUEST_TIMEOUT = 30  # seconds, every API call
 POLL_INTERVAL = 0.5  # seconds between GETs while waiting for Bound
 _SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")  # RFC 1123 subdomain (Kubernetes names)
 
