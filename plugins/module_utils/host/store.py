@@ -35,6 +35,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.common.sqlite import 
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import load
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.quota import LIMITS as QUOTA_LIMITS
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.quota import usage as quota_usage
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import API_VERSION, KIND
 
 DEFAULT_PATH = "/var/lib/zjusct-cloud/cloud.db"
 
@@ -496,8 +497,8 @@ class HostStore:
     @staticmethod
     def _vm(row: sqlite3.Row) -> dict:
         return {
-            "apiVersion": "cloud.zjusct.io/v1alpha1",
-            "kind": "CloudVM",
+            "apiVersion": API_VERSION,
+            "kind": KIND,
             "metadata": {
                 "namespace": row["namespace"], "name": row["name"], "uid": row["uid"],
                 "generation": row["generation"], "creationTimestamp": row["created_at"],
