@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
 from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import auth_argument_spec
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import CloudVMError
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.quota import LIMITS
@@ -123,18 +124,19 @@ def check_identity(params: dict) -> None:
 def run_cloudvm(params: dict, check_mode: bool, diff: bool) -> dict:
     """The ``zjusct.cloud.cloudvm`` module: check the identity, dispatch to the backend's ``ensure``.
 
-    Every refusal's message goes through :func:`model.spec.in_user_terms`, so it names the option / playbook
-    variable typed, the API field, the value and the rule, on every backend.
+    Every refusal and failure (a :class:`common.errors.CloudError` of any room: the lifecycle's, the store's, a
+    volume driver's ...) has its message go through :func:`model.spec.in_user_terms`, so it names the option /
+    playbook variable typed, the API field, the value and the rule, on every backend.
 
     Raises:
-        CloudVMError: the refusal, its message in user terms, its ``details`` kept.
+        CloudVMError: the refusal, its message in user terms, its failure keys (``details``, ``field``) kept.
     """
     try:
         check_identity(params)
         impl = _impl(resolve_backend(params))
         return impl.ensure(params, check_mode=check_mode, diff=diff)
-    except CloudVMError as exc:
-        raise CloudVMError(in_user_terms(str(exc)), **exc.details) from exc
+    except CloudError as exc:
+        raise CloudVMError(in_user_terms(str(exc)), **exc.failure()) from exc
 
 
 def run_cloudvm_info(params: dict, check_mode: bool) -> dict:
@@ -152,8 +154,8 @@ def run_cloudvm_info(params: dict, check_mode: bool) -> dict:
     if params.get("authorize"):
         try:
             impl.authorize_found(params, found)
-        except CloudVMError as exc:
-            raise CloudVMError(in_user_terms(str(exc)), **exc.details) from exc
+        except CloudError as exc:
+            raise CloudVMError(in_user_terms(str(exc)), **exc.failure()) from exc
     return {"changed": False, "cloudvms": found, "running_doubts": impl.running_doubts(params, found)}
 
 

@@ -20,7 +20,8 @@ unit tests pass in-memory fakes). The ports and their real adapters:
 
 Errors: every real adapter raises what the module underneath raises (:class:`network.hostnet.NetworkError`,
 :class:`host.supervisor.LauncherError`, :class:`host.store.StoreError`, :class:`network.gateway.GatewayError`,
-:class:`storage.volume.VolumeError`, :class:`model.lifecycle.CloudVMError`); the backend turns them into a failed start.
+:class:`storage.volume.VolumeError`, :class:`storage.driver.UnknownDriver`, :class:`model.lifecycle.CloudVMError`);
+the backend turns them into a failed start (``host.reconciler.START_ERRORS``).
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle impor
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.phase import BootObservation
 from ansible_collections.zjusct.cloud.plugins.module_utils.network import hostnet as net
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.driver import (
-    UnknownDriver,
     VolumeDriver,
     VolumeSettings,
     driver,
@@ -168,20 +168,8 @@ class Volumes(Protocol):
         """The driver registered as ``name``.
 
         Raises:
-            CloudVMError: ``volume driver: <name> is not one of ...``.
+            UnknownDriver: ``volume driver: <name> is not one of ...`` (:class:`storage.driver.UnknownDriver`).
         """
-
-
-def volume_driver(name: Optional[str], what: str = "volume driver") -> VolumeDriver:
-    """The registered driver ``name`` (a volume record's, or the host config's with ``what`` naming that option).
-
-    Raises:
-        CloudVMError: ``<what>: <name> is not one of ...`` (:func:`storage.driver.driver`).
-    """
-    try:
-        return driver(name, what)
-    except UnknownDriver as exc:
-        raise CloudVMError(str(exc)) from exc
 
 
 # --- the real adapters ----------------------------------------------------------------------------
@@ -280,4 +268,4 @@ class HostVolumes:
         return self.cfg.volume_settings()
 
     def driver(self, name: Optional[str]) -> VolumeDriver:
-        return volume_driver(name)
+        return driver(name, "volume driver")

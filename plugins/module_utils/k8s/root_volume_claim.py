@@ -319,7 +319,7 @@ def observe(p: dict, rbd: Rbd, api: CoreApi) -> Observed:
     """Read the image (info, image-meta), its pool, the template when the image is missing, the PV and the claim.
 
     Raises:
-        ClaimRefused: an rbd or API call failed, or the image set cannot be resolved (named).
+        ClaimRefused: an rbd or API call failed. VolumeError: the image set cannot be resolved (named).
     """
     ref = ImageRef(p["pool"], p["rbd_image"])
     try:
@@ -327,10 +327,7 @@ def observe(p: dict, rbd: Rbd, api: CoreApi) -> Observed:
         image = None if info is None else {"size": int(info["size"]), "meta": rbd.meta(ref)}
         obs = Observed(image, pool_exists=True if image is not None else rbd.pool_exists(ref.pool))
         if image is None and p.get("image"):
-            try:
-                obs.image_set = resolve_image(p["images_dir"], p["image"])
-            except VolumeError as exc:
-                raise ClaimRefused(str(exc)) from exc
+            obs.image_set = resolve_image(p["images_dir"], p["image"])
             if obs.pool_exists:
                 tmpl = template_ref(ref.pool, obs.image_set["dir"])
                 tinfo = rbd.info(tmpl.at(None))
