@@ -254,33 +254,13 @@ phases:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.backup_audit import audit_argument_spec
-from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import run_rbd_backup
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
-from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.backup_events import event_argument_spec
-from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import connection_argument_spec
-
-ARGUMENT_SPEC: dict = dict(
-    state=dict(type="str", default="present", choices=["present", "verified", "restored"]),
-    pool=dict(type="str", default="rbd"),
-    name=dict(type="str"),
-    dest=dict(type="path", required=True),
-    keep=dict(type="int"),
-    full_every=dict(type="int", default=7),
-    force_full=dict(type="bool", default=False),
-    allow_watchers=dict(type="bool", default=False),
-    watcher_grace_seconds=dict(type="float", default=35),
-    vm=dict(type="str"),
-    owner=dict(type="str"),
-    backup_id=dict(type="str"),
-    target_pool=dict(type="str"),
-    target_name=dict(type="str"),
-    keep_snapshots=dict(type="bool", default=False),
-    verify=dict(type="bool", default=True),
-    **audit_argument_spec(),
-    **connection_argument_spec(),
-    **event_argument_spec(),
+from ansible_collections.zjusct.cloud.plugins.module_utils.rbd_backup_module import (
+    rbd_backup_argument_spec,
+    run_rbd_backup,
 )
+
+ARGUMENT_SPEC: dict = rbd_backup_argument_spec()
 REQUIRED_IF = [("state", "present", ["name"]), ("state", "restored", ["target_name"])]
 
 

@@ -354,8 +354,10 @@ phases:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import run_volume_backup
-from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import volume_backup_argument_spec
+from ansible_collections.zjusct.cloud.plugins.module_utils.volume_backup_module import (
+    run_volume_backup,
+    volume_backup_argument_spec,
+)
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
 
 ARGUMENT_SPEC: dict = volume_backup_argument_spec()

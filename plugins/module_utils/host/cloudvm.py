@@ -32,7 +32,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.common import flock a
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
 from ansible_collections.zjusct.cloud.plugins.module_utils.host import supervisor as sup
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import HostConfig, load
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.host_network_module import sync_gateway, sync_isolation
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.network import sync_gateway, sync_isolation
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.ports import HostSupervisor
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.reconciler import HostReconciler
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.reconciler import (
@@ -212,7 +212,7 @@ class HostCloudVMApi:
     @property
     def ssh_gateway(self) -> bool:
         """The host runs the SSH gateway (``gateway_dir`` set, with its uplink): it grants each VM the keys of the
-        boot its guest runs (:func:`host.host_network_module.gateway_vms`)."""
+        boot its guest runs (:func:`host.network.gateway_vms`)."""
         return self.cfg.gateway_source() is not None
 
     @property
@@ -344,7 +344,7 @@ class HostCloudVMApi:
     def replace(self, body: dict, dry_run: bool) -> dict:
         """Admit and store ``body`` over the VM it was computed from: the spec's rules and immutable fields, the
         root volume's claim rules, the quota (in the write transaction, with the audit intent); a key change is
-        handed to the SSH gateway (:func:`host.host_network_module.sync_gateway`), which grants the VM's keys in
+        handed to the SSH gateway (:func:`host.network.sync_gateway`), which grants the VM's keys in
         effect: the new ones at once when no boot runs, the running boot's own until its next boot starts.
 
         Raises:
@@ -378,7 +378,7 @@ class HostCloudVMApi:
                 self._intent(desired, f"spec written, powerState {desired['powerState']}")
             if desired.get("sshAuthorizedKeys") != before.get("sshAuthorizedKeys"):
                 # a VM that is off gets its new keys on the gateway now; one whose boot runs keeps that boot's keys
-                # until its next boot starts (host_network_module.gateway_vms), as its guest does
+                # until its next boot starts (network.gateway_vms), as its guest does
                 sync_gateway(self.cfg, self.store)
             return _with_version(self.store.get_vm(ns, name) or body)
 

@@ -10,7 +10,7 @@ unit tests pass in-memory fakes). The ports and their real adapters:
 * :class:`Store`: the host store's records (VMs, volumes, allocations, leases, events);
   real: :class:`host.store.HostStore` itself.
 * :class:`Network`: a VM's address lease and its TAP on the bridge, isolation and gateway;
-  real: :class:`HostNetwork` (:mod:`network.hostnet`, :mod:`host.host_network_module`).
+  real: :class:`HostNetwork` (:mod:`network.hostnet`, :mod:`host.network`).
 * :class:`Supervisor`: the VM's launcher processes (boots on disk, the live one, observe, stop, start);
   real: :class:`HostSupervisor` (:mod:`host.supervisor`).
 * :class:`Bandwidth`: the VM's guaranteed bandwidth (admission and the tc HTB classes);
@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover - Python < 3.8 has no typing.Protocol; o
 from ansible_collections.zjusct.cloud.plugins.module_utils.host import bandwidth as bw
 from ansible_collections.zjusct.cloud.plugins.module_utils.host import supervisor as sup
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import HostConfig
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.host_network_module import (
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.network import (
     ensure_network,
     sync_gateway,
     sync_isolation,
@@ -175,7 +175,7 @@ class Volumes(Protocol):
 # --- the real adapters ----------------------------------------------------------------------------
 class HostNetwork:
     """:class:`Network` on this host: the netns bridge of ``cfg`` (:mod:`network.hostnet`), isolation and gateway from
-    ``store`` (:mod:`host.host_network_module`)."""
+    ``store`` (:mod:`host.network`)."""
 
     def __init__(self, cfg: HostConfig, store: HostStore) -> None:
         self.cfg = cfg

@@ -188,8 +188,16 @@ def set_quota(params: dict, check_mode: bool, diff: bool, api: Any) -> dict:
     return out
 
 
-def run_owner_quota(params: dict, check_mode: bool, diff: bool) -> dict:
-    """``zjusct.cloud.owner_quota`` on Kubernetes: :func:`set_quota` through the real API client."""
+def ensure_quota(params: dict, check_mode: bool, diff: bool) -> dict:
+    """``zjusct.cloud.owner_quota`` on Kubernetes (its body: ``owner_quota_module.run_owner_quota``): :func:`set_quota`
+    through the real API client.
+
+    Returns:
+        The module result, as :func:`set_quota`.
+
+    Raises:
+        QuotaError: bad input (option named), the API client cannot be built, or the API server refused.
+    """
     validate(params)  # bad input is named before any connection is made
     client = api_client(params, lambda message: QuotaError(f"backend kubernetes: {message}"))
     from kubernetes.client import CoreV1Api, CustomObjectsApi

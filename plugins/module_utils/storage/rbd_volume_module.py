@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: zjusct.cloud contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The ``rbd_volume`` module's logic: a pure plan (what to change, or why to refuse) from the observed image and
+"""The body of ``zjusct.cloud.rbd_volume``: a pure plan (what to change, or why to refuse) from the observed image and
 the requested state, and a runner that observes through ``storage.rbd`` and executes the plan.
 
 Ownership (docs/rbd.md "Ownership marks"): image-meta ``cloud.zjusct.io/owner`` and ``cloud.zjusct.io/claimed-by``. A

@@ -6,7 +6,7 @@ The same module against the real control plane and real Ceph: tests/integration/
 from __future__ import annotations
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils.k8s import root_volume_claim as rvc
+from ansible_collections.zjusct.cloud.plugins.module_utils.k8s import root_volume_claim_module as rvc
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import META_OWNER, ImageRef, MiB
 
 NS, CLAIM, PV = "alice", "web-root", "alice.web-root"

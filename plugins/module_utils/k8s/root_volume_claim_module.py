@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""A CloudVM's RBD root volume on Kubernetes: the RBD clone, the PersistentVolume naming it and the claim bound to it.
+"""The body of ``zjusct.cloud.root_volume_claim``: a CloudVM's RBD root volume on Kubernetes (the RBD clone, the
+PersistentVolume naming it and the claim bound to it).
 
 What the controller reads (docs/controller.md "Root disk", ``decide.rbd_root_disk``): a ``volumeMode: Block``
 PersistentVolumeClaim bound (``spec.volumeName``) to a PersistentVolume whose ``spec.claimRef`` is that claim and

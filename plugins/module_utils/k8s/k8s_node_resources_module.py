@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Body of ``zjusct.cloud.k8s_node_resources``: extended resources in a Node's ``status.capacity``.
+"""The body of ``zjusct.cloud.k8s_node_resources``: extended resources in a Node's ``status.capacity``.
 
 Kubernetes lets anyone with ``nodes/status`` rights advertise an *extended resource* on a Node by patching
 ``status.capacity`` (https://kubernetes.io/docs/tasks/administer-cluster/extended-resource-node/); the scheduler
