@@ -44,16 +44,12 @@ description:
 requirements:
   - google-crc32c >= 1.5 (optional; CRC32C checksums, needed to verify or restore a CRC32C backup)
 extends_documentation_fragment:
+  - zjusct.cloud.volume_backup
   - zjusct.cloud.ceph
   - zjusct.cloud.host_config
   - zjusct.cloud.backup_event
   - kubernetes.core.k8s_auth_options
 options:
-  state:
-    description: V(present) backs up, V(verified) checks a stored backup, V(restored) restores one.
-    type: str
-    choices: [present, verified, restored]
-    default: present
   pool:
     description: Pool of the source image (V(present)).
     type: str
@@ -66,10 +62,6 @@ options:
       off-site target.
     type: path
     required: true
-  keep:
-    description: Number of newest backups to keep (1 to 10000); older ones not needed by a kept chain are deleted.
-      Unset keeps everything.
-    type: int
   full_every:
     description: Maximum chain length (1 to 10000); a full backup is taken when the chain would get longer.
       V(1) makes every backup full.
@@ -92,16 +84,10 @@ options:
         naming the watchers (a running VM, or a stale client that must be fenced).
     type: bool
     default: false
-  vm:
-    description: VM name recorded in the manifest.
-    type: str
   owner:
     description: Owner recorded in the manifest; must match the image's owner mark when both exist.
       With V(restored), the owner mark set on the new image (default the manifest's owner); an owner other
       than the manifest's is refused unless O(operator=true) (a backup is given only to its owner).
-    type: str
-  backup_id:
-    description: Backup to verify or restore (default the newest complete backup in O(dest)).
     type: str
   target_pool:
     description: Pool of the new image (V(restored)); defaults to O(pool).
@@ -109,10 +95,6 @@ options:
   target_name:
     description: The NEW image to restore into (V(restored)).
     type: str
-  verify:
-    description: With V(present), re-read the stored file and check its checksum before marking the backup complete.
-    type: bool
-    default: true
   keep_snapshots:
     description: With V(restored), keep the backup snapshots that import creates on the new image.
     type: bool

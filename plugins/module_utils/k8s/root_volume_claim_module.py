@@ -257,14 +257,15 @@ class CoreApi:
         self.core = core
 
     def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.cloudvm import ApiException, api_error
+        from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import ApiException, api_refusal
+        from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.cloudvm import API_MISSING_HINT
 
         try:
             got = fn(*args, _request_timeout=REQUEST_TIMEOUT, **kwargs)
         except ApiException as exc:
             if exc.status == 404 and what.startswith("get"):
                 return None
-            raise ClaimRefused(str(api_error(exc, what))) from exc
+            raise ClaimRefused(f"{what}: {api_refusal(exc, API_MISSING_HINT)[0]}") from exc
         except Exception as exc:  # urllib3 connection errors, TLS errors, timeouts
             raise ClaimRefused(f"{what}: cannot reach the Kubernetes API: {exc}") from exc
         if got is None:
