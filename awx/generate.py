@@ -4,8 +4,8 @@
 
 Every survey limit (min, max, default, choices) comes from the collection's own sources, never typed here:
 the CloudVM field limits of ``plugins/module_utils/model/spec.py`` (the CRD in ``config/crd/`` carries the same
-numbers; tests/unit/awx/test_awx_definitions.py checks all three agree) and the backends and power states of
-``plugins/module_utils/cloudvm_module.py``.
+numbers; tests/unit/awx/test_awx_definitions.py checks all three agree) and the backends of
+``plugins/module_utils/backend.py`` and the power states of ``plugins/module_utils/cloudvm_module.py``.
 
     python3 awx/generate.py           # rewrite awx/job_templates.yml
     python3 awx/generate.py --check   # exit 1 when the committed file differs from what would be generated
@@ -128,9 +128,9 @@ def surveys() -> dict[str, list[dict[str, Any]]]:
 
 
 def _backends() -> tuple[str, ...]:
-    # cloudvm_module imports Ansible's kubernetes.core when present; BACKENDS is a plain tuple there.
+    # backend imports Ansible's kubernetes.core when present; BACKENDS is a plain tuple there.
     _spec_module()
-    from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import BACKENDS
+    from ansible_collections.zjusct.cloud.plugins.module_utils.backend import BACKENDS
 
     return tuple(BACKENDS)
 

@@ -57,7 +57,7 @@ from .refusal import QUOTA_EXCEEDED, REFUSAL_REASONS, REFUSED, api_refusal, retr
 from .volume import CLAIMED_BY
 
 log = logging.getLogger("zjusct_controller")
-REQUEST_TIMEOUT = 30  # seconds, every API call
+REQUEST_TIMEOUT = 30  # seconds, every API call; the modules' is k8s/client.py's REQUEST_TIMEOUT (same value)
 CONFLICT_RETRIES = 3  # reconciles of one VM in a row after a 409 Conflict on a stale cached object
 COMPONENT = "zjusct-controller"
 

@@ -18,6 +18,8 @@ options:
       - V(kubernetes) uses CloudVM custom resources through the Kubernetes API with the connection options
         below.
       - Falls back to the E(ZJUSCT_CLOUD_BACKEND) environment variable, then V(host).
+      - The inventory plugin C(zjusct.cloud.cloudvm) names the same two as its C(source), with another default
+        (V(kubernetes), E(ZJUSCT_CLOUD_INVENTORY_SOURCE)); docs/architecture.md, "The backend choice", says why.
     type: str
     choices: [host, kubernetes]
   host_config:

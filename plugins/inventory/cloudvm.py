@@ -68,6 +68,9 @@ options:
       - Where the CloudVMs are read from.
       - V(kubernetes) lists CloudVM objects through kube-apiserver with the connection options below.
       - V(host) reads the host backend's store named by O(host_config).
+      - The modules' C(backend) option names the same two with another default (V(host), E(ZJUSCT_CLOUD_BACKEND));
+        set both variables, or O(source) here, to read the backend the modules act on (docs/architecture.md, "The
+        backend choice").
     type: str
     choices: [kubernetes, host]
     default: kubernetes

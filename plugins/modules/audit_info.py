@@ -77,7 +77,7 @@ records:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.tenancy_module import run_audit_info
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.audit_info_module import run_audit_info
 
 ARGUMENT_SPEC: dict = {
     "owner": {"type": "str"},

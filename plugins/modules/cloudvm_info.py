@@ -134,7 +134,7 @@ running_doubts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import (
+from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_info_module import (
     cloudvm_info_argument_spec,
     run_cloudvm_info,
 )

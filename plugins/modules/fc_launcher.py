@@ -7,7 +7,7 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: fc_launcher
-short_description: Run, stop or remove one launcher instance (one boot of one VM) on a host
+short_description: Run, stop or remove one launcher instance (one boot of one VM, under QEMU or Firecracker) on a host
 version_added: 0.1.0
 author: ZJUSCT cloud team (@zjusct)
 description:
@@ -101,7 +101,7 @@ observation:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.launcher_instance import run_fc_launcher
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.fc_launcher_module import run_fc_launcher
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
 
 ARGUMENT_SPEC: dict = {

@@ -77,7 +77,7 @@ written:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils.image.kernel import run_guest_image_kernel
+from ansible_collections.zjusct.cloud.plugins.module_utils.image.guest_image_kernel_module import run_guest_image_kernel
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
 
 ARGUMENT_SPEC: dict = dict(

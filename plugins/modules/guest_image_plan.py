@@ -125,7 +125,7 @@ manifest:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils.image.inputs import run_guest_image_plan
+from ansible_collections.zjusct.cloud.plugins.module_utils.image.guest_image_plan_module import run_guest_image_plan
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
 
 ARGUMENT_SPEC: dict = dict(

@@ -73,7 +73,9 @@ path:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils.image.publish import run_guest_image_publish
+from ansible_collections.zjusct.cloud.plugins.module_utils.image.guest_image_publish_module import (
+    run_guest_image_publish,
+)
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
 
 ARGUMENT_SPEC: dict = dict(

@@ -57,7 +57,9 @@ unmounted:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils.image.fs import run_guest_image_workdir
+from ansible_collections.zjusct.cloud.plugins.module_utils.image.guest_image_workdir_module import (
+    run_guest_image_workdir,
+)
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
 
 ARGUMENT_SPEC: dict = dict(

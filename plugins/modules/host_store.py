@@ -55,7 +55,7 @@ previous_schema_version:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import run_host_store
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.host_store_module import run_host_store
 
 ARGUMENT_SPEC: dict = {"host_config": {"type": "path"}}
 

@@ -71,7 +71,7 @@ host_config:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.host_volume_module import run_host_volume_info
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.host_volume_info_module import run_host_volume_info
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
 
 ARGUMENT_SPEC: dict = {

@@ -90,7 +90,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import auth_argument_spec
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
-from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.node_resources import run_k8s_node_resources
+from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.k8s_node_resources_module import run_k8s_node_resources
 
 ARGUMENT_SPEC: dict = {
     "name": {"type": "str", "required": True},

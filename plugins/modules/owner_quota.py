@@ -131,7 +131,7 @@ usage:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import (
+from ansible_collections.zjusct.cloud.plugins.module_utils.owner_quota_module import (
     owner_quota_argument_spec,
     run_owner_quota,
 )

@@ -44,16 +44,12 @@ description:
 requirements:
   - google-crc32c >= 1.5 (optional; CRC32C checksums, needed to verify or restore a CRC32C backup)
 extends_documentation_fragment:
+  - zjusct.cloud.volume_backup
   - zjusct.cloud.ceph
   - zjusct.cloud.host_config
   - zjusct.cloud.backup_event
   - kubernetes.core.k8s_auth_options
 options:
-  state:
-    description: V(present) backs up, V(verified) checks a stored backup, V(restored) restores one.
-    type: str
-    choices: [present, verified, restored]
-    default: present
   pool:
     description: Pool of the source image (V(present)).
     type: str
@@ -66,10 +62,6 @@ options:
       off-site target.
     type: path
     required: true
-  keep:
-    description: Number of newest backups to keep (1 to 10000); older ones not needed by a kept chain are deleted.
-      Unset keeps everything.
-    type: int
   full_every:
     description: Maximum chain length (1 to 10000); a full backup is taken when the chain would get longer.
       V(1) makes every backup full.
@@ -92,16 +84,10 @@ options:
         naming the watchers (a running VM, or a stale client that must be fenced).
     type: bool
     default: false
-  vm:
-    description: VM name recorded in the manifest.
-    type: str
   owner:
     description: Owner recorded in the manifest; must match the image's owner mark when both exist.
       With V(restored), the owner mark set on the new image (default the manifest's owner); an owner other
       than the manifest's is refused unless O(operator=true) (a backup is given only to its owner).
-    type: str
-  backup_id:
-    description: Backup to verify or restore (default the newest complete backup in O(dest)).
     type: str
   target_pool:
     description: Pool of the new image (V(restored)); defaults to O(pool).
@@ -109,10 +95,6 @@ options:
   target_name:
     description: The NEW image to restore into (V(restored)).
     type: str
-  verify:
-    description: With V(present), re-read the stored file and check its checksum before marking the backup complete.
-    type: bool
-    default: true
   keep_snapshots:
     description: With V(restored), keep the backup snapshots that import creates on the new image.
     type: bool
@@ -254,33 +236,13 @@ phases:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.backup_audit import audit_argument_spec
-from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import run_rbd_backup
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
-from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.backup_events import event_argument_spec
-from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import connection_argument_spec
-
-ARGUMENT_SPEC: dict = dict(
-    state=dict(type="str", default="present", choices=["present", "verified", "restored"]),
-    pool=dict(type="str", default="rbd"),
-    name=dict(type="str"),
-    dest=dict(type="path", required=True),
-    keep=dict(type="int"),
-    full_every=dict(type="int", default=7),
-    force_full=dict(type="bool", default=False),
-    allow_watchers=dict(type="bool", default=False),
-    watcher_grace_seconds=dict(type="float", default=35),
-    vm=dict(type="str"),
-    owner=dict(type="str"),
-    backup_id=dict(type="str"),
-    target_pool=dict(type="str"),
-    target_name=dict(type="str"),
-    keep_snapshots=dict(type="bool", default=False),
-    verify=dict(type="bool", default=True),
-    **audit_argument_spec(),
-    **connection_argument_spec(),
-    **event_argument_spec(),
+from ansible_collections.zjusct.cloud.plugins.module_utils.rbd_backup_module import (
+    rbd_backup_argument_spec,
+    run_rbd_backup,
 )
+
+ARGUMENT_SPEC: dict = rbd_backup_argument_spec()
 REQUIRED_IF = [("state", "present", ["name"]), ("state", "restored", ["target_name"])]
 
 

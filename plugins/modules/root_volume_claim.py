@@ -144,7 +144,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import auth_argument_spec
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import connection_argument_spec
-from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.root_volume_claim import run_root_volume_claim
+from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.root_volume_claim_module import run_root_volume_claim
 
 ARGUMENT_SPEC: dict = dict(
     name=dict(type="str"),

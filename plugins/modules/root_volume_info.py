@@ -116,7 +116,7 @@ host_config:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import (
+from ansible_collections.zjusct.cloud.plugins.module_utils.root_volume_info_module import (
     ROOT_VOLUME_INFO_ONE_OF,
     root_volume_info_argument_spec,
     run_root_volume_info,

@@ -52,16 +52,12 @@ requirements:
   - google-crc32c >= 1.5 (optional; CRC32C checksums, needed to verify or restore a CRC32C backup)
   - C(qemu-img) on the managed node for qcow2 volumes; C(rbd) (ceph-common) for RBD images.
 extends_documentation_fragment:
+  - zjusct.cloud.volume_backup
   - zjusct.cloud.ceph
   - zjusct.cloud.host_config
   - zjusct.cloud.backup_event
   - kubernetes.core.k8s_auth_options
 options:
-  state:
-    description: V(present) backs up, V(verified) checks a stored backup, V(restored) restores one.
-    type: str
-    choices: [present, verified, restored]
-    default: present
   dest:
     description:
       - Where this volume's backups are kept (created with mode 0700). A directory (a local disk or a mounted
@@ -91,10 +87,6 @@ options:
   name:
     description: With V(present), the source RBD image.
     type: str
-  keep:
-    description: Number of newest backups to keep (1 to 10000); older ones not needed by a kept chain are deleted.
-      Unset keeps everything.
-    type: int
   full_every:
     description: Maximum chain length (1 to 10000); a full backup is taken when the chain would get longer.
     type: int
@@ -111,18 +103,12 @@ options:
     description: RBD only - back up an image that is open (crash-consistent only).
     type: bool
     default: false
-  vm:
-    description: VM name recorded in the manifest.
-    type: str
   owner:
     description:
       - With V(present), the owner recorded in the manifest (default the volume's); must match the host store
         record or the RBD image's owner mark.
       - With V(restored), the owner of the new volume (default the manifest's); another than the manifest's is
         refused unless O(operator=true).
-    type: str
-  backup_id:
-    description: Backup to verify or restore (default the newest complete backup in O(dest)).
     type: str
   target_volume:
     description:
@@ -151,11 +137,6 @@ options:
       - With O(target_volume), the image set whose kernel and initrd boot the restored volume (name, versioned
         name or path); default the host configuration's C(default_image).
     type: str
-  verify:
-    description: With V(present), re-read the stored file and check its checksum before marking the backup
-      complete.
-    type: bool
-    default: true
   keep_snapshots:
     description: RBD only - with V(restored), keep the backup snapshots that import creates on the new image.
     type: bool
@@ -354,8 +335,10 @@ phases:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import run_volume_backup
-from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import volume_backup_argument_spec
+from ansible_collections.zjusct.cloud.plugins.module_utils.volume_backup_module import (
+    run_volume_backup,
+    volume_backup_argument_spec,
+)
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.module import run_module
 
 ARGUMENT_SPEC: dict = volume_backup_argument_spec()

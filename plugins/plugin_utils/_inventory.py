@@ -39,7 +39,10 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.selectors impor
 )
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import PHASES
 
-SOURCES = ("kubernetes", "host")
+SOURCES = ("kubernetes", "host")  # the backends of module_utils/backend.py's BACKENDS, as the option lists them
+# The inventory's own default, not the modules' (backend.DEFAULT_BACKEND, host): a source file without ``source:``
+# has always listed a cluster; docs/architecture.md "The backend choice" says why the two defaults stay apart.
+DEFAULT_SOURCE = "kubernetes"
 HOSTVARS_LAYOUTS = ("flat", "nested")
 GROUP_BY = ("owner", "namespace", "node", "phase")
 HOSTNAME_FIELDS = ("namespace", "name", "owner", "uid", "node")
@@ -90,7 +93,7 @@ class InventoryOptions:
             hostname fields, e.g. ``root@{node}``; "" for none.
     """
 
-    source: str = "kubernetes"
+    source: str = DEFAULT_SOURCE
     namespaces: tuple[str, ...] = ()
     label_selector: str = ""
     owners: tuple[str, ...] = ()
@@ -113,7 +116,7 @@ class InventoryOptions:
         Raises:
             InventoryOptionError: a value is outside what is allowed (message names the option).
         """
-        source = get("source") or "kubernetes"
+        source = get("source") or DEFAULT_SOURCE
         if source not in SOURCES:
             raise InventoryOptionError(f"source: {source!r} is not one of {', '.join(SOURCES)}")
         phases = tuple(get("include_phases") or ())

@@ -2,7 +2,7 @@
 # Copyright: (c) 2026, ZJUSCT cloud team
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The audit records of ``zjusct.cloud.volume_backup`` and ``zjusct.cloud.rbd_backup`` on the host backend
-(docs/security.md, "Audit"); the modules' bodies are :mod:`host.volume_backup_module`.
+(docs/security.md, "Audit"); their work is :mod:`host.backup`.
 
 With ``host_config`` given, every backup (``state: present``, retention pruning included) and restore
 (``state: restored``) is recorded in that host store's ``audit`` table, as the cloudvm module does for its runs:

@@ -32,8 +32,8 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.common import flock a
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
 from ansible_collections.zjusct.cloud.plugins.module_utils.host import supervisor as sup
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import HostConfig, load
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.host_network_module import sync_gateway, sync_isolation
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.ports import HostSupervisor, volume_driver
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.network import sync_gateway, sync_isolation
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.ports import HostSupervisor
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.reconciler import HostReconciler
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.reconciler import (
     observed_status as reconciler_observed_status,
@@ -51,7 +51,8 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
     validate_update,
 )
 from ansible_collections.zjusct.cloud.plugins.module_utils.network import hostnet as net
-from ansible_collections.zjusct.cloud.plugins.module_utils.storage.volume import VolumeError, resolve_image
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.driver import driver
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.volume import resolve_image
 
 OFF_PHASES = ("Stopped", "Failed")
 
@@ -205,11 +206,12 @@ def _grow_record(store: HostStore, volume: Optional[dict], desired: dict, growth
 
 
 def _remove_volume(cfg: HostConfig, volume: dict) -> None:
-    """Delete a root volume's data through its driver (file, RBD image, qcow2 overlay); its record is the caller's."""
-    try:
-        volume_driver(volume["driver"]).delete(cfg.volume_settings(), volume)
-    except VolumeError as exc:
-        raise CloudVMError(str(exc)) from exc
+    """Delete a root volume's data through its driver (file, RBD image, qcow2 overlay); its record is the caller's.
+
+    Raises:
+        VolumeError: the data could not be deleted. UnknownDriver: the record names no registered driver.
+    """
+    driver(volume["driver"], "volume driver").delete(cfg.volume_settings(), volume)
 
 
 class HostCloudVMApi:
@@ -235,7 +237,7 @@ class HostCloudVMApi:
     @property
     def ssh_gateway(self) -> bool:
         """The host runs the SSH gateway (``gateway_dir`` set, with its uplink): it grants each VM the keys of the
-        boot its guest runs (:func:`host.host_network_module.gateway_vms`)."""
+        boot its guest runs (:func:`host.network.gateway_vms`)."""
         return self.cfg.gateway_source() is not None
 
     @property
@@ -276,11 +278,8 @@ class HostCloudVMApi:
              label_selector: str) -> list:
         """:func:`observed_vms` (no pass runs), filtered by name and the label selector."""
         selector = parse_label_selector(label_selector, "label_selectors")
-        try:
-            found = observed_vms(self.cfg, namespace, owner, where=lambda vm: (
-                (not name or vm["metadata"]["name"] == name) and matches(selector, vm["metadata"]["labels"])))
-        except StoreError as exc:
-            raise CloudVMError(str(exc)) from exc
+        found = observed_vms(self.cfg, namespace, owner, where=lambda vm: (
+            (not name or vm["metadata"]["name"] == name) and matches(selector, vm["metadata"]["labels"])))
         return [_with_version(vm) for vm in found]
 
     def launched_boot(self, vm: dict) -> Optional[int]:
@@ -315,7 +314,8 @@ class HostCloudVMApi:
         by a refusal.
 
         Raises:
-            Conflict: the VM exists. CloudVMError: refused (the message names the field).
+            Conflict: the VM exists. CloudVMError: refused (the message names the field). VolumeError: the image is
+            missing or the new root volume could not be made (UnknownDriver: the host config's ``volume_driver``).
         """
         meta, desired = body["metadata"], body["spec"]
         ns, name = meta["namespace"], meta["name"]
@@ -329,17 +329,16 @@ class HostCloudVMApi:
             volume = self.store.get_volume(desired["rootVolumeClaim"])
             image = None
             if volume is None:
-                try:
-                    image = resolve_image(self.cfg.images_dir, root_volume.image or self.cfg.default_image)
-                except VolumeError as exc:
-                    raise CloudVMError(str(exc)) from exc
+                image = resolve_image(self.cfg.images_dir, root_volume.image or self.cfg.default_image)
             else:  # checked at create, so that a refused create writes no record (docs/runbooks.md, Volume claims)
                 live = sup.running_boot(_paths(self.cfg, ns, name))
                 settle_claim(self.store, volume, desired["owner"], None, creating=True, rbd=self.cfg.rbd,
                              subject=f"{ns}/{name}", check_mode=dry_run,
                              launcher_alive=f"a launcher of {ns}/{name} (pid {live[1]})" if live else None)
-            new_mib = _new_volume_mib(image, root_volume.size_mib) if volume is None else _volume_growth(volume,
-                                                                                                        desired)
+            if volume is None:
+                new_mib = _new_volume_mib(image, root_volume.size_mib)
+            else:  # an existing volume grows to spec.rootVolumeSizeMiB (0 MiB when it is not asked to)
+                new_mib = _volume_growth(volume, desired)
             _within_quota(self.store, None, desired, new_mib)  # before creating anything; again when writing
             if dry_run:
                 return {**body, "status": {}}
@@ -347,12 +346,9 @@ class HostCloudVMApi:
             if volume is None:
                 if image is None:
                     raise AssertionError("image unexpectedly missing")
-                try:
-                    created = volume_driver(self.cfg.volume_driver, "host_config: volume_driver").create(
-                        self.cfg.volume_settings(), desired["rootVolumeClaim"], image, desired["owner"],
-                        root_volume.size_mib)
-                except VolumeError as exc:
-                    raise CloudVMError(str(exc)) from exc
+                created = driver(self.cfg.volume_driver, "host_config: volume_driver").create(
+                    self.cfg.volume_settings(), desired["rootVolumeClaim"], image, desired["owner"],
+                    root_volume.size_mib)
                 new_volume = {"name": desired["rootVolumeClaim"], "driver": self.cfg.volume_driver,
                               "owner": desired["owner"], "image": image["dir"], **created}
             try:
@@ -377,7 +373,7 @@ class HostCloudVMApi:
     def replace(self, body: dict, dry_run: bool) -> dict:
         """Admit and store ``body`` over the VM it was computed from: the spec's rules and immutable fields, the
         root volume's claim rules, the quota (in the write transaction, with the audit intent); a key change is
-        handed to the SSH gateway (:func:`host.host_network_module.sync_gateway`), which grants the VM's keys in
+        handed to the SSH gateway (:func:`host.network.sync_gateway`), which grants the VM's keys in
         effect: the new ones at once when no boot runs, the running boot's own until its next boot starts.
 
         Raises:
@@ -413,7 +409,7 @@ class HostCloudVMApi:
                 self._intent(desired, f"spec written, powerState {desired['powerState']}")
             if desired.get("sshAuthorizedKeys") != before.get("sshAuthorizedKeys"):
                 # a VM that is off gets its new keys on the gateway now; one whose boot runs keeps that boot's keys
-                # until its next boot starts (host_network_module.gateway_vms), as its guest does
+                # until its next boot starts (network.gateway_vms), as its guest does
                 sync_gateway(self.cfg, self.store)
             return _with_version(self.store.get_vm(ns, name) or body)
 
@@ -423,7 +419,7 @@ class HostCloudVMApi:
         and with ``delete_volume`` its root volume (else kept, with its claim, docs/runbooks.md).
 
         Raises:
-            CloudVMError: a launcher of the VM still runs, or the volume cannot be deleted.
+            CloudVMError: a launcher of the VM still runs. VolumeError: the volume cannot be deleted.
         """
         with _vm_lock(self.cfg, namespace, name):
             existing = self.store.get_vm(namespace, name)
@@ -461,8 +457,9 @@ class HostCloudVMApi:
 
         Raises:
             CloudVMError: the volume is another owner's (without ``operator``), a CloudVM holds it or names it as
-                its root volume claim, a process still writes it (the claim rules, :mod:`host.volume_claim`), or its
-                data cannot be deleted (its record is then kept, so a retry finds it).
+                its root volume claim, or a process still writes it (the claim rules, :mod:`host.volume_claim`).
+            VolumeError: its writers cannot be read, or its data cannot be deleted (its record is then kept, so a
+                retry finds it).
         """
         claim = default_root_volume_claim(name)
         with _vm_lock(self.cfg, namespace, name):
@@ -476,10 +473,8 @@ class HostCloudVMApi:
             settle_claim(self.store, volume, volume["owner"], None, creating=True, rbd=self.cfg.rbd,
                          subject=f"{namespace}/{name}", check_mode=True,
                          launcher_alive=f"a launcher of {namespace}/{name} (pid {live[1]})" if live else None)
-            try:  # the claim rules look for writers only behind a stale claim; a delete needs none at all
-                busy = volume_writers(volume, self.cfg.rbd)
-            except VolumeError as exc:
-                raise CloudVMError(str(exc)) from exc
+            # the claim rules look for writers only behind a stale claim; a delete needs none at all
+            busy = volume_writers(volume, self.cfg.rbd)
             if busy:
                 raise CloudVMError(f"delete_volume: volume {claim!r} is in use by {', '.join(busy)}; stop that"
                                    " writer first (docs/runbooks.md, 'Volume claims')")
@@ -586,7 +581,8 @@ def info(params: dict) -> list[dict]:
     each status re-derived from what runs now (:func:`observed_vms`; no pass acts).
 
     Raises:
-        CloudVMError: the store cannot be read, or a label selector cannot be parsed.
+        CloudVMError: ``host_config`` cannot be read. StoreError: the store cannot be read. SelectorError: a label
+            selector cannot be parsed.
     """
     return Lifecycle(HostCloudVMApi(_config(params), None)).info(params)
 

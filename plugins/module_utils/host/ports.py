@@ -10,7 +10,7 @@ unit tests pass in-memory fakes). The ports and their real adapters:
 * :class:`Store`: the host store's records (VMs, volumes, allocations, leases, events);
   real: :class:`host.store.HostStore` itself.
 * :class:`Network`: a VM's address lease and its TAP on the bridge, isolation and gateway;
-  real: :class:`HostNetwork` (:mod:`network.hostnet`, :mod:`host.host_network_module`).
+  real: :class:`HostNetwork` (:mod:`network.hostnet`, :mod:`host.network`).
 * :class:`Supervisor`: the VM's launcher processes (boots on disk, the live one, observe, stop, start);
   real: :class:`HostSupervisor` (:mod:`host.supervisor`).
 * :class:`Bandwidth`: the VM's guaranteed bandwidth (admission and the tc HTB classes);
@@ -20,7 +20,8 @@ unit tests pass in-memory fakes). The ports and their real adapters:
 
 Errors: every real adapter raises what the module underneath raises (:class:`network.hostnet.NetworkError`,
 :class:`host.supervisor.LauncherError`, :class:`host.store.StoreError`, :class:`network.gateway.GatewayError`,
-:class:`storage.volume.VolumeError`, :class:`model.lifecycle.CloudVMError`); the backend turns them into a failed start.
+:class:`storage.volume.VolumeError`, :class:`storage.driver.UnknownDriver`, :class:`model.lifecycle.CloudVMError`);
+the backend turns them into a failed start (``host.reconciler.START_ERRORS``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ except ImportError:  # pragma: no cover - Python < 3.8 has no typing.Protocol; o
 from ansible_collections.zjusct.cloud.plugins.module_utils.host import bandwidth as bw
 from ansible_collections.zjusct.cloud.plugins.module_utils.host import supervisor as sup
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import HostConfig
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.host_network_module import (
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.network import (
     ensure_network,
     sync_gateway,
     sync_isolation,
@@ -46,7 +47,6 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle impor
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.phase import BootObservation
 from ansible_collections.zjusct.cloud.plugins.module_utils.network import hostnet as net
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.driver import (
-    UnknownDriver,
     VolumeDriver,
     VolumeSettings,
     driver,
@@ -168,26 +168,14 @@ class Volumes(Protocol):
         """The driver registered as ``name``.
 
         Raises:
-            CloudVMError: ``volume driver: <name> is not one of ...``.
+            UnknownDriver: ``volume driver: <name> is not one of ...`` (:class:`storage.driver.UnknownDriver`).
         """
-
-
-def volume_driver(name: Optional[str], what: str = "volume driver") -> VolumeDriver:
-    """The registered driver ``name`` (a volume record's, or the host config's with ``what`` naming that option).
-
-    Raises:
-        CloudVMError: ``<what>: <name> is not one of ...`` (:func:`storage.driver.driver`).
-    """
-    try:
-        return driver(name, what)
-    except UnknownDriver as exc:
-        raise CloudVMError(str(exc)) from exc
 
 
 # --- the real adapters ----------------------------------------------------------------------------
 class HostNetwork:
     """:class:`Network` on this host: the netns bridge of ``cfg`` (:mod:`network.hostnet`), isolation and gateway from
-    ``store`` (:mod:`host.host_network_module`)."""
+    ``store`` (:mod:`host.network`)."""
 
     def __init__(self, cfg: HostConfig, store: HostStore) -> None:
         self.cfg = cfg
@@ -280,4 +268,4 @@ class HostVolumes:
         return self.cfg.volume_settings()
 
     def driver(self, name: Optional[str]) -> VolumeDriver:
-        return volume_driver(name)
+        return driver(name, "volume driver")

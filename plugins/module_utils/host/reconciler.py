@@ -51,10 +51,13 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.phase import (
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.placement import Node, check, used
 from ansible_collections.zjusct.cloud.plugins.module_utils.network import gateway as gw
 from ansible_collections.zjusct.cloud.plugins.module_utils.network import hostnet as net
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.driver import UnknownDriver
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.volume import VolumeError
 
-START_ERRORS = (CloudVMError, VolumeError, net.NetworkError, sup.LauncherError, StoreError, gw.GatewayError)
-"""What a failed start raises through the ports; reconcile records it as the status and raises it as CloudVMError."""
+START_ERRORS = (CloudVMError, VolumeError, UnknownDriver, net.NetworkError, sup.LauncherError, StoreError,
+                gw.GatewayError)
+"""What a failed start raises through the ports; reconcile records it as the status and raises it as CloudVMError:
+that type is how the reads of ``host.cloudvm`` tell a refused start (its status says why) from a failed pass."""
 
 
 def host_node(cfg: HostConfig) -> Node:

@@ -32,9 +32,9 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.common.sqlite import 
     now_precise,
     write_transaction,
 )
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import load
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.quota import LIMITS as QUOTA_LIMITS
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.quota import usage as quota_usage
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import API_VERSION, KIND
 
 DEFAULT_PATH = "/var/lib/zjusct-cloud/cloud.db"
 
@@ -496,8 +496,8 @@ class HostStore:
     @staticmethod
     def _vm(row: sqlite3.Row) -> dict:
         return {
-            "apiVersion": "cloud.zjusct.io/v1alpha1",
-            "kind": "CloudVM",
+            "apiVersion": API_VERSION,
+            "kind": KIND,
             "metadata": {
                 "namespace": row["namespace"], "name": row["name"], "uid": row["uid"],
                 "generation": row["generation"], "creationTimestamp": row["created_at"],
@@ -638,26 +638,3 @@ class HostStore:
 def as_json(value: Any) -> str:
     """Canonical JSON (sorted keys) used for comparisons and diffs."""
     return json.dumps(value, sort_keys=True)
-
-
-def run_host_store(params: dict, check_mode: bool) -> dict:
-    """The ``zjusct.cloud.host_store`` module: create the host store of ``host_config`` or migrate it to
-    :data:`SCHEMA_VERSION` (opening a :class:`HostStore` does both); check mode only reads the version.
-
-    Returns:
-        ``{"changed", "path", "schema_version", "previous_schema_version"}`` (the last None for a new store).
-
-    Raises:
-        StoreError: the configuration or the store cannot be used (``field: host_config``, the message
-            prefixed ``host_config:``).
-    """
-    try:
-        cfg = load(params["host_config"])
-        before = schema_version(cfg.store_path)
-        changed = before is None or before < SCHEMA_VERSION
-        if changed and not check_mode:
-            HostStore(cfg.store_path).close()  # opening creates and migrates
-    except (OSError, ValueError, StoreError) as exc:
-        raise StoreError(f"host_config: {exc}", field="host_config") from exc
-    return {"changed": changed, "path": cfg.store_path, "schema_version": SCHEMA_VERSION,
-            "previous_schema_version": before}

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: zjusct.cloud contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The work of the ``zjusct.cloud.tc_qos`` module: turn its parameters into a desired tree, diff, apply."""
+"""The body of ``zjusct.cloud.tc_qos``: turn its parameters into a desired tree, diff, apply."""
 
 from __future__ import annotations
 

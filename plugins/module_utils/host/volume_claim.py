@@ -136,28 +136,19 @@ def settle(store: HostStore, volume: dict, owner: str, vm_uid: Optional[str], *,
         The volume record as it is now (``claimed_by`` cleared when a stale claim was released).
 
     Raises:
-        CloudVMError: refused (see :func:`judge`), or the driver's mark could not be read/removed.
+        CloudVMError: refused (see :func:`judge`). VolumeError: the volume's writers or the driver's mark could not
+            be read, or the mark not removed.
     """
     def writers() -> list[str]:
-        found = [launcher_alive] if launcher_alive else []
-        try:
-            return found + volume_writers(volume, rbd)
-        except VolumeError as exc:
-            raise CloudVMError(str(exc)) from exc
+        return ([launcher_alive] if launcher_alive else []) + volume_writers(volume, rbd)
 
     def mark() -> Optional[str]:
-        try:
-            return _driver(volume).claim_mark(VolumeSettings(rbd=rbd), volume)
-        except VolumeError as exc:
-            raise CloudVMError(str(exc)) from exc
+        return _driver(volume).claim_mark(VolumeSettings(rbd=rbd), volume)
 
     verdict = judge(store, volume, owner, vm_uid, creating=creating, writers=writers, rbd_mark=mark)
     if verdict.stale_uid is None or check_mode:
         return volume
-    try:
-        _driver(volume).release(VolumeSettings(rbd=rbd), volume, verdict.stale_uid)
-    except VolumeError as exc:
-        raise CloudVMError(str(exc)) from exc
+    _driver(volume).release(VolumeSettings(rbd=rbd), volume, verdict.stale_uid)
     with store.transaction():
         current = store.get_volume(volume["name"]) or volume
         if current.get("claimed_by") == verdict.stale_uid:

@@ -32,13 +32,22 @@ from typing import Any, Callable, Dict, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
 from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import api_client, auth_argument_spec
-from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import GROUP, KIND, PLURAL, VERSION
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    OWNER_MARK,
+    PLURAL,
+    VERSION,
+)
 
 COMPONENT = "zjusct.cloud"
 # state -> (action, reason when done, reason when failed)
 REASONS = {"present": ("Backup", "BackupCompleted", "BackupFailed"),
            "restored": ("Restore", "RestoreCompleted", "RestoreFailed")}
 MESSAGE_LIMIT = 1024  # as the controller's Events
+BACKUP_ID_LABEL = f"{GROUP}/backup-id"  # beside the owner mark (model.spec.OWNER_MARK) as a label of the Event
+ACTOR_ANNOTATION = f"{GROUP}/actor"
 
 
 def event_argument_spec() -> Dict[str, Any]:
@@ -101,12 +110,12 @@ class BackupEvents:
             ApiException: the API server refused it.
         """
         now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        regarding = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": self.cloudvm,
+        regarding = {"apiVersion": API_VERSION, "kind": KIND, "name": self.cloudvm,
                      "namespace": self.namespace}
         if self.uid:
             regarding["uid"] = self.uid
         body = {"metadata": {"generateName": f"{self.cloudvm}.", "namespace": self.namespace,
-                             "labels": labels, "annotations": {"cloud.zjusct.io/actor": actor}},
+                             "labels": labels, "annotations": {ACTOR_ANNOTATION: actor}},
                 "involvedObject": regarding, "reason": reason, "message": message[:MESSAGE_LIMIT], "type": kind,
                 "action": action, "firstTimestamp": now, "lastTimestamp": now, "count": 1,
                 "source": {"component": COMPONENT}, "reportingComponent": COMPONENT}
@@ -120,6 +129,12 @@ def _label(value: Any) -> Optional[str]:
     ok = len(text) <= 63 and all(c.isalnum() or c in "-_." for c in text) and text[:1].isalnum() and \
         text[-1:].isalnum()
     return text if ok and text.isascii() else None
+
+
+def _labels(owner: Any, backup_id: Any) -> Dict[str, str]:
+    """The Event's labels: :data:`model.spec.OWNER_MARK` and :data:`BACKUP_ID_LABEL`, each only when its value is a
+    valid label value (:func:`_label`)."""
+    return {k: v for k, v in ((OWNER_MARK, _label(owner)), (BACKUP_ID_LABEL, _label(backup_id))) if v}
 
 
 def _what(params: Dict[str, Any], state: str) -> str:
@@ -172,8 +187,7 @@ def run_with_events(params: Dict[str, Any], body: Callable[[], Dict[str, Any]], 
         result = body()
     except Exception as exc:
         owner = str(params.get("owner") or "")
-        labels = {k: v for k, v in (("cloud.zjusct.io/owner", _label(owner)),
-                                    ("cloud.zjusct.io/backup-id", _label(params.get("backup_id")))) if v}
+        labels = _labels(owner, params.get("backup_id"))
         if state == "present":
             message = f"backup of {what} into {dest} by {actor} for owner {owner or '(none given)'} failed: {exc}"
         else:
@@ -188,8 +202,7 @@ def run_with_events(params: Dict[str, Any], body: Callable[[], Dict[str, Any]], 
         return result
     owner = str(result.get("owner") or params.get("owner") or "")
     backup_id = result.get("backup_id")
-    labels = {k: v for k, v in (("cloud.zjusct.io/owner", _label(owner)),
-                                ("cloud.zjusct.io/backup-id", _label(backup_id))) if v}
+    labels = _labels(owner, backup_id)
     if state == "present":
         pruned = list((result.get("retention") or {}).get("deleted") or [])
         message = (f"backup {backup_id} ({result.get('type')}) of {what} into {dest} by {actor} for owner "

@@ -13,12 +13,14 @@ managed node: importing this module never fails, and :func:`api_client` names wh
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Dict, Tuple
 
 # Also ApiException (module __getattr__ below): callers catch the client's error type from here, also when the
 # library is missing.
-__all__ = ["HAS_K8S_CORE", "HAS_KUBERNETES", "CoreException", "api_client", "auth_argument_spec"]
+__all__ = ["HAS_K8S_CORE", "HAS_KUBERNETES", "REQUEST_TIMEOUT", "CoreException", "api_client", "api_missing",
+           "api_refusal", "auth_argument_spec"]
 
 # Only kubernetes.core's light modules are imported here. Its get_api_client and the kubernetes library (whose
 # package import alone loads its config, dynamic and watch modules: 0.15-0.3 s) are imported when a Kubernetes
@@ -37,6 +39,9 @@ except ImportError:  # pragma: no cover - reported by api_client()
         """Placeholder when kubernetes.core is missing."""
 
 HAS_KUBERNETES = importlib.util.find_spec("kubernetes") is not None
+
+REQUEST_TIMEOUT = 30  # seconds, every Kubernetes API call of the modules (``_request_timeout``); the controller's
+# own reconcile.REQUEST_TIMEOUT is the same value
 
 
 def __getattr__(name: str) -> Any:
@@ -120,3 +125,37 @@ def api_missing(status: Any, body: Any) -> bool:
     if not isinstance(body, dict) or body.get("kind") != "Status":
         return True
     return NO_SUCH_RESOURCE in str(body.get("message") or "")
+
+
+def api_refusal(exc: Any, missing_hint: str = "") -> Tuple[str, Dict[str, Any]]:
+    """The message and failure details of an API server's refusal: the one reading of its ``Status`` body.
+
+    Args:
+        exc: the ``kubernetes.client`` ApiException (its ``status``, ``reason`` and ``body``).
+        missing_hint: how to install the API, appended as ``; <missing_hint>`` when the 404 says the resource type
+            itself is not served (:func:`api_missing`), not that one object is absent.
+
+    Returns:
+        ``(message, details)``. ``message`` is the Status ``message`` verbatim (for CEL and schema refusals it
+        already names the field path: ``spec.owner: Forbidden: is immutable (was alice, requested bob)``), else
+        ``HTTP <code> <reason>``. ``details``: ``api_status`` (the HTTP code), ``api_reason`` (the Status reason
+        such as Invalid, Forbidden, NotFound, else the HTTP reason), ``field_errors`` (``[{field, message}]`` of the
+        Status ``details.causes``) and ``api_missing`` (True: the API itself is not served).
+    """
+    status = getattr(exc, "status", None)
+    message, reason, causes = "", getattr(exc, "reason", "") or "", []
+    try:
+        body = json.loads(exc.body or "{}")
+    except (TypeError, ValueError):
+        body = None
+    if isinstance(body, dict):
+        message = body.get("message") or ""
+        reason = body.get("reason") or reason
+        for cause in (body.get("details") or {}).get("causes") or []:
+            causes.append({"field": cause.get("field", ""), "message": cause.get("message", "")})
+    if not message:
+        message = f"HTTP {status} {reason}".strip()
+    missing = api_missing(status, body)
+    if missing and missing_hint:
+        message += f"; {missing_hint}"
+    return message, {"api_status": status, "api_reason": reason, "field_errors": causes, "api_missing": missing}

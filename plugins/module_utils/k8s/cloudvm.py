@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Optional
 from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm.lifecycle import Lifecycle
 from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm.port import Access, Conflict, RootVolume
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
-from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import ApiException, api_missing
+from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import REQUEST_TIMEOUT, ApiException, api_refusal
 from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import api_client as _api_client
 from ansible_collections.zjusct.cloud.plugins.module_utils.model import launcher_pod
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import (
@@ -46,7 +46,6 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
 )
 
 FIELD_MANAGER = "zjusct.cloud.cloudvm"
-REQUEST_TIMEOUT = 30  # seconds, every API call
 POLL_INTERVAL = 1.0  # seconds between GETs while waiting
 API_MISSING_HINT = ("the CloudVM API is not installed on this cluster (no CRD cloudvms.cloud.zjusct.io): "
                     "ansible-playbook site.yml -e zjusct_cloud_backend=kubernetes -e cluster_kubeconfig=<kubeconfig> "
@@ -55,34 +54,12 @@ AUTHORIZE_LABEL = f"{GROUP}/authorized-for"  # the label of the dry-run access q
 
 
 def api_error(exc: ApiException, action: str) -> CloudVMError:
-    """Turn an ApiException into a CloudVMError carrying the server's message and field causes.
-
-    The server's Status ``message`` already names the field path (for CEL and schema refusals:
-    ``spec.owner: Forbidden: is immutable (was alice, requested bob)``); it is kept
-    verbatim. Details: ``api_status`` (HTTP code), ``api_reason`` (Status reason such as Invalid,
-    Forbidden, NotFound), ``field_errors`` (list of ``{field, message}``) and ``api_missing`` (True: the 404 says
-    the CloudVM API itself is not served, not that one object is absent; the message then says how to install it).
+    """Turn an ApiException into a CloudVMError ``<action>: <the server's message>`` with the details of
+    :func:`k8s.client.api_refusal` (``api_status``, ``api_reason``, ``field_errors``, ``api_missing``); a 404 that
+    says the CloudVM API itself is not served says how to install it (:data:`API_MISSING_HINT`).
     """
-    import json
-
-    status = getattr(exc, "status", None)
-    message, reason, causes = "", getattr(exc, "reason", "") or "", []
-    try:
-        body = json.loads(exc.body or "{}")
-    except (TypeError, ValueError):
-        body = None
-    if isinstance(body, dict):
-        message = body.get("message") or ""
-        reason = body.get("reason") or reason
-        for cause in (body.get("details") or {}).get("causes") or []:
-            causes.append({"field": cause.get("field", ""), "message": cause.get("message", "")})
-    if not message:
-        message = f"HTTP {status} {reason}".strip()
-    missing = api_missing(status, body)  # k8s.client.api_missing: the CRD is not installed
-    if missing:
-        message += f"; {API_MISSING_HINT}"
-    return CloudVMError(f"{action}: {message}", api_status=status, api_reason=reason, field_errors=causes,
-                        api_missing=missing)
+    message, details = api_refusal(exc, API_MISSING_HINT)
+    return CloudVMError(f"{action}: {message}", **details)
 
 
 def _clean(obj: Any) -> dict:

@@ -22,11 +22,15 @@ import json
 from typing import Any, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
-from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import ApiException, api_client, api_missing
+from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import (
+    REQUEST_TIMEOUT,
+    ApiException,
+    api_client,
+    api_refusal,
+)
 from ansible_collections.zjusct.cloud.plugins.module_utils.model import quota
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import GROUP, PLURAL, VERSION, is_dns_label
 
-REQUEST_TIMEOUT = 30  # seconds, every API call
 CONFLICT_RETRIES = 5
 
 
@@ -34,19 +38,14 @@ class QuotaError(CloudError):
     """A request of owner_quota on Kubernetes that cannot be carried out (the option or the API's answer named)."""
 
 
-def _api_error(exc: Any, what: str) -> QuotaError:
-    status = getattr(exc, "status", None)
-    try:
-        body = json.loads(exc.body or "{}")
-    except (TypeError, ValueError):
-        body = None
-    message = str(body.get("message") or "") if isinstance(body, dict) else ""
-    message = message or f"HTTP {status} {getattr(exc, 'reason', '') or ''}".strip()
-    missing = api_missing(status, body)
-    if missing:
-        message += ("; the CloudQuota API is not installed on this cluster (no CRD cloudquotas.cloud.zjusct.io): "
+API_MISSING_HINT = ("the CloudQuota API is not installed on this cluster (no CRD cloudquotas.cloud.zjusct.io): "
                     "site.yml's cluster role applies config/crd/cloudquotas.cloud.zjusct.io.yaml")
-    return QuotaError(f"{what}: {message}", api_status=status, api_missing=missing)
+
+
+def _api_error(exc: Any, what: str) -> QuotaError:
+    """``<what>: <the server's message>`` (:func:`k8s.client.api_refusal`) with ``api_status`` and ``api_missing``."""
+    message, details = api_refusal(exc, API_MISSING_HINT)
+    return QuotaError(f"{what}: {message}", api_status=details["api_status"], api_missing=details["api_missing"])
 
 
 class Conflict(CloudError):
@@ -184,8 +183,16 @@ def set_quota(params: dict, check_mode: bool, diff: bool, api: Any) -> dict:
     return out
 
 
-def run_owner_quota(params: dict, check_mode: bool, diff: bool) -> dict:
-    """``zjusct.cloud.owner_quota`` on Kubernetes: :func:`set_quota` through the real API client."""
+def ensure_quota(params: dict, check_mode: bool, diff: bool) -> dict:
+    """``zjusct.cloud.owner_quota`` on Kubernetes (its body: ``owner_quota_module.run_owner_quota``): :func:`set_quota`
+    through the real API client.
+
+    Returns:
+        The module result, as :func:`set_quota`.
+
+    Raises:
+        QuotaError: bad input (option named), the API client cannot be built, or the API server refused.
+    """
     validate(params)  # bad input is named before any connection is made
     client = api_client(params, lambda message: QuotaError(f"backend kubernetes: {message}"))
     from kubernetes.client import CoreV1Api, CustomObjectsApi

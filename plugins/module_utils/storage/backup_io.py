@@ -818,7 +818,8 @@ def verify_result(dest: Dest, backup_id: Optional[str]) -> Dict[str, Any]:
 
 def run_backup_module(p: Dict[str, Any], rbd: Rbd, check_mode: bool = False) -> Dict[str, Any]:
     """rbd_backup's work on one RBD client (no audit, no host store): dispatch on ``state`` and shape the result.
-    The module itself runs :func:`host.volume_backup_module.run_rbd_backup`, the same through the audit.
+    The module itself runs :func:`rbd_backup_module.run_rbd_backup` (:func:`host.backup.rbd_backup`), the same
+    through the audit.
 
     Raises BackupError (with ``problems``), ValueError (bad parameter, named) or RbdError.
     """

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: zjusct.cloud contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The ``rbd_volume`` module's logic: a pure plan (what to change, or why to refuse) from the observed image and
+"""The body of ``zjusct.cloud.rbd_volume``: a pure plan (what to change, or why to refuse) from the observed image and
 the requested state, and a runner that observes through ``storage.rbd`` and executes the plan.
 
 Ownership (docs/rbd.md "Ownership marks"): image-meta ``cloud.zjusct.io/owner`` and ``cloud.zjusct.io/claimed-by``. A
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import GROUP
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import (
     META_CLAIMED_BY,
     META_OWNER,
@@ -35,7 +36,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import (
     parse_image_spec,
 )
 
-META_IMPORTED_FROM = "cloud.zjusct.io/imported-from"
+META_IMPORTED_FROM = f"{GROUP}/imported-from"
 MAX_SIZE_MIB = 64 * 1024 * 1024  # 64 TiB
 
 
@@ -383,7 +384,7 @@ def describe(rbd: Rbd, ref: ImageRef) -> Optional[Dict[str, Any]]:
         "snapshots": [{"name": s["name"], "size_bytes": s.get("size"), "protected": str(s.get("protected")) == "true",
                        "timestamp": s.get("timestamp")} for s in rbd.snapshots(ref)],
         "owner": meta.get(META_OWNER), "claimed_by": meta.get(META_CLAIMED_BY),
-        "marks": {k: v for k, v in meta.items() if k.startswith("cloud.zjusct.io/")},
+        "marks": {k: v for k, v in meta.items() if k.startswith(f"{GROUP}/")},
     }
 
 

@@ -131,7 +131,7 @@ def test_a_stale_claim_without_writer_is_released_on_the_image(rbd, settings, im
 def test_host_volume_over_the_disk_quota_is_refused_unmarked_and_audited(rbd, settings, image_name, tmp_path):
     import json
 
-    from ansible_collections.zjusct.cloud.plugins.module_utils.host.host_volume_module import (
+    from ansible_collections.zjusct.cloud.plugins.module_utils.host.volumes import (
         VolumeQuotaError,
         adopt_volume,
     )

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import (
+from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.backup_chain import BLOCK_SIZE, BackupError
+from ansible_collections.zjusct.cloud.plugins.module_utils.volume_backup_module import (
     run_volume_backup,
     volume_backup_argument_spec,
 )
-from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
-from ansible_collections.zjusct.cloud.plugins.module_utils.storage.backup_chain import BLOCK_SIZE, BackupError
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 

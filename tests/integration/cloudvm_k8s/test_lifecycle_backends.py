@@ -17,14 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import (
-    cloudvm_argument_spec,
-    root_volume_info_argument_spec,
-    run_cloudvm,
-    run_root_volume_info,
-)
+from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import cloudvm_argument_spec, run_cloudvm
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import OWNER_MARK
+from ansible_collections.zjusct.cloud.plugins.module_utils.root_volume_info_module import (
+    root_volume_info_argument_spec,
+    run_root_volume_info,
+)
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import (
+from ansible_collections.zjusct.cloud.plugins.module_utils.root_volume_info_module import (
     root_volume_info_argument_spec,
     run_root_volume_info,
 )

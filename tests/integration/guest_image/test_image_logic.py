@@ -17,6 +17,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.image.fs import (
     mounts_below,
     remove_tree,
 )
+from ansible_collections.zjusct.cloud.plugins.module_utils.image.guest_image_publish_module import publish
 from ansible_collections.zjusct.cloud.plugins.module_utils.image.initrd import (
     DEFAULT_MODULES,
     InitrdError,
@@ -30,7 +31,6 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.image.inputs import (
     InputError,
     check_manifest,
 )
-from ansible_collections.zjusct.cloud.plugins.module_utils.image.publish import publish
 from ansible_collections.zjusct.cloud.plugins.module_utils.image.vmlinux import VmlinuxError, extract_vmlinux
 
 from tests.conftest import require

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import HostConfig
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.host_network_module import ensure_network
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.network import ensure_network
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.ports import HostNetwork
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import HostStore
 from ansible_collections.zjusct.cloud.plugins.module_utils.network import hostnet as net

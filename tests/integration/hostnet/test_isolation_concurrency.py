@@ -1,7 +1,7 @@
 """Concurrent VM starts on one host each update the isolation table; none may undo another's update.
 
 Reported as a race: every start commits its lease and then makes ``bridge zjusct_isolation`` match the store
-(:func:`host.host_network_module.sync_isolation`). Two starts that read the store before either applied could
+(:func:`host.network.sync_isolation`). Two starts that read the store before either applied could
 each apply an older view; the diff of the later one then deletes the element the other just added, and that
 guest is cut off from its own owner's other guests (``same_owner``) while its MAC/IPv4 checks are missing.
 With reads outside the lock this test loses the last start's elements every time (the slow listings below
@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import HostConfig
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.host_network_module import sync_isolation
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.network import sync_isolation
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import HostStore
 from ansible_collections.zjusct.cloud.plugins.module_utils.network import hostnet as net
 

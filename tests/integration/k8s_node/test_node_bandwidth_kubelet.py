@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.node_resources import run
+from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.k8s_node_resources_module import run
 from kubernetes import client
 
 from tests.cluster import BANDWIDTH_RESOURCE, Cluster, RealNode, wait_for

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.node_resources import run as node_resources
+from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.k8s_node_resources_module import run as node_resources
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import Connection, ImageRef, Rbd
 from kubernetes import client
 from zjusct_localcluster.cluster import LocalCluster

@@ -1,4 +1,4 @@
-"""The volume_backup module's body (host.volume_backup_module.run_volume_backup) on a real host store and real
+"""The volume_backup module's body (volume_backup_module.run_volume_backup) on a real host store and real
 files: a host store volume backed up by name (its owner checked), restored as a NEW volume of the host's driver or
 another, registered for its owner with the disk quota checked on this receiving host, audited; check mode.
 No guest and no Ceph here (tests/e2e/host/test_volume_backups.py runs the playbooks with a real guest;
@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import HostStore
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.volume_backup_module import (
-    run_rbd_backup,
+from ansible_collections.zjusct.cloud.plugins.module_utils.rbd_backup_module import run_rbd_backup
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.backup_chain import BLOCK_SIZE, BackupError
+from ansible_collections.zjusct.cloud.plugins.module_utils.volume_backup_module import (
     run_volume_backup,
     volume_backup_argument_spec,
 )
-from ansible_collections.zjusct.cloud.plugins.module_utils.storage.backup_chain import BLOCK_SIZE, BackupError
 
 MiB = 1024 * 1024
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import BACKENDS, cloudvm_argument_spec
+from ansible_collections.zjusct.cloud.plugins.module_utils.backend import BACKENDS
+from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import cloudvm_argument_spec
 from ansible_collections.zjusct.cloud.plugins.module_utils.model import spec as _spec
 
 from tests.awx_runner import (
@@ -147,6 +148,7 @@ def _read_by_code() -> set[str]:
         text = path.read_text()
         names.update(re.findall(r"""(?:environ\.get|getenv|env_fallback, \[)\(?["']([A-Z0-9_]+)["']""", text))
         names.update(re.findall(r"- name: ([A-Z0-9_]+)", text))  # DOCUMENTATION env: entries (inventory)
+        names.update(re.findall(r"""^[A-Z_]*_ENV = ["']([A-Z0-9_]+)["']""", text, re.M))  # e.g. backend.BACKEND_ENV
     return names
 
 

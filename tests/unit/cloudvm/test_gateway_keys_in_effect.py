@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils.host import config as _hostconfig
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.host_network_module import gateway_vms
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.network import gateway_vms
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import HostStore
 
 OLD = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOld0000000000000000000000000000000000000000 old"

@@ -3,7 +3,7 @@ reads (claim -> PV -> pool/image), so a VM started by vm_start on Kubernetes get
 
 from __future__ import annotations
 
-from ansible_collections.zjusct.cloud.plugins.module_utils.k8s import root_volume_claim as rvc
+from ansible_collections.zjusct.cloud.plugins.module_utils.k8s import root_volume_claim_module as rvc
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import ImageRef, MiB
 from zjusct_controller.config import CephConfig, Config
 from zjusct_controller.volume import rbd_root_disk

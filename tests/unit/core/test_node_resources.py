@@ -1,5 +1,5 @@
-"""The pure parts of ``zjusct.cloud.k8s_node_resources`` (plugins/module_utils/k8s/node_resources.py): the extended
-resource name rule, quantities, and the JSON Patch of ``nodes/<name>/status``. The API server's side is
+"""The pure parts of ``zjusct.cloud.k8s_node_resources`` (plugins/module_utils/k8s/k8s_node_resources_module.py):
+the extended resource name rule, quantities, and the JSON Patch of ``nodes/<name>/status``. The API server's side is
 tests/integration/cloudvm_k8s/test_cluster_node_bandwidth.py.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.node_resources import (
+from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.k8s_node_resources_module import (
     NodeResourcesError,
     check_resources,
     plan,

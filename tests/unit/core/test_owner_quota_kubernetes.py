@@ -8,7 +8,7 @@ import copy
 from typing import Any, Optional
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils import cloudvm_module
+from ansible_collections.zjusct.cloud.plugins.module_utils import owner_quota_module
 from ansible_collections.zjusct.cloud.plugins.module_utils.k8s import quota as k8s_quota
 
 
@@ -124,12 +124,12 @@ def test_bad_input_names_the_option_and_the_cloudquota_field_before_anything_is_
 
 def test_the_backend_option_chooses_the_host_store_or_the_cloudquota(tmp_path: Any, monkeypatch: Any) -> None:
     seen: list[str] = []
-    monkeypatch.setattr(k8s_quota, "run_owner_quota", lambda p, c, d: seen.append("kubernetes") or {"changed": False})
-    assert cloudvm_module.run_owner_quota(params(backend="kubernetes", vcpus=1), False, False) == {"changed": False}
+    monkeypatch.setattr(k8s_quota, "ensure_quota", lambda p, c, d: seen.append("kubernetes") or {"changed": False})
+    assert owner_quota_module.run_owner_quota(params(backend="kubernetes", vcpus=1), False, False) == {"changed": False}
     assert seen == ["kubernetes"]
     cfg = tmp_path / "host.json"
     cfg.write_text('{"store_path": "%s"}' % (tmp_path / "store.db"))
-    got = cloudvm_module.run_owner_quota(params(backend="host", vcpus=1, host_config=str(cfg)), True, False)
+    got = owner_quota_module.run_owner_quota(params(backend="host", vcpus=1, host_config=str(cfg)), True, False)
     assert got["changed"] is True and seen == ["kubernetes"]  # the host store's body answered
-    assert "owner" in cloudvm_module.owner_quota_argument_spec() and "kubeconfig" in \
-        cloudvm_module.owner_quota_argument_spec()
+    assert "owner" in owner_quota_module.owner_quota_argument_spec() and "kubeconfig" in \
+        owner_quota_module.owner_quota_argument_spec()

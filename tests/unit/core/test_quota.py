@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.cloudvm import _within_quota
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import MIGRATIONS, SCHEMA_VERSION, HostStore
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.tenancy_module import (
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.tenancy import (
     TenancyError,
     list_audit,
     set_quota,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils.host import host_volume_module as hv
+from ansible_collections.zjusct.cloud.plugins.module_utils.host import volumes as hv
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.backup_audit import run_audited
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import HostStore
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.backup_io import BackupError

@@ -6,7 +6,8 @@ The same module against the real control plane and real Ceph: tests/integration/
 from __future__ import annotations
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils.k8s import root_volume_claim as rvc
+from ansible_collections.zjusct.cloud.plugins.module_utils.k8s import root_volume_claim_module as rvc
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import CLAIMED_BY_MARK
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import META_OWNER, ImageRef, MiB
 
 NS, CLAIM, PV = "alice", "web-root", "alice.web-root"
@@ -121,7 +122,7 @@ def test_bodies_are_what_the_controller_reads() -> None:
 
 def test_the_claim_mark_of_a_deleted_cloudvm_is_released_and_a_live_ones_kept() -> None:
     marked = pvc()
-    marked["metadata"]["annotations"] = {rvc.CLAIMED_BY: "uid-1"}
+    marked["metadata"]["annotations"] = {CLAIMED_BY_MARK: "uid-1"}
     assert rvc.plan(params(), rvc.Observed(image(), pv=pv(), pvc=marked)) == [
         "release the claim mark of deleted CloudVM uid uid-1 on PersistentVolumeClaim alice/web-root"]
     assert rvc.plan(params(), rvc.Observed(image(), pv=pv(), pvc=marked, claim_holder="alice/web")) == []

@@ -9,8 +9,8 @@ import pytest
 import zjusct_launcher.config as launcher_config
 from ansible_collections.zjusct.cloud.plugins.module_utils.host import reconciler
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import load
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.ports import volume_driver
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage import rbd_clone as rv
+from ansible_collections.zjusct.cloud.plugins.module_utils.storage.driver import driver
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.volume import VolumeError
 
 
@@ -51,7 +51,7 @@ def test_launcher_config_of_an_rbd_volume_is_valid_for_the_launcher(tmp_path):
           "spec": {"bootID": 1, "vcpus": 1, "memoryMiB": 512, "sshAuthorizedKeys": []}}
     volume = {"name": "alice-root", "driver": "rbd", "location": "rbd/alice-root", "image": str(image)}
     lease = {"tap": "zt0123456789", "mac": "52:54:00:12:34:56", "ipv4": "10.200.0.2"}
-    root_disk = volume_driver(volume["driver"]).root_disk(cfg.volume_settings(), volume)
+    root_disk = driver(volume["driver"]).root_disk(cfg.volume_settings(), volume)
     doc = reconciler.launcher_config(cfg, vm, volume, lease, root_disk)
     assert doc["rootDisk"] == {"rbd": {"pool": "rbd", "image": "alice-root", "user": "cloud", "conf": str(conf),
                                        "keyringPath": str(keyring)}, "cache": "Writeback"}

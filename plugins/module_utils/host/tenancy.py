@@ -1,12 +1,13 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Bodies of ``zjusct.cloud.owner_quota`` (:func:`set_quota`, dispatched by ``cloudvm_module.run_owner_quota``) and
-``zjusct.cloud.audit_info`` on the host backend.
+"""The tenancy records of the host store: an owner's quota and the audit trail.
 
-``owner_quota`` sets or removes one owner's quota in the host store (the rules of what counts are in
-:mod:`model.quota` and docs/security.md); every change is an audit record. ``audit_info`` lists the
-audit trail that the cloudvm module and ``owner_quota`` write, newest ``limit`` records oldest first.
+:func:`set_quota` sets or removes one owner's quota in the host store (the rules of what counts are in
+:mod:`model.quota` and docs/security.md); every change is an audit record. It is the host backend's half of
+``zjusct.cloud.owner_quota`` (its body: ``owner_quota_module.run_owner_quota``). :func:`list_audit` lists the audit
+trail that the cloudvm module and ``owner_quota`` write, newest ``limit`` records oldest first (the body of
+``zjusct.cloud.audit_info``: ``host.audit_info_module.run_audit_info``).
 """
 
 from __future__ import annotations
@@ -115,8 +116,3 @@ def list_audit(params: dict) -> dict:
     except StoreError as exc:
         raise TenancyError(f"host_config: {exc}") from exc
     return {"changed": False, "records": records}
-
-
-def run_audit_info(params: dict, check_mode: bool) -> dict:
-    """The ``zjusct.cloud.audit_info`` module: :func:`list_audit` (read-only, the same in check mode)."""
-    return list_audit(params)

@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: zjusct.cloud contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Seal and publish a built image set: manifest last, read-only artefacts, one rename into place."""
+"""The body of ``zjusct.cloud.guest_image_publish``: seal and publish a built image set (manifest last, read-only
+artefacts, one rename into place)."""
 
 from __future__ import annotations
 

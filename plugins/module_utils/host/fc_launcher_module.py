@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The ``zjusct.cloud.fc_launcher`` module's logic: one launcher instance on a host."""
+"""The body of ``zjusct.cloud.fc_launcher``: one launcher instance (one boot of one VM, under QEMU or Firecracker;
+the module's name is older than QEMU support) on a host."""
 
 from __future__ import annotations
 

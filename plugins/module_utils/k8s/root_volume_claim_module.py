@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""A CloudVM's RBD root volume on Kubernetes: the RBD clone, the PersistentVolume naming it and the claim bound to it.
+"""The body of ``zjusct.cloud.root_volume_claim``: a CloudVM's RBD root volume on Kubernetes (the RBD clone, the
+PersistentVolume naming it and the claim bound to it).
 
 What the controller reads (docs/controller.md "Root disk", ``decide.rbd_root_disk``): a ``volumeMode: Block``
 PersistentVolumeClaim bound (``spec.volumeName``) to a PersistentVolume whose ``spec.claimRef`` is that claim and
@@ -9,10 +10,10 @@ whose ``spec.csi`` names the image as Ceph-CSI does (driver ``rbd.csi.ceph.com``
 ``volumeAttributes`` ``{pool, imageName}``). No CSI driver runs; the PV is created here, pre-bound.
 
 Names (docs/naming.md): the RBD image and the PV (cluster-scoped) are both ``<namespace>.<claim>`` fitted to 128
-characters by :func:`model.names.fit` (the controller's limit for ``imageName``). A namespace is a DNS label and has no
-``.``, so ``<namespace>.<claim>`` names one claim only. The image is a clone of the image set's template
-``<pool>/tmpl-<image set>@base`` (:func:`storage.rbd_clone.ensure_template`, the host backend's RBD driver does the
-same).
+characters (:func:`k8s.root_volume.derived_name`; the controller's limit for ``imageName``). A namespace is a
+DNS label and has no ``.``, so ``<namespace>.<claim>`` names one claim only. The image is a clone of the image
+set's template ``<pool>/tmpl-<image set>@base`` (:func:`storage.rbd_clone.ensure_template`, the host backend's
+RBD driver does the same).
 
 Owner marks: the image-meta ``cloud.zjusct.io/owner`` on the image, the label ``cloud.zjusct.io/owner`` on the PV
 and on the claim. An object that exists with another (or no) owner mark, a PV bound to another claim or naming
@@ -31,19 +32,20 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
-from ansible_collections.zjusct.cloud.plugins.module_utils.model import names as _names
-from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
-    CLAIMED_BY_MARK,
-    GROUP,
-    OWNER_MARK,
-    PLURAL,
-    VERSION,
-    default_root_volume_claim,
-    is_dns_label,
+from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.root_volume import (
+    IMAGE_NAME_MAX,
+    OWNER_LABEL,
+    RBD_DRIVER,
+    ClaimRefused,
+    CoreApi,
+    derived_name,
 )
+from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.root_volume import claim_mark as _claim_mark
+from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.root_volume import owner_of as _owner_of
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import default_root_volume_claim, is_dns_label
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import (
     META_OWNER,
     Connection,
@@ -59,25 +61,8 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd_clone imp
 )
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.volume import VolumeError, resolve_image
 
-OWNER_LABEL = OWNER_MARK  # on the PV and the claim
-CLAIMED_BY = CLAIMED_BY_MARK  # the controller's claim mark on the PVC (uid of the CloudVM using it)
-RBD_DRIVER = "rbd.csi.ceph.com"  # the controller's decide.RBD_DRIVER
-IMAGE_NAME_MAX = 128  # the controller's rule for volumeAttributes.imageName (1-128 of A-Z a-z 0-9 _ . -)
-FIELD_MANAGER = "zjusct.cloud.root_volume_claim"
-REQUEST_TIMEOUT = 30  # seconds, every API call
 POLL_INTERVAL = 0.5  # seconds between GETs while waiting for Bound
 _SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")  # RFC 1123 subdomain (Kubernetes names)
-
-
-class ClaimRefused(CloudError):
-    """The request conflicts with what exists (another owner, another binding) or is invalid; nothing was changed."""
-
-
-def derived_name(namespace: str, claim: str) -> str:
-    """The RBD image and the PersistentVolume of claim ``namespace/claim``: ``<namespace>.<claim>``
-    (:func:`model.names.fit`
-    to :data:`IMAGE_NAME_MAX`)."""
-    return _names.fit(f"{namespace}.{claim}", IMAGE_NAME_MAX)
 
 
 def quantity_mib(size_bytes: int) -> str:
@@ -122,10 +107,6 @@ class Observed:
     pvc: Optional[dict] = None
     image_set: Optional[dict] = field(default=None)
     claim_holder: Optional[str] = None  # ``ns/name`` of the live CloudVM whose uid the claim mark holds
-
-
-def _owner_of(obj: dict) -> str:
-    return str(((obj.get("metadata") or {}).get("labels") or {}).get(OWNER_LABEL) or "(none)")
 
 
 def plan(p: dict, obs: Observed) -> list[str]:
@@ -214,10 +195,6 @@ def plan(p: dict, obs: Observed) -> list[str]:
     return acts
 
 
-def _claim_mark(pvc: Optional[dict]) -> str:
-    return str((((pvc or {}).get("metadata") or {}).get("annotations") or {}).get(CLAIMED_BY) or "")
-
-
 def validate(p: dict) -> None:
     """Check the names before anything is read.
 
@@ -247,80 +224,11 @@ def validate(p: dict) -> None:
 # --------------------------------------------------------------------------- effects
 
 
-class CoreApi:
-    """The PersistentVolume / PersistentVolumeClaim calls over ``kubernetes.client.CoreV1Api``; dicts in and out.
-
-    ``get_*`` return None on 404; every other API failure raises :class:`ClaimRefused` with the server's message.
-    """
-
-    def __init__(self, core: Any) -> None:
-        self.core = core
-
-    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.cloudvm import ApiException, api_error
-
-        try:
-            got = fn(*args, _request_timeout=REQUEST_TIMEOUT, **kwargs)
-        except ApiException as exc:
-            if exc.status == 404 and what.startswith("get"):
-                return None
-            raise ClaimRefused(str(api_error(exc, what))) from exc
-        except Exception as exc:  # urllib3 connection errors, TLS errors, timeouts
-            raise ClaimRefused(f"{what}: cannot reach the Kubernetes API: {exc}") from exc
-        if got is None:
-            return None
-        out = self.core.api_client.sanitize_for_serialization(got)
-        (out.get("metadata") or {}).pop("managedFields", None)
-        return out
-
-    def get_pv(self, name: str) -> Optional[dict]:
-        return self._call(f"get PersistentVolume {name}", self.core.read_persistent_volume, name)
-
-    def get_pvc(self, ns: str, name: str) -> Optional[dict]:
-        return self._call(f"get PersistentVolumeClaim {ns}/{name}", self.core.read_namespaced_persistent_volume_claim,
-                          name, ns)
-
-    def create_pv(self, body: dict, dry_run: bool) -> dict:
-        return self._call(f"create PersistentVolume {body['metadata']['name']}", self.core.create_persistent_volume,
-                          body, dry_run="All" if dry_run else None, field_manager=FIELD_MANAGER)
-
-    def create_pvc(self, body: dict, dry_run: bool) -> dict:
-        md = body["metadata"]
-        return self._call(f"create PersistentVolumeClaim {md['namespace']}/{md['name']}",
-                          self.core.create_namespaced_persistent_volume_claim, md["namespace"], body,
-                          dry_run="All" if dry_run else None, field_manager=FIELD_MANAGER)
-
-    def delete_pv(self, name: str) -> None:
-        self._call(f"delete PersistentVolume {name}", self.core.delete_persistent_volume, name)
-
-    def release_claim_mark(self, pvc: dict, dry_run: bool) -> dict:
-        """Remove the claim's :data:`CLAIMED_BY` annotation, only if the claim is unchanged since it was read (its
-        resourceVersion goes with the patch: 409 Conflict otherwise)."""
-        md = pvc["metadata"]
-        body = {"metadata": {"annotations": {CLAIMED_BY: None}, "resourceVersion": md["resourceVersion"]}}
-        return self._call(f"patch PersistentVolumeClaim {md['namespace']}/{md['name']}",
-                          self.core.patch_namespaced_persistent_volume_claim, md["name"], md["namespace"], body,
-                          dry_run="All" if dry_run else None, field_manager=FIELD_MANAGER)
-
-    def cloudvm_named_by_uid(self, ns: str, uid: str) -> Optional[str]:
-        """``ns/name`` of the CloudVM of ``uid`` in ``ns``, or None."""
-        try:
-            from kubernetes.client import CustomObjectsApi
-        except ImportError as exc:  # pragma: no cover - the module checked it
-            raise ClaimRefused(f"the Python library 'kubernetes' is missing: {exc}") from exc
-        got = self._call(f"list CloudVMs in {ns}", CustomObjectsApi(self.core.api_client).list_namespaced_custom_object,
-                         GROUP, VERSION, ns, PLURAL)
-        for item in (got or {}).get("items", []):
-            if (item.get("metadata") or {}).get("uid") == uid:
-                return f"{ns}/{item['metadata']['name']}"
-        return None
-
-
 def observe(p: dict, rbd: Rbd, api: CoreApi) -> Observed:
     """Read the image (info, image-meta), its pool, the template when the image is missing, the PV and the claim.
 
     Raises:
-        ClaimRefused: an rbd or API call failed, or the image set cannot be resolved (named).
+        ClaimRefused: an rbd or API call failed. VolumeError: the image set cannot be resolved (named).
     """
     ref = ImageRef(p["pool"], p["rbd_image"])
     try:
@@ -328,10 +236,7 @@ def observe(p: dict, rbd: Rbd, api: CoreApi) -> Observed:
         image = None if info is None else {"size": int(info["size"]), "meta": rbd.meta(ref)}
         obs = Observed(image, pool_exists=True if image is not None else rbd.pool_exists(ref.pool))
         if image is None and p.get("image"):
-            try:
-                obs.image_set = resolve_image(p["images_dir"], p["image"])
-            except VolumeError as exc:
-                raise ClaimRefused(str(exc)) from exc
+            obs.image_set = resolve_image(p["images_dir"], p["image"])
             if obs.pool_exists:
                 tmpl = template_ref(ref.pool, obs.image_set["dir"])
                 tinfo = rbd.info(tmpl.at(None))
@@ -501,57 +406,3 @@ def run_root_volume_claim(params: dict, check_mode: bool) -> dict:
         return ensure(p, Rbd(Connection.from_params(p)), api, check_mode)
     except ImportError as exc:
         raise CloudError(f"the Python library 'kubernetes' is not installed on the managed node: {exc}") from exc
-
-
-def describe_claim(api: CoreApi, namespace: str, claim: str) -> tuple[Optional[dict], str]:
-    """The root volume claim ``namespace/claim`` in the shape ``zjusct.cloud.root_volume_info`` returns, read-only.
-
-    Returns:
-        ``(volume, missing)``: ``volume`` is ``{name, namespace, owner, driver, claimed_by, persistent_volume,
-        rbd: {pool, image} or None}`` when the claim is bound to a PersistentVolume that exists (``driver`` is
-        ``rbd`` for a PV of :data:`RBD_DRIVER`, else the PV's ``spec.csi.driver``, ``(none)`` without one), and
-        ``missing`` is ``""``; otherwise ``volume`` is None and ``missing`` says which object or field is absent.
-
-    Raises:
-        ClaimRefused: an API call failed other than with 404 (the server's message).
-    """
-    pvc = api.get_pvc(namespace, claim)
-    if pvc is None:
-        return None, f"no PersistentVolumeClaim {namespace}/{claim}"
-    pv_name = (pvc.get("spec") or {}).get("volumeName") or ""
-    if not pv_name:
-        return None, f"PersistentVolumeClaim {namespace}/{claim} names no PersistentVolume (spec.volumeName)"
-    pv = api.get_pv(pv_name)
-    if pv is None:
-        return None, f"PersistentVolume {pv_name} of PersistentVolumeClaim {namespace}/{claim} does not exist"
-    csi = (pv.get("spec") or {}).get("csi") or {}
-    attrs = csi.get("volumeAttributes") or {}
-    rbd = csi.get("driver") == RBD_DRIVER
-    return {
-        "name": claim,
-        "namespace": namespace,
-        "owner": _owner_of(pvc),
-        "driver": "rbd" if rbd else (csi.get("driver") or "(none)"),
-        "claimed_by": _claim_mark(pvc) or None,
-        "persistent_volume": pv_name,
-        "rbd": {"pool": attrs.get("pool") or "", "image": attrs.get("imageName") or ""} if rbd else None,
-    }, ""
-
-
-def root_volume_info(params: dict) -> dict:
-    """The Kubernetes body of ``zjusct.cloud.root_volume_info``: :func:`describe_claim` of ``namespace/name``, the
-    driver of new root volumes (``rbd``) and the RBD image name a new claim of that name gets (:func:`derived_name`).
-
-    Raises:
-        ClaimRefused: an API call failed (named); CloudVMError: the API client cannot be built; CloudError: the
-            Python library ``kubernetes`` is not installed on the managed node.
-    """
-    namespace, claim = str(params.get("namespace") or "default"), str(params["name"])
-    try:
-        from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.cloudvm import api_client
-        from kubernetes.client import CoreV1Api
-    except ImportError as exc:
-        raise CloudError(f"the Python library 'kubernetes' is not installed on the managed node: {exc}") from exc
-    volume, missing = describe_claim(CoreApi(CoreV1Api(api_client(params))), namespace, claim)
-    return {"changed": False, "volume": volume, "missing": missing, "volume_driver": "rbd",
-            "rbd_image": derived_name(namespace, claim), "host_config": None}

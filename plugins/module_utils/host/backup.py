@@ -1,9 +1,11 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The body of ``zjusct.cloud.volume_backup`` (:func:`run_volume_backup`), of which ``zjusct.cloud.rbd_backup`` is
-the RBD-only case (:func:`run_rbd_backup`): backups of a volume of any driver, verification, and restores into a
-NEW volume of any driver, registered for its owner in the host store.
+"""The backups of a volume of any driver, their verification and restores into a NEW volume of any driver,
+registered for its owner in the host store: the work of ``zjusct.cloud.volume_backup`` (:func:`volume_backup`), of
+which ``zjusct.cloud.rbd_backup`` is the RBD-only case (:func:`rbd_backup`), and their one argument spec
+(:func:`backup_argument_spec`). The modules' bodies (``volume_backup_module.run_volume_backup``,
+``rbd_backup_module.run_rbd_backup``) run them and record each as an Event of a CloudVM on Kubernetes.
 
 Where the bytes come from and go is the driver's (:meth:`storage.driver.VolumeDriver.backup_source` /
 ``restore_target``): an RBD image goes through :mod:`storage.backup_io` (``rbd export-diff`` / ``import-diff``), a
@@ -31,11 +33,11 @@ from typing import Any, Dict, Optional
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.backup_audit import run_audited
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import HostConfig, load
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.host_volume_module import (
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import AuditTrail, HostStore, audited
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.volumes import (
     adopt_volume,
     within_disk_quota,
 )
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import AuditTrail, HostStore, audited
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import is_dns_label
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage import backup_io as bio
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage import file_backup as fb
@@ -286,18 +288,28 @@ def _register(params: Dict[str, Any], tgt: Dict[str, Any], res: Dict[str, Any]) 
         return audited(body, record_outcome, trail=trail)["volume"]
 
 
-# -- the module --------------------------------------------------------------------------------------------------
+# -- the modules -------------------------------------------------------------------------------------------------
 
-def volume_backup_argument_spec() -> Dict[str, Any]:
-    """volume_backup's options (documented in plugins/modules/volume_backup.py): rbd_backup's, the host store
-    forms (``volume``, ``target_volume``), the file forms (``path``, ``target_path``) and the drivers."""
+VOLUME_FORMS = ("volume", "path", "driver", "target_volume", "target_driver", "target_path", "image")
+"""volume_backup's options that rbd_backup has not: the host store and file forms and the drivers."""
+
+
+def backup_argument_spec(any_driver: bool) -> Dict[str, Any]:
+    """The options of ``zjusct.cloud.volume_backup`` (``any_driver``) or of ``zjusct.cloud.rbd_backup``, without
+    ``event`` and the Kubernetes connection options (``k8s.backup_events.event_argument_spec``, added by the
+    bodies); documented in the modules, the options both document alike in the doc fragment
+    ``zjusct.cloud.volume_backup``.
+
+    rbd_backup's options are volume_backup's without :data:`VOLUME_FORMS`, and its ``dest`` is a path where
+    volume_backup's is a string (a path or a ``file://`` URL).
+    """
     from ansible_collections.zjusct.cloud.plugins.module_utils.host.backup_audit import audit_argument_spec
     from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import connection_argument_spec
 
     drivers = list(DRIVER_NAMES)
-    return dict(
+    spec = dict(
         state=dict(type="str", default="present", choices=["present", "verified", "restored"]),
-        dest=dict(type="str", required=True),
+        dest=dict(type="str" if any_driver else "path", required=True),
         volume=dict(type="str"),
         path=dict(type="path"),
         driver=dict(type="str", choices=drivers),
@@ -322,11 +334,23 @@ def volume_backup_argument_spec() -> Dict[str, Any]:
         **audit_argument_spec(),
         **connection_argument_spec(),
     )
+    if any_driver:
+        return spec
+    rbd = {}
+    for key, option in spec.items():  # rbd_backup's own order: dest after the image
+        if key not in VOLUME_FORMS and key != "dest":
+            rbd[key] = option
+        if key == "name":
+            rbd["dest"] = spec["dest"]
+    return rbd
 
 
-def run_volume_backup(params: Dict[str, Any], check_mode: bool) -> Dict[str, Any]:
-    """The ``zjusct.cloud.volume_backup`` module (module docstring): dispatch on ``state``, audited in the host
+def volume_backup(params: Dict[str, Any], check_mode: bool) -> Dict[str, Any]:
+    """The work of ``zjusct.cloud.volume_backup`` (module docstring): dispatch on ``state``, audited in the host
     store of ``host_config`` (:func:`host.backup_audit.run_audited`).
+
+    Returns:
+        The module result (the RETURN keys of plugins/modules/volume_backup.py).
 
     Raises:
         BackupError (its ``problems`` in the failure result), VolumeQuotaError (``reason: QuotaExceeded``), RbdError,
@@ -362,12 +386,17 @@ def run_volume_backup(params: Dict[str, Any], check_mode: bool) -> Dict[str, Any
         raise CloudError(str(exc)) from exc
 
 
-def run_rbd_backup(params: Dict[str, Any], check_mode: bool) -> Dict[str, Any]:
-    """The ``zjusct.cloud.rbd_backup`` module: :func:`run_volume_backup` with an RBD image (``pool``/``name``,
-    ``target_pool``/``target_name``) and the ceph_* connection options; its results keep rbd_backup's keys."""
+def rbd_backup(params: Dict[str, Any], check_mode: bool) -> Dict[str, Any]:
+    """The work of ``zjusct.cloud.rbd_backup``: :func:`volume_backup` with an RBD image (``pool``/``name``,
+    ``target_pool``/``target_name``) and the ceph_* connection options; its results keep rbd_backup's keys (those of
+    volume_backup without ``driver``, ``volume``, ``location``).
+
+    Raises:
+        as :func:`volume_backup`.
+    """
     p = dict(params, driver="rbd", volume=None, path=None, target_volume=None, target_path=None,
              target_driver="rbd")
-    res = run_volume_backup(p, check_mode)
+    res = volume_backup(p, check_mode)
     for key in ("driver", "volume", "location"):
         res.pop(key, None)
     return res

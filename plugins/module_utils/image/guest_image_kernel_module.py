@@ -1,9 +1,10 @@
 # -*- coding: utf-8 -*-
 # Copyright: zjusct.cloud contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Kernel artefacts of an image set from the kernel installed in the guest root tree: vmlinuz (bzImage, QEMU),
-vmlinux (ELF, Firecracker) and the busybox initrd. Taking the kernel from the tree keeps vmlinuz and the
-modules udev loads later (pvpanic, virtio-balloon...) from the same package build.
+"""The body of ``zjusct.cloud.guest_image_kernel``: kernel artefacts of an image set from the kernel installed in
+the guest root tree: vmlinuz (bzImage, QEMU), vmlinux (ELF, Firecracker) and the busybox initrd. Taking the kernel
+from the tree keeps vmlinuz and the modules udev loads later (pvpanic, virtio-balloon...) from the same package
+build.
 """
 
 from __future__ import annotations

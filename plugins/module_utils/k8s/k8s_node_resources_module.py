@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, ZJUSCT cloud team
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Body of ``zjusct.cloud.k8s_node_resources``: extended resources in a Node's ``status.capacity``.
+"""The body of ``zjusct.cloud.k8s_node_resources``: extended resources in a Node's ``status.capacity``.
 
 Kubernetes lets anyone with ``nodes/status`` rights advertise an *extended resource* on a Node by patching
 ``status.capacity`` (https://kubernetes.io/docs/tasks/administer-cluster/extended-resource-node/); the scheduler
@@ -23,10 +23,9 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
-from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import ApiException, api_client
+from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import REQUEST_TIMEOUT, ApiException, api_client
 
 FIELDS = ("capacity", "allocatable")
-REQUEST_TIMEOUT = 30  # seconds, each API call
 _DOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _SUFFIX = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
