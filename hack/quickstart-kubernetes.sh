@@ -64,11 +64,11 @@ image_dir=$(json_field "$work/guest-image.json" path)
 cmdline=$(json_field "$image_dir/manifest.json" defaultCmdline)
 
 step "5/8 the launcher and controller images, imported into each node's containerd"
-for sock in "${sockets[@]}"; do
-  for kind in launcher controller; do
-    ansible-playbook "playbooks/${kind}_image.yml" -e "${kind}_image_containerd_address=$sock" \
-      -e "${kind}_image_report_file=$work/$kind-image.json"
-  done
+# one run per image: the archive is built (or found) once and imported into every node's containerd
+addresses=$(python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "${sockets[@]}")
+for kind in launcher controller; do
+  ansible-playbook "playbooks/${kind}_image.yml" -e "{\"${kind}_image_containerd_addresses\": $addresses}" \
+    -e "${kind}_image_report_file=$work/$kind-image.json"
 done
 launcher_tag=$(json_field "$work/launcher-image.json" tag)
 controller_tag=$(json_field "$work/controller-image.json" key_tag)
