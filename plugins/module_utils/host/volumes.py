@@ -22,7 +22,7 @@ from typing import Optional
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import DEFAULT_PATH, HostConfig, load
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import AuditTrail, HostStore, audited
 from ansible_collections.zjusct.cloud.plugins.module_utils.model import quota
-from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import is_dns_label
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import dns_label_problem
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage import rbd_clone as rbdvol
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.driver import UnknownDriver, driver
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.volume import VolumeError, resolve_image
@@ -91,8 +91,9 @@ def adopt_volume(params: dict, check_mode: bool = False) -> dict:
     """
     cfg = _config(params.get("host_config"))
     for field in ("name", "owner"):
-        if not is_dns_label(params[field]):
-            raise VolumeError(f"{field}: {params[field]!r} is not a DNS label")
+        problem = dns_label_problem(field, params[field])
+        if problem:
+            raise VolumeError(problem)
     settings = rbdvol.settings(cfg.rbd)
     wanted = params["rbd_image"] if "/" in params["rbd_image"] else f"{settings.pool}/{params['rbd_image']}"
     with HostStore(cfg.store_path) as store:
