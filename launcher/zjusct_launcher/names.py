@@ -1,7 +1,7 @@
 """Names the launcher derives from the VM's Kubernetes name, kept within their limits without collisions.
 
 Same rule as the collection's plugins/module_utils/model/names.py (the launcher is a separate package and cannot
-import it; tests/unit/core/test_names.py checks that both give the same names): a derived name is used as it is
+import it; tests/unit/model/test_names.py checks that both give the same names): a derived name is used as it is
 when it is valid and shorter than the limit, otherwise it is a readable cut followed by 8 hex digits of
 sha256(subject), so two subjects that share the cut prefix still get different names.
 

@@ -28,7 +28,7 @@ from kubernetes.client.exceptions import ApiException
 log = logging.getLogger(__name__)
 
 # The controller's decide.BANDWIDTH_RESOURCE, written again here: this package imports no collection code
-# (tests/unit/core/test_api_keys_once.py holds the two equal).
+# (tests/unit/module_utils/test_api_keys_once.py holds the two equal).
 BANDWIDTH_RESOURCE = "cloud.zjusct.io/bandwidth-mbps"
 LEASE_NAMESPACE = "kube-node-lease"
 LEASE_DURATION_SECONDS = 40

@@ -437,8 +437,7 @@ class InventoryModule(BaseInventoryPlugin, Constructable, Cacheable):
         """(effective host configuration path, loaded HostConfig) as every cloudvm module resolves them."""
         from ansible_collections.zjusct.cloud.plugins.module_utils.host import config as _hostconfig
 
-        config_path = self.get_option("host_config") or os.environ.get("ZJUSCT_CLOUD_CONFIG") or \
-            _hostconfig.DEFAULT_PATH
+        config_path, _named = _hostconfig.resolve_path(self.get_option("host_config"))
         try:
             return config_path, _hostconfig.load(self.get_option("host_config"))
         except (OSError, ValueError) as exc:

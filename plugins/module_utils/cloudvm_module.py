@@ -15,7 +15,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.backend import (
 )
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import CloudVMError
-from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import is_dns_label
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import dns_label_problem
 
 
 def cloudvm_argument_spec() -> dict:
@@ -63,8 +63,8 @@ def check_identity(params: dict) -> None:
     Raises:
         CloudVMError: every problem in one message, naming the option, the API field, the value and the rule.
     """
-    errors = [f"metadata.{field}: {params.get(field)!r} is not a DNS label"
-              for field in ("name", "namespace") if not is_dns_label(params.get(field))]
+    errors = [problem for problem in (dns_label_problem(f"metadata.{field}", params.get(field))
+                                      for field in ("name", "namespace")) if problem]
     if errors:
         raise CloudVMError("; ".join(errors), errors=errors)
 

@@ -11,7 +11,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.backend import backen
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import CloudVMError
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
     default_root_volume_claim,
-    is_dns_label,
+    dns_label_problem,
     is_dns_subdomain,
 )
 
@@ -37,8 +37,9 @@ def run_root_volume_info(params: dict, check_mode: bool) -> dict:
         CloudVMError: ``vm`` is not a DNS label or ``name`` not a DNS subdomain (option, value and rule named).
         CloudError: the host store or the API server cannot be read (named).
     """
-    if params.get("vm") is not None and not is_dns_label(params["vm"]):
-        raise CloudVMError(f"vm: {params['vm']!r} is not a DNS label (a CloudVM name such as web)")
+    problem = None if params.get("vm") is None else dns_label_problem("vm", params["vm"], "a CloudVM name such as web")
+    if problem:
+        raise CloudVMError(problem)
     name = params.get("name") or default_root_volume_claim(str(params.get("vm")))
     if not is_dns_subdomain(name):
         raise CloudVMError(f"name: {name!r} is not a DNS subdomain (a volume or claim name such as web-root)")

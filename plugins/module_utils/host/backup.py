@@ -38,7 +38,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.host.volumes import (
     adopt_volume,
     within_disk_quota,
 )
-from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import is_dns_label
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import dns_label_problem
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage import backup_io as bio
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage import file_backup as fb
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.destination import open_destination
@@ -160,8 +160,9 @@ def _target(params: Dict[str, Any]) -> Dict[str, Any]:
     if form == "target_volume":
         cfg = _config(params)
         name = params["target_volume"]
-        if not is_dns_label(name):
-            raise CloudError(f"target_volume: {name!r} is not a DNS label")
+        problem = dns_label_problem("target_volume", name)
+        if problem:
+            raise CloudError(problem)
         kind = kind or cfg.volume_driver
         try:
             tgt = driver(kind, "target_driver").restore_target(cfg.volume_settings(), name)
@@ -239,9 +240,9 @@ def _admit(tgt: Dict[str, Any], params: Dict[str, Any], owner: Optional[str], op
     last = bio.load_chain(params["dest"], params.get("backup_id"))[-1]
     bio.check_restore_owner(last, owner, operator)
     who = owner or last.owner
-    if not who or not is_dns_label(who):
-        raise CloudError(f"owner: {who!r} is not a DNS label (the owner of the restored volume "
-                         f"{tgt['volume']}; give owner)")
+    problem = dns_label_problem("owner", who, f"the owner of the restored volume {tgt['volume']}; give owner")
+    if problem:
+        raise CloudError(problem)
     with HostStore(tgt["config"].store_path) as store:
         within_disk_quota(store, who, tgt["path"], -(-last.image_size // MiB))
 

@@ -7,7 +7,8 @@ one lifecycle of the cloudvm modules (:mod:`cloudvm.lifecycle`).
 Its writes do what admission does on Kubernetes: the spec's rules (:func:`model.spec.validate_spec`,
 :func:`model.spec.validate_update`), the root volume (created by the host's driver when missing) and its claim rules
 (:mod:`host.volume_claim`), the owner's quota checked in the very store transaction that writes the spec
-(:func:`_within_quota`), and the audit record of the change in that transaction too (:class:`host.store.AuditTrail`).
+(:func:`host.admission.within_quota`; the quota and root volume steps are :mod:`host.admission`'s), and the audit
+record of the change in that transaction too (:mod:`host.cloudvm_audit`).
 A write is a compare-and-swap on ``metadata.resourceVersion`` (a digest of the stored spec and labels). Its reads run
 one pass of the host's reconciler (:class:`host.reconciler.HostReconciler`, the controller's counterpart) under the
 VM's flock, so the status a read returns is as current as the controller keeps it; nothing reconciles between
@@ -30,7 +31,18 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm.lifecycle imp
 from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm.port import Access, Conflict, RootVolume
 from ansible_collections.zjusct.cloud.plugins.module_utils.common import flock as _flock
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
+from ansible_collections.zjusct.cloud.plugins.module_utils.host import cloudvm_audit as audit
 from ansible_collections.zjusct.cloud.plugins.module_utils.host import supervisor as sup
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.admission import (
+    admit_kept_volume_delete,
+    admit_root_volume,
+    admit_root_volume_update,
+    create_root_volume,
+    grow_record,
+    record_new_volume,
+    remove_volume,
+    within_quota,
+)
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import HostConfig, load
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.network import sync_gateway, sync_isolation
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.ports import HostSupervisor
@@ -39,10 +51,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.host.reconciler impor
     observed_status as reconciler_observed_status,
 )
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import AuditTrail, HostStore, StoreError, audited
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.volume_claim import settle as settle_claim
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.volume_claim import volume_writers
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.watch import ChangeWatch
-from ansible_collections.zjusct.cloud.plugins.module_utils.model import quota
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import CloudVMError
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.selectors import matches, parse_label_selector
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
@@ -51,8 +60,6 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
     validate_update,
 )
 from ansible_collections.zjusct.cloud.plugins.module_utils.network import hostnet as net
-from ansible_collections.zjusct.cloud.plugins.module_utils.storage.driver import driver
-from ansible_collections.zjusct.cloud.plugins.module_utils.storage.volume import resolve_image
 
 OFF_PHASES = ("Stopped", "Failed")
 
@@ -99,119 +106,6 @@ def _with_version(vm: dict) -> dict:
     out = copy.deepcopy(vm)
     out["metadata"]["resourceVersion"] = resource_version(vm)
     return out
-
-
-def _trail(store: HostStore, params: dict, existing: Optional[dict]) -> AuditTrail:
-    """The audit record of one cloudvm run (docs/security.md, "Audit"): its intent is recorded in the store
-    transaction that writes the spec change (``_present``, ``_absent``), its outcome by :func:`_finish`."""
-    ns, name = params["namespace"], params["name"]
-    if params["state"] == "absent":
-        action = "delete"
-    elif existing is None:
-        action = "create"
-    elif params.get("restart"):
-        action = "restart"
-    else:
-        action = {"running": "start", "stopped": "stop"}.get(params.get("power_state") or "", "update")
-    owner = ((existing or {}).get("spec") or {}).get("owner") or params.get("owner") or ""
-    data = {k: params[k] for k in ("power_state", "vcpus", "memory_mib", "image", "volume_size_mib",
-                                   "root_volume_claim", "bandwidth", "disk_io") if params.get(k) is not None}
-    if params.get("ssh_authorized_keys") is not None:
-        data["ssh_authorized_keys"] = len(params["ssh_authorized_keys"])
-    if params["state"] == "absent":
-        data["delete_volume"] = bool(params.get("delete_volume"))
-    return AuditTrail(store, params.get("owner") or "operator", action, f"{ns}/{name}", owner=owner,
-                      operator=bool(params.get("operator")), data=data)
-
-
-def _intent(trail: AuditTrail, spec: Optional[dict], what: str) -> None:
-    """Record the run's intent in the caller's write transaction: what it is about to change, and the spec."""
-    boot = f", bootID {spec.get('bootID')}" if spec else ""
-    trail.intend(f"{trail.action} {trail.subject} requested: {what}{boot}",
-                 {"boot_id": spec.get("bootID")} if spec else None)
-
-
-def _finish(trail: AuditTrail, result: Optional[dict] = None, error: Optional[BaseException] = None) -> None:
-    """Record one cloudvm run's outcome: it changed something, was refused or failed (docs/security.md, "Audit")."""
-    if error is None:
-        vm = (result or {}).get("cloudvm")
-        kept = (result or {}).get("volume_deleted")
-        message = f"{trail.action} {trail.subject}" + (
-            f": phase {vm['status'].get('phase')}, bootID {vm['spec'].get('bootID')}" if vm else "") + (
-            f": the root volume {kept} it kept deleted" if kept else "")
-        trail.finish("succeeded", message, data={"boot_id": (result or {}).get("boot_id")})
-        return
-    details = getattr(error, "details", {}) or {}
-    reason = str(details.get("reason") or ("Unschedulable" if "dimension" in details else "")
-                 or (details.get("status") or {}).get("reason") or type(error).__name__)
-    trail.finish("refused" if reason in ("Forbidden", "QuotaExceeded") else "failed", str(error), reason)
-
-
-def _new_volume_mib(image: Optional[dict], size_mib: Optional[int]) -> int:
-    """The size (MiB) a new root volume will have: ``volume_size_mib``, else the image's root file system."""
-    if size_mib:
-        return int(size_mib)
-    source = os.path.join((image or {}).get("dir", ""), "rootfs.raw")
-    return os.path.getsize(source) // (1024 * 1024) if os.path.exists(source) else 0
-
-
-def _within_quota(store: HostStore, existing: Optional[dict], planned: dict, new_volume_mib: int = 0) -> None:
-    """Refuse a spec change that would take its owner over a quota (docs/security.md, "Quotas").
-
-    Called inside the store transaction that writes ``planned`` (and the new volume's record), so two
-    concurrent runs for two VMs of one owner cannot together exceed a quota: the second waits for the
-    first's write lock and then counts its VM.
-
-    Args:
-        store: the host store (its ``quotas``, ``cloudvms`` and ``volumes`` are read).
-        existing: the CloudVM as stored now, or None when ``planned`` creates it.
-        planned: the spec about to be written.
-        new_volume_mib: MiB of root volume this change creates or grows (0 if none).
-
-    Raises:
-        CloudVMError: ``reason: QuotaExceeded`` naming the quota, the owner, in use + requested vs limit.
-    """
-    owner = planned["owner"]
-    before = quota.vm_footprint((existing or {}).get("spec"))
-    after = quota.vm_footprint(planned)
-    after["disk_mib"] += new_volume_mib
-    refusal = quota.check(owner, store.get_quota(owner), store.owner_usage(owner), before, after)
-    if refusal is not None:
-        raise CloudVMError(refusal.message, **refusal.details())
-
-
-def _volume_growth(volume: Optional[dict], desired: dict) -> int:
-    """MiB that ``spec.rootVolumeSizeMiB`` adds to an existing root volume's record (0: unset, or not larger).
-
-    The record holds the volume's allotted size, counted in the owner's ``disk_mib`` quota from the write on; the
-    launcher grows the volume itself at the next boot (``rootDisk.sizeMiB``, docs/launcher-protocol.md).
-
-    Raises:
-        CloudVMError: the size asked is below the volume's (a root volume only grows), naming both sizes.
-    """
-    size = desired.get("rootVolumeSizeMiB")
-    if size is None or volume is None:
-        return 0
-    current = int(volume.get("size_mib") or 0)
-    if size < current:
-        raise CloudVMError(f"spec.rootVolumeSizeMiB: {size} is below the size of the root volume {volume['name']}, "
-                           f"{current} MiB; a root volume only grows")
-    return size - current
-
-
-def _grow_record(store: HostStore, volume: Optional[dict], desired: dict, growth: int) -> None:
-    """Write the grown size of ``volume`` (:func:`_volume_growth`) into its record, inside the caller's transaction."""
-    if volume is not None and growth > 0:
-        store.put_volume(dict(volume, size_mib=desired["rootVolumeSizeMiB"]))
-
-
-def _remove_volume(cfg: HostConfig, volume: dict) -> None:
-    """Delete a root volume's data through its driver (file, RBD image, qcow2 overlay); its record is the caller's.
-
-    Raises:
-        VolumeError: the data could not be deleted. UnknownDriver: the record names no registered driver.
-    """
-    driver(volume["driver"], "volume driver").delete(cfg.volume_settings(), volume)
 
 
 class HostCloudVMApi:
@@ -326,47 +220,28 @@ class HostCloudVMApi:
             errors = validate_spec(desired)
             if errors:
                 raise CloudVMError("; ".join(errors), errors=errors)
-            volume = self.store.get_volume(desired["rootVolumeClaim"])
-            image = None
-            if volume is None:
-                image = resolve_image(self.cfg.images_dir, root_volume.image or self.cfg.default_image)
-            else:  # checked at create, so that a refused create writes no record (docs/runbooks.md, Volume claims)
-                live = sup.running_boot(_paths(self.cfg, ns, name))
-                settle_claim(self.store, volume, desired["owner"], None, creating=True, rbd=self.cfg.rbd,
-                             subject=f"{ns}/{name}", check_mode=dry_run,
-                             launcher_alive=f"a launcher of {ns}/{name} (pid {live[1]})" if live else None)
-            if volume is None:
-                new_mib = _new_volume_mib(image, root_volume.size_mib)
-            else:  # an existing volume grows to spec.rootVolumeSizeMiB (0 MiB when it is not asked to)
-                new_mib = _volume_growth(volume, desired)
-            _within_quota(self.store, None, desired, new_mib)  # before creating anything; again when writing
+            root = admit_root_volume(self.cfg, self.store, ns, name, desired, root_volume, dry_run)
+            within_quota(self.store, None, desired, root.mib)  # before creating anything; again when writing
             if dry_run:
                 return {**body, "status": {}}
             new_volume = None
-            if volume is None:
-                if image is None:
+            if root.volume is None:
+                if root.image is None:
                     raise AssertionError("image unexpectedly missing")
-                created = driver(self.cfg.volume_driver, "host_config: volume_driver").create(
-                    self.cfg.volume_settings(), desired["rootVolumeClaim"], image, desired["owner"],
-                    root_volume.size_mib)
-                new_volume = {"name": desired["rootVolumeClaim"], "driver": self.cfg.volume_driver,
-                              "owner": desired["owner"], "image": image["dir"], **created}
+                new_volume = create_root_volume(self.cfg, desired, root.image, root_volume.size_mib)
             try:
                 with self.store.transaction():  # the quota check and the writes it admits: one transaction
-                    _within_quota(self.store, None, desired, int(new_volume["size_mib"]) if new_volume else new_mib)
-                    _grow_record(self.store, volume, desired, new_mib)
+                    within_quota(self.store, None, desired, int(new_volume["size_mib"]) if new_volume else root.mib)
+                    grow_record(self.store, root.volume, desired, root.mib)
                     if new_volume is not None:
-                        self.store.put_volume(new_volume)
-                        image_name = os.path.basename(new_volume["image"])
-                        self.store.record_event("Normal", f"{ns}/{name}", "VolumeCreated",
-                                                f"volume {new_volume['name']} from image {image_name}")
+                        record_new_volume(self.store, f"{ns}/{name}", new_volume)
                     self.store.create_vm(ns, name, desired, labels)
                     self.store.record_event("Normal", f"{ns}/{name}", "Created",
                                             f"CloudVM created for owner {desired['owner']}")
                     self._intent(desired, f"CloudVM created, powerState {desired['powerState']}")
             except (CloudVMError, StoreError):
                 if new_volume is not None:  # refused after the copy (a concurrent run took the quota): leave nothing
-                    _remove_volume(self.cfg, new_volume)
+                    remove_volume(self.cfg, new_volume)
                 raise
             return _with_version(self.store.get_vm(ns, name) or body)
 
@@ -391,20 +266,16 @@ class HostCloudVMApi:
             errors = validate_spec(desired) + validate_update(before, desired)
             if errors:
                 raise CloudVMError("; ".join(errors), errors=errors)
-            volume = self.store.get_volume(desired["rootVolumeClaim"])
-            if volume is not None:
-                settle_claim(self.store, volume, desired["owner"], existing["metadata"]["uid"], creating=False,
-                             rbd=self.cfg.rbd, subject=f"{ns}/{name}", check_mode=dry_run)
-            growth = _volume_growth(volume, desired)
-            _within_quota(self.store, existing, desired, growth)
+            root = admit_root_volume_update(self.cfg, self.store, existing, desired, dry_run)
+            within_quota(self.store, existing, desired, root.mib)
             if dry_run:
                 return {**body, "status": existing.get("status") or {}}
             with self.store.transaction():  # the quota check and the write it admits: one transaction
                 current = self.store.get_vm(ns, name)
                 if current is None or resource_version(current) != meta.get("resourceVersion"):
                     raise Conflict(f"CloudVM {ns}/{name} changed since it was read")
-                _within_quota(self.store, current, desired, growth)
-                _grow_record(self.store, volume, desired, growth)
+                within_quota(self.store, current, desired, root.mib)
+                grow_record(self.store, root.volume, desired, root.mib)
                 self.store.update_vm(ns, name, spec=desired if desired != before else None, labels=labels)
                 self._intent(desired, f"spec written, powerState {desired['powerState']}")
             if desired.get("sshAuthorizedKeys") != before.get("sshAuthorizedKeys"):
@@ -441,7 +312,7 @@ class HostCloudVMApi:
             volume = self.store.get_volume(claim)
             kept = "kept"
             if delete_volume and volume is not None:
-                _remove_volume(self.cfg, volume)
+                remove_volume(self.cfg, volume)
                 self.store.delete_volume(claim)
                 kept = "deleted"
             self.store.record_event("Normal", f"{namespace}/{name}", "Deleted",
@@ -466,21 +337,10 @@ class HostCloudVMApi:
             volume = self.store.get_volume(claim)
             if volume is None:
                 return None
-            if volume["owner"] != owner and not operator:
-                raise CloudVMError(f"delete_volume: volume {claim!r} (kept by deleting CloudVM {namespace}/{name})"
-                                   f" belongs to owner {volume['owner']!r}, not {owner!r}", reason="Forbidden")
-            live = sup.running_boot(_paths(self.cfg, namespace, name))
-            settle_claim(self.store, volume, volume["owner"], None, creating=True, rbd=self.cfg.rbd,
-                         subject=f"{namespace}/{name}", check_mode=True,
-                         launcher_alive=f"a launcher of {namespace}/{name} (pid {live[1]})" if live else None)
-            # the claim rules look for writers only behind a stale claim; a delete needs none at all
-            busy = volume_writers(volume, self.cfg.rbd)
-            if busy:
-                raise CloudVMError(f"delete_volume: volume {claim!r} is in use by {', '.join(busy)}; stop that"
-                                   " writer first (docs/runbooks.md, 'Volume claims')")
+            admit_kept_volume_delete(self.cfg, self.store, namespace, name, volume, owner, operator)
             if dry_run:
                 return claim
-            _remove_volume(self.cfg, volume)
+            remove_volume(self.cfg, volume)
             with self.store.transaction():
                 if self.trail is not None:
                     self.trail.intend(f"{self.trail.action} {self.trail.subject} requested: delete the root volume"
@@ -492,7 +352,7 @@ class HostCloudVMApi:
 
     def _intent(self, spec: dict, what: str) -> None:
         if self.trail is not None:
-            _intent(self.trail, spec, what)
+            audit.intent(self.trail, spec, what)
 
     # ------------------------------------------------------------- authorization
 
@@ -527,9 +387,9 @@ def ensure(params: dict, check_mode: bool = False, diff: bool = False) -> dict:
     """The cloudvm module on the host backend: the one lifecycle over :class:`HostCloudVMApi`, its outcome audited
     (docs/security.md, "Audit")."""
     ns, name = params["namespace"], params["name"]
-    with _lifecycle(params, lambda store: _trail(store, params, store.get_vm(ns, name))) as (lifecycle, trail):
-        return audited(lambda: lifecycle.ensure(params, check_mode, diff), lambda **outcome: _finish(trail, **outcome),
-                       check_mode, trail)
+    with _lifecycle(params, lambda store: audit.trail(store, params, store.get_vm(ns, name))) as (lifecycle, trail):
+        return audited(lambda: lifecycle.ensure(params, check_mode, diff),
+                       lambda **outcome: audit.finish(trail, **outcome), check_mode, trail)
 
 
 def observed_status(cfg: HostConfig, vm: dict, locks: Optional[sup.LockTable] = None) -> dict:

@@ -16,13 +16,14 @@ import os
 import re
 import socket
 from dataclasses import dataclass, field, fields
-from typing import Optional
+from typing import Optional, Tuple
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.supervisor import LauncherPaths
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import validate_disk_io
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.driver import UnknownDriver, VolumeSettings, driver
 
 DEFAULT_PATH = "/etc/zjusct-cloud/host.json"
+PATH_ENV = "ZJUSCT_CLOUD_CONFIG"  # the host configuration file when no host_config option names one
 # 0x60000000: far above the login.defs user/system ranges (<= 60000), the subordinate ids useradd hands out
 # (100000 + 65536 per user) and systemd's dynamic users (61184-65519), below 2^31 (signedness trouble above).
 VMM_UID_BASE = 1610612736
@@ -198,6 +199,22 @@ class HostConfig:
                              f"{namespace}_{name}")
 
 
+def resolve_path(path: Optional[str] = None) -> Tuple[str, bool]:
+    """Which host configuration file a ``host_config`` option of ``path`` means: the one rule of the modules, the
+    inventory plugin's host source and :func:`load`.
+
+    Args:
+        path: the ``host_config`` option (None or empty when not given).
+
+    Returns:
+        ``(file, named)``: ``path``, else ``$ZJUSCT_CLOUD_CONFIG``, else :data:`DEFAULT_PATH` (as given, not made
+        absolute); ``named`` is True when the option or the environment named it (then a missing file is an error,
+        while a missing default file means the defaults).
+    """
+    named = path or os.environ.get(PATH_ENV)
+    return (named or DEFAULT_PATH), bool(named)
+
+
 def load(path: Optional[str] = None) -> HostConfig:
     """Read the host configuration.
 
@@ -209,8 +226,7 @@ def load(path: Optional[str] = None) -> HostConfig:
         ValueError: the file is not JSON or has unknown keys (named in the message).
         FileNotFoundError: an explicitly named file does not exist.
     """
-    explicit = path or os.environ.get("ZJUSCT_CLOUD_CONFIG")
-    target = explicit or DEFAULT_PATH
+    target, explicit = resolve_path(path)
     if not os.path.exists(target):
         if explicit:
             raise FileNotFoundError(f"host_config: {target} does not exist (run site.yml to create it)")

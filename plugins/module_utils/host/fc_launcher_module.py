@@ -12,7 +12,7 @@ import shutil
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
 from ansible_collections.zjusct.cloud.plugins.module_utils.host import supervisor as sup
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import load
-from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import is_dns_label
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import dns_label_problem
 
 
 def run_fc_launcher(params: dict, check_mode: bool) -> dict:
@@ -27,8 +27,9 @@ def run_fc_launcher(params: dict, check_mode: bool) -> dict:
             ``boot_id``); LauncherError: the launcher could not be started.
     """
     for field in ("name", "namespace"):
-        if not is_dns_label(params[field]):
-            raise CloudError(f"{field}: {params[field]!r} is not a DNS label", field=field)
+        problem = dns_label_problem(field, params[field])
+        if problem:
+            raise CloudError(problem, field=field)
     try:
         cfg = load(params.get("host_config"))
     except (OSError, ValueError) as exc:

@@ -20,7 +20,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import 
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import HostConfig, load
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import HostStore, StoreError
 from ansible_collections.zjusct.cloud.plugins.module_utils.model import quota
-from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import is_dns_label
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import dns_label_problem
 
 _SINCE = re.compile(r"^\d{4}-\d{2}-\d{2}(T\d{2}:\d{2}:\d{2}(\.\d{1,6})?Z)?$")
 
@@ -49,8 +49,9 @@ def set_quota(params: dict, check_mode: bool = False, diff: bool = False) -> dic
         TenancyError: bad owner or limit (option named), or the store cannot be used.
     """
     owner = params["owner"]
-    if not is_dns_label(owner):
-        raise TenancyError(f"owner: {owner!r} is not a DNS label (the CloudVM spec.owner rule)")
+    problem = dns_label_problem("owner", owner, "the CloudVM spec.owner rule")
+    if problem:
+        raise TenancyError(problem)
     wanted: Optional[dict] = None
     if params.get("state", "present") == "present":
         wanted = {dim: params.get(dim) for dim in quota.LIMITS}

@@ -19,10 +19,10 @@ import os
 from dataclasses import replace
 from typing import Optional
 
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import DEFAULT_PATH, HostConfig, load
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import HostConfig, load, resolve_path
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import AuditTrail, HostStore, audited
 from ansible_collections.zjusct.cloud.plugins.module_utils.model import quota
-from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import is_dns_label
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import dns_label_problem
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage import rbd_clone as rbdvol
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.driver import UnknownDriver, driver
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.volume import VolumeError, resolve_image
@@ -91,8 +91,9 @@ def adopt_volume(params: dict, check_mode: bool = False) -> dict:
     """
     cfg = _config(params.get("host_config"))
     for field in ("name", "owner"):
-        if not is_dns_label(params[field]):
-            raise VolumeError(f"{field}: {params[field]!r} is not a DNS label")
+        problem = dns_label_problem(field, params[field])
+        if problem:
+            raise VolumeError(problem)
     settings = rbdvol.settings(cfg.rbd)
     wanted = params["rbd_image"] if "/" in params["rbd_image"] else f"{settings.pool}/{params['rbd_image']}"
     with HostStore(cfg.store_path) as store:
@@ -175,10 +176,10 @@ def list_volumes(params: dict) -> dict:
 def config_path(path: Optional[str]) -> Optional[str]:
     """The host configuration file that :func:`host.config.load` reads for ``path``, or None (no file: defaults).
 
-    Same rule as ``load``: ``path``, else ``ZJUSCT_CLOUD_CONFIG``, else the default path. The backup playbooks
-    hand it to ``rbd_backup``'s ``host_config`` so that backups and restores are audited in this host's store.
+    The file is :func:`host.config.resolve_path`'s, made absolute. The backup playbooks hand it to
+    ``rbd_backup``'s ``host_config`` so that backups and restores are audited in this host's store.
     """
-    target = path or os.environ.get("ZJUSCT_CLOUD_CONFIG") or DEFAULT_PATH
+    target, _named = resolve_path(path)
     return os.path.abspath(target) if os.path.exists(target) else None
 
 

@@ -29,7 +29,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.client import (
     api_refusal,
 )
 from ansible_collections.zjusct.cloud.plugins.module_utils.model import quota
-from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import GROUP, PLURAL, VERSION, is_dns_label
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import GROUP, PLURAL, VERSION, dns_label_problem
 
 CONFLICT_RETRIES = 5
 
@@ -127,9 +127,9 @@ def validate(params: dict) -> Optional[dict]:
             named).
     """
     owner = params.get("owner")
-    if not is_dns_label(owner):
-        raise QuotaError(f"owner: {owner!r} is not a DNS label (the CloudVM spec.owner rule; it names the"
-                         " CloudQuota, metadata.name)", field="owner")
+    problem = dns_label_problem("owner", owner, "the CloudVM spec.owner rule; it names the CloudQuota, metadata.name")
+    if problem:
+        raise QuotaError(problem, field="owner")
     if params.get("state", "present") != "present":
         return None
     wanted = {dim: params.get(dim) for dim in quota.LIMITS}

@@ -45,7 +45,10 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.root_volume impor
 )
 from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.root_volume import claim_mark as _claim_mark
 from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.root_volume import owner_of as _owner_of
-from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import default_root_volume_claim, is_dns_label
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
+    default_root_volume_claim,
+    dns_label_problem,
+)
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import (
     META_OWNER,
     Connection,
@@ -204,9 +207,9 @@ def validate(p: dict) -> None:
     """
     errors = []
     for key in ("namespace", "owner"):
-        if not is_dns_label(p.get(key)):
-            errors.append(f"{key}: {p.get(key)!r} is not a DNS label (RFC 1123: lower-case letters, digits and '-',"
-                          " at most 63 characters)")
+        problem = dns_label_problem(key, p.get(key))
+        if problem:
+            errors.append(problem)
     subdomain = _SUBDOMAIN_RE
     if not subdomain.match(str(p.get("name") or "")):
         errors.append(f"name: {p.get('name')!r} is not a DNS subdomain (metadata.name of a PersistentVolumeClaim)")
@@ -393,8 +396,9 @@ def run_root_volume_claim(params: dict, check_mode: bool) -> dict:
     """
     p = dict(params)
     if p.get("vm") is not None:
-        if not is_dns_label(p["vm"]):
-            raise ClaimRefused(f"vm: {p['vm']!r} is not a DNS label (a CloudVM name such as web)")
+        problem = dns_label_problem("vm", p["vm"], "a CloudVM name such as web")
+        if problem:
+            raise ClaimRefused(problem)
         p["name"] = default_root_volume_claim(p["vm"])
     p["rbd_image"] = p.get("rbd_image") or derived_name(str(p["namespace"]), str(p["name"]))
     p["volume_name"] = p.get("volume_name") or p["rbd_image"]

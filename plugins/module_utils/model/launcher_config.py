@@ -19,7 +19,8 @@ from typing import Any, Optional
 from ansible_collections.zjusct.cloud.plugins.module_utils.model import disk_io
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import with_defaults
 
-API_VERSION = "launcher.cloud.zjusct.io/v1"  # the launcher's own zjusct_launcher.API_VERSION (tests/unit/core)
+# the launcher's own zjusct_launcher.API_VERSION (tests/unit/module_utils/test_api_keys_once.py)
+API_VERSION = "launcher.cloud.zjusct.io/v1"
 KIND = "LauncherConfig"
 
 

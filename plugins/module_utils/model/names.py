@@ -32,7 +32,7 @@ Limits and their sources:
   validators).
 
 The launcher (a separate package that cannot import the collection) applies the same rule in
-``zjusct_launcher/names.py`` to host names and Firecracker ids; tests/unit/core/test_names.py checks that both
+``zjusct_launcher/names.py`` to host names and Firecracker ids; tests/unit/model/test_names.py checks that both
 give the same names.
 """
 

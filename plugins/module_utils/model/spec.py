@@ -113,6 +113,25 @@ def is_dns_label(value: object) -> bool:
     return isinstance(value, str) and bool(_DNS_LABEL.match(value))
 
 
+def dns_label_problem(what: str, value: object, note: str = "") -> str | None:
+    """The one refusal of a name that must be an RFC 1123 DNS label (:func:`is_dns_label`), or None when it is one.
+
+    Args:
+        what: the option as the user typed it (``owner``, ``target_volume``, ``vm``), or an API field path of
+            :data:`FIELDS` (``spec.owner``, ``metadata.name``) in a message :func:`in_user_terms` later rewrites.
+        value: the value given (any type: a non-string is no label).
+        note: optional context appended after ``; `` (what the name is used for, what to give instead).
+
+    Returns:
+        None for a DNS label, else ``<what>: <value!r> is not a DNS label (<DNS_LABEL_RULE>)[; <note>]``; for an
+        API field path of :data:`FIELDS` without the ``(<rule>)``, which :func:`in_user_terms` puts after the path.
+    """
+    if is_dns_label(value):
+        return None
+    rule = "" if what in FIELDS else f" ({DNS_LABEL_RULE})"
+    return f"{what}: {value!r} is not a DNS label{rule}" + (f"; {note}" if note else "")
+
+
 def is_dns_subdomain(value: object) -> bool:
     """True when ``value`` is an RFC 1123 DNS subdomain (at most 253 characters)."""
     return isinstance(value, str) and len(value) <= 253 and bool(_DNS_SUBDOMAIN.match(value))
@@ -170,8 +189,8 @@ def validate_spec(spec: dict) -> list[str]:
     owner = spec.get("owner")
     if owner is None:
         errors.append("spec.owner: required (a DNS label such as 'alice')")
-    elif not is_dns_label(owner):
-        errors.append(f"spec.owner: {owner!r} is not a DNS label")
+    else:
+        errors.extend(filter(None, [dns_label_problem("spec.owner", owner)]))
     claim = spec.get("rootVolumeClaim")
     if claim is None:
         errors.append("spec.rootVolumeClaim: required (a DNS subdomain such as 'alice-root')")
@@ -202,8 +221,8 @@ def validate_spec(spec: dict) -> list[str]:
     if spec.get("diskIO") is not None:
         errors.extend(validate_disk_io(spec["diskIO"], "spec.diskIO"))
     group = spec.get("antiAffinityGroup")
-    if group is not None and not is_dns_label(group):
-        errors.append(f"spec.antiAffinityGroup: {group!r} is not a DNS label")
+    if group is not None:
+        errors.extend(filter(None, [dns_label_problem("spec.antiAffinityGroup", group)]))
     return errors
 
 
@@ -238,8 +257,8 @@ def _validate_bandwidth(bw: dict) -> list[str]:
     if isinstance(guaranteed, int) and isinstance(ceil, int) and not isinstance(ceil, bool) and ceil < guaranteed:
         errors.append(f"{path}.ceilMbps: {ceil} is below guaranteedMbps {guaranteed}")
     pool = bw.get("pool")
-    if pool is not None and not is_dns_label(pool):
-        errors.append(f"{path}.pool: {pool!r} is not a DNS label")
+    if pool is not None:
+        errors.extend(filter(None, [dns_label_problem(f"{path}.pool", pool)]))
     _int_in_range(errors, f"{path}.priority", bw.get("priority", 0), PRIORITY_MIN, PRIORITY_MAX)
     return errors
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils.cloudvm_module import cloudvm_argument_spec, run_cloudvm
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
-from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import OWNER_MARK
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import DNS_LABEL_RULE, OWNER_MARK
 from ansible_collections.zjusct.cloud.plugins.module_utils.root_volume_info_module import (
     root_volume_info_argument_spec,
     run_root_volume_info,
@@ -178,7 +178,7 @@ def test_root_volume_info_describes_a_root_volume_in_one_shape_on_both_backends(
             core.delete_persistent_volume(pv_name)
     for backend in (host, kubernetes):  # bad input names the option and the rule
         assert _root_volume(backend, ns, vm="Web_1") == {
-            "failed": True, "msg": "vm: 'Web_1' is not a DNS label (a CloudVM name such as web)"}
+            "failed": True, "msg": f"vm: 'Web_1' is not a DNS label ({DNS_LABEL_RULE}); a CloudVM name such as web"}
 
 
 def test_a_root_volume_grows_on_both_backends_and_never_shrinks(

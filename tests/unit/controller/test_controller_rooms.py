@@ -7,9 +7,9 @@ function) and every call of a built-in:
 
 * controller modules: only the decisions' own (never the caches, the Ceph fence, the metrics, the leader election,
   the reconcile or the kopf handlers);
-* the collection: only ``plugins/module_utils/model`` (the pure room of tests/unit/core/test_module_utils_rooms.py)
-  and, of ``network/hostnet.py``, only the names of :data:`HOSTNET_PURE` (string builders; the module also runs
-  ``nft`` and ``ip``, which the decisions never import);
+* the collection: only ``plugins/module_utils/model`` (the pure room of
+  tests/unit/module_utils/test_module_utils_rooms.py) and, of ``network/hostnet.py``, only the names of
+  :data:`HOSTNET_PURE` (string builders; the module also runs ``nft`` and ``ip``, which the decisions never import);
 * standard library: only the modules of :data:`PURE_STDLIB`, which compute;
 * nothing else: no Kubernetes client, kopf, prometheus_client, threads, clock, subprocess, sockets, os;
 * no call of the built-ins that reach the system (:data:`EFFECT_BUILTINS`).

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils.k8s import root_volume_claim_module as rvc
-from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import CLAIMED_BY_MARK
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import CLAIMED_BY_MARK, DNS_LABEL_RULE
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import META_OWNER, ImageRef, MiB
 
 NS, CLAIM, PV = "alice", "web-root", "alice.web-root"
@@ -96,8 +96,8 @@ def test_size_below_the_image_is_refused() -> None:
 
 
 @pytest.mark.parametrize(("key", "value", "want"), [
-    ("owner", "Alice", "owner: 'Alice' is not a DNS label"),
-    ("namespace", "a.b", "namespace: 'a.b' is not a DNS label"),
+    ("owner", "Alice", f"owner: 'Alice' is not a DNS label ({DNS_LABEL_RULE})"),
+    ("namespace", "a.b", f"namespace: 'a.b' is not a DNS label ({DNS_LABEL_RULE})"),
     ("name", "Web", "name: 'Web' is not a DNS subdomain"),
     ("rbd_image", "x" * 129, "rbd_image: "),
     ("volume_name", "UP", "volume_name: 'UP' is not 1-128"),

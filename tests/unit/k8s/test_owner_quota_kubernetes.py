@@ -10,6 +10,7 @@ from typing import Any, Optional
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils import owner_quota_module
 from ansible_collections.zjusct.cloud.plugins.module_utils.k8s import quota as k8s_quota
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import DNS_LABEL_RULE
 
 
 class FakeQuotaApi:
@@ -112,7 +113,8 @@ def test_usage_is_counted_as_the_controller_counts_and_lowering_below_it_warns()
 @pytest.mark.parametrize("change, message", [
     ({"vcpus": -1}, "vcpus: -1 is not an integer >= 0 (omit it for no limit on vCPUs) (CloudQuota spec.vcpus)"),
     ({"memory_mib": True}, "(CloudQuota spec.memoryMiB)"),
-    ({"owner": "Alice"}, "owner: 'Alice' is not a DNS label (the CloudVM spec.owner rule; it names the CloudQuota"),
+    ({"owner": "Alice"}, f"owner: 'Alice' is not a DNS label ({DNS_LABEL_RULE}); the CloudVM spec.owner rule; it"
+                         " names the CloudQuota"),
 ])
 def test_bad_input_names_the_option_and_the_cloudquota_field_before_anything_is_written(change: dict,
                                                                                          message: str) -> None:

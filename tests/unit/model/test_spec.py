@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
+    DNS_LABEL_RULE,
+    dns_label_problem,
+    in_user_terms,
     validate_spec,
     validate_update,
     with_defaults,
@@ -79,3 +82,18 @@ def test_disk_io_limits_are_checked_and_named_in_user_terms():
     assert in_user_terms("spec.diskIO.writeIOPS: 5 is below the minimum 20") == (
         "disk_write_iops / disk_io.write_iops (spec.diskIO.writeIOPS; allowed 20 to 10000000 requests/s): 5 is below"
         " the minimum 20")
+
+
+@pytest.mark.parametrize(("what", "value", "note", "expected"), [
+    ("owner", "Alice", "", f"owner: 'Alice' is not a DNS label ({DNS_LABEL_RULE})"),
+    ("vm", "x" * 64, "a CloudVM name such as web",
+     f"vm: {'x' * 64!r} is not a DNS label ({DNS_LABEL_RULE}); a CloudVM name such as web"),
+    ("target_volume", None, "", f"target_volume: None is not a DNS label ({DNS_LABEL_RULE})"),
+    ("spec.owner", "Alice", "", "spec.owner: 'Alice' is not a DNS label"),
+])
+def test_one_dns_label_refusal_names_the_option_the_value_and_the_rule(what, value, note, expected):
+    """dns_label_problem is the one message shape; an API field path gets its rule from in_user_terms instead."""
+    assert dns_label_problem(what, value, note) == expected
+    assert dns_label_problem(what, "web-1", note) is None
+    assert in_user_terms(dns_label_problem("spec.owner", "Alice") or "") == \
+        f"owner (spec.owner; {DNS_LABEL_RULE}): 'Alice' is not a DNS label"

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible_collections.zjusct.cloud.plugins.module_utils.host.cloudvm import _within_quota
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.admission import within_quota
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import MIGRATIONS, SCHEMA_VERSION, HostStore
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.tenancy import (
     TenancyError,
@@ -143,7 +143,7 @@ def _create_under_quota(path: str, name: str, barrier: Any,
     barrier.wait()
     try:
         with store.transaction():
-            _within_quota(store, None, planned)
+            within_quota(store, None, planned)
             store.create_vm("default", name, planned)
         results.put((name, "created"))
     except CloudVMError as exc:
@@ -220,13 +220,26 @@ def test_bad_owner_quota_and_audit_info_input_names_the_option(config: str) -> N
 
 
 def test_a_root_volume_size_grows_the_volume_record_and_is_refused_below_it() -> None:
-    from ansible_collections.zjusct.cloud.plugins.module_utils.host.cloudvm import _volume_growth
+    from ansible_collections.zjusct.cloud.plugins.module_utils.host.admission import volume_growth
 
     volume = {"name": "alice-root", "size_mib": 2048}
-    assert _volume_growth(volume, spec()) == 0  # unset: the volume as it is
-    assert _volume_growth(None, dict(spec(), rootVolumeSizeMiB=4096)) == 0  # a new volume is made that size
-    assert _volume_growth(volume, dict(spec(), rootVolumeSizeMiB=2048)) == 0
-    assert _volume_growth(volume, dict(spec(), rootVolumeSizeMiB=3072)) == 1024  # counted in disk_mib
+    assert volume_growth(volume, spec()) == 0  # unset: the volume as it is
+    assert volume_growth(None, dict(spec(), rootVolumeSizeMiB=4096)) == 0  # a new volume is made that size
+    assert volume_growth(volume, dict(spec(), rootVolumeSizeMiB=2048)) == 0
+    assert volume_growth(volume, dict(spec(), rootVolumeSizeMiB=3072)) == 1024  # counted in disk_mib
     with pytest.raises(CloudVMError, match=r"^spec.rootVolumeSizeMiB: 1024 is below the size of the root volume "
                                            r"alice-root, 2048 MiB; a root volume only grows$"):
-        _volume_growth(volume, dict(spec(), rootVolumeSizeMiB=1024))
+        volume_growth(volume, dict(spec(), rootVolumeSizeMiB=1024))
+
+
+def test_a_new_root_volume_counts_the_size_asked_else_the_images_root_file_system(tmp_path: Any) -> None:
+    from ansible_collections.zjusct.cloud.plugins.module_utils.host.admission import new_volume_mib
+
+    image_dir = tmp_path / "debian-x"
+    image_dir.mkdir()
+    with open(image_dir / "rootfs.raw", "wb") as fh:
+        fh.truncate(3 * 1024 * 1024)  # sparse: the apparent size counts
+    assert new_volume_mib({"dir": str(image_dir)}, 4096) == 4096
+    assert new_volume_mib({"dir": str(image_dir)}, None) == 3
+    assert new_volume_mib({"dir": str(tmp_path / "absent")}, None) == 0
+    assert new_volume_mib(None, None) == 0
