@@ -12,16 +12,17 @@ function) and every call of a built-in:
   :data:`HOSTNET_PURE` (string builders; the module also runs ``nft`` and ``ip``, which the decisions never import);
 * standard library: only the modules of :data:`PURE_STDLIB`, which compute;
 * nothing else: no Kubernetes client, kopf, prometheus_client, threads, clock, subprocess, sockets, os;
-* no call of the built-ins that reach the system (:data:`EFFECT_BUILTINS`).
+* no call of the built-ins that reach the system (:data:`tests.unit.rooms.EFFECT_BUILTINS`).
 """
 
 from __future__ import annotations
 
 import ast
-import re
 from pathlib import Path
 
 import pytest
+
+from tests.unit.rooms import doc_rooms, effect_builtin_calls
 
 REPO = Path(__file__).resolve().parents[3]
 ROOT = REPO / "controller" / "zjusct_controller"
@@ -43,7 +44,6 @@ PURE_COLLECTION_ROOM = f"{COLLECTION}.model"
 HOSTNET = f"{COLLECTION}.network.hostnet"
 HOSTNET_PURE = {"isolation_script"}
 PURE_STDLIB = {"__future__", "collections.abc", "dataclasses", "json", "math", "posixpath", "re", "typing"}
-EFFECT_BUILTINS = {"open", "print", "input", "exec", "eval", "compile", "__import__", "breakpoint"}
 
 FILES = sorted(ROOT.glob("*.py"))
 
@@ -109,24 +109,13 @@ def decision_problems(path: Path) -> list[str]:
                             "network.hostnet's string builders)")
         elif module not in PURE_STDLIB:
             problems.append(f"{path.name}:{line}: imports {module}, an effect module")
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in EFFECT_BUILTINS:
-            problems.append(f"{path.name}:{node.lineno}: calls {node.func.id}()")
+    problems += effect_builtin_calls(tree, path.name)
     return problems
 
 
 def _doc_rooms() -> dict[str, set[str]]:
     """``{room: {module}}`` from the table under HEADING in docs/architecture.md."""
-    text = DOC.read_text()
-    assert HEADING in text, f"docs/architecture.md has no section {HEADING!r}"
-    section = text.split(HEADING, 1)[1].split("\n#", 1)[0]
-    rooms: dict[str, set[str]] = {}
-    for line in section.splitlines():
-        match = re.match(r"^\| `(\w+)`", line)
-        if match:
-            cells = line.split("|")
-            rooms[match.group(1)] = {m[:-3] for m in re.findall(r"`([\w]+\.py)`", cells[2])}
-    return rooms
+    return doc_rooms(DOC, HEADING)
 
 
 def test_every_file_is_in_exactly_one_room_and_the_doc_lists_the_same_rooms() -> None:

@@ -9,7 +9,7 @@ every use of what it imports:
 * standard library: only the modules of :data:`PURE_STDLIB`; of those with effects beside their computing part,
   only the names listed (``os``: the string functions of ``os.path``; ``signal``: the ``Signals`` enum; ``io``:
   ``BytesIO``; ``tarfile``: an archive built in memory, ``tarfile.open`` only with ``fileobj=``);
-* no call of the built-ins that reach the system (:data:`EFFECT_BUILTINS`: ``open``, ``print``, ...).
+* no call of the built-ins that reach the system (:data:`tests.unit.rooms.EFFECT_BUILTINS`: ``open``, ``print``, ...).
 
 Anything else (subprocess, socket, select, fcntl, ctypes, shutil, tempfile, threading, time, resource, sys, the
 rest of os) is an effect, and a module that imports it belongs to the effects, VMM or run room.
@@ -18,10 +18,11 @@ rest of os) is an effect, and a module that imports it belongs to the effects, V
 from __future__ import annotations
 
 import ast
-import re
 from pathlib import Path
 
 import pytest
+
+from tests.unit.rooms import doc_rooms, effect_builtin_calls
 
 REPO = Path(__file__).resolve().parents[3]
 ROOT = REPO / "launcher" / "zjusct_launcher"
@@ -53,7 +54,6 @@ PURE_STDLIB: dict[str, set[str] | None] = {
     "signal": {"Signals"},
     "tarfile": {"TarInfo", "USTAR_FORMAT", "open"},
 }
-EFFECT_BUILTINS = {"open", "print", "input", "exec", "eval", "compile", "__import__", "breakpoint"}
 
 FILES = sorted(p for p in ROOT.glob("*.py"))
 
@@ -145,23 +145,13 @@ def pure_problems(path: Path) -> list[str]:
                 if not (isinstance(call, ast.Call) and call.func is top
                         and any(k.arg == "fileobj" for k in call.keywords)):
                     problems.append(f"{path.name}:{node.lineno}: tarfile.open without fileobj= (a file on disk)")
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in EFFECT_BUILTINS:
-            problems.append(f"{path.name}:{node.lineno}: calls {node.func.id}()")
+    problems += effect_builtin_calls(tree, path.name)
     return problems
 
 
 def _doc_rooms() -> dict[str, set[str]]:
     """``{room: {module}}`` from the table under HEADING in docs/architecture.md."""
-    text = DOC.read_text()
-    assert HEADING in text, f"docs/architecture.md has no section {HEADING!r}"
-    section = text.split(HEADING, 1)[1].split("\n#", 1)[0]
-    rooms: dict[str, set[str]] = {}
-    for line in section.splitlines():
-        match = re.match(r"^\| `(\w+)`", line)
-        if match:
-            cells = line.split("|")
-            rooms[match.group(1)] = {m[:-3] for m in re.findall(r"`([\w]+\.py)`", cells[2])}
-    return rooms
+    return doc_rooms(DOC, HEADING)
 
 
 def test_every_file_is_in_exactly_one_room_and_the_doc_lists_the_same_rooms() -> None:
