@@ -41,6 +41,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.model.quota import (
     check_boot,
     claim_mib,
     limits_from_spec,
+    root_volume_mib,
 )
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import GROUP, PLURAL, VERSION
 from kubernetes import client
@@ -466,8 +467,9 @@ class Reconciler:
             boots += [boot_of(p) for p in self.store.launcher_pods(ns, name)]
         known = [b for b in boots if b is not None]
         admitted = max(known) if known else None
-        size = claim_mib(claim) if admitted is not None or booting else 0
-        counted = Counted(spec, admitted, (ns, claim_name), size)
+        size = root_volume_mib(claim, spec) if admitted is not None or booting else 0
+        counted = Counted(spec, admitted, (ns, claim_name), size,
+                          held_disk_mib=claim_mib(claim) if admitted is not None or booting else 0)
         if conclusive and not booting:
             self._counted_memo[(ns, name)] = (key, counted)
         return counted

@@ -94,12 +94,15 @@ class QemuVmm:
             return
         if self.cfg.root_disk.size_mib is not None:
             self._grow_root(self.cfg.root_disk.size_mib)
-        try:
-            if throttle is not None:
+        if throttle is not None:
+            try:
                 self.qmp.execute("block_set_io_throttle", throttle)
+            except QmpError as exc:
+                raise RunFailed("LauncherError", f"rootDisk.ioLimits: QEMU refused the limits: {exc}") from None
+        try:
             self.qmp.execute("cont")
         except QmpError as exc:
-            raise RunFailed("LauncherError", f"rootDisk.ioLimits: QEMU refused the limits: {exc}") from None
+            raise RunFailed("LauncherError", f"QEMU did not resume the paused guest (QMP cont): {exc}") from None
         if throttle is not None:
             log.info("disk I/O limits set", **{k: v for k, v in throttle.items() if k != "id" and v})
 

@@ -114,7 +114,7 @@ def usage(api: Any, owner: str) -> dict:
         spec, ns = vm.get("spec") or {}, (vm.get("metadata") or {}).get("namespace", "")
         claim = str(spec.get("rootVolumeClaim") or "")
         admitted = quota.admitted_boot(vm.get("status"))
-        size = quota.claim_mib(api.claim(ns, claim)) if claim and admitted is not None else 0
+        size = quota.root_volume_mib(api.claim(ns, claim), spec) if claim and admitted is not None else 0
         items.append(quota.Counted(spec, admitted, (ns, claim), size))
     return quota.counted_usage(items)
 

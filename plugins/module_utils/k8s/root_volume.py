@@ -127,7 +127,8 @@ def describe_claim(api: CoreApi, namespace: str, claim: str) -> tuple[Optional[d
 
     Returns:
         ``(volume, missing)``: ``volume`` is ``{name, namespace, owner, driver, claimed_by, persistent_volume,
-        rbd: {pool, image} or None}`` when the claim is bound to a PersistentVolume that exists (``driver`` is
+        rbd: {pool, image} or None}`` when the claim is Bound to a PersistentVolume that exists and whose
+        ``spec.claimRef`` is this claim (namespace, name and, when both have one, uid) (``driver`` is
         ``rbd`` for a PV of :data:`RBD_DRIVER`, else the PV's ``spec.csi.driver``, ``(none)`` without one), and
         ``missing`` is ``""``; otherwise ``volume`` is None and ``missing`` says which object or field is absent.
 
@@ -143,6 +144,16 @@ def describe_claim(api: CoreApi, namespace: str, claim: str) -> tuple[Optional[d
     pv = api.get_pv(pv_name)
     if pv is None:
         return None, f"PersistentVolume {pv_name} of PersistentVolumeClaim {namespace}/{claim} does not exist"
+    # the PV must be this claim's, as the controller requires of a root disk: a claim anyone may create naming
+    # another's PV (spec.volumeName) stays Pending and its PV's claimRef names the other claim
+    ref = (pv.get("spec") or {}).get("claimRef") or {}
+    uid = (pvc.get("metadata") or {}).get("uid")
+    if (ref.get("namespace"), ref.get("name")) != (namespace, claim) or (ref.get("uid") and uid and ref["uid"] != uid):
+        return None, (f"PersistentVolume {pv_name}: spec.claimRef is {ref.get('namespace')}/{ref.get('name')}, not "
+                      f"PersistentVolumeClaim {namespace}/{claim}")
+    phase = (pvc.get("status") or {}).get("phase")
+    if phase != "Bound":
+        return None, f"PersistentVolumeClaim {namespace}/{claim} is {phase or 'not bound'} (status.phase), not Bound"
     csi = (pv.get("spec") or {}).get("csi") or {}
     attrs = csi.get("volumeAttributes") or {}
     rbd = csi.get("driver") == RBD_DRIVER

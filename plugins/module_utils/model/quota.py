@@ -32,7 +32,7 @@ UNITS = {"vms": "VMs", "vcpus": "vCPUs", "memory_mib": "MiB of memory", "disk_mi
          "bandwidth_mbps": "Mbit/s of guaranteed bandwidth"}
 # what the user typed (cloudvm option / vm_start variable) that asks for each dimension
 OPTIONS = {"vms": "name (a new CloudVM)", "vcpus": "vcpus", "memory_mib": "memory_mib",
-           "disk_mib": "volume_size_mib (a new root volume)", "bandwidth_mbps": "bandwidth.guaranteed_mbps"}
+           "disk_mib": "volume_size_mib (the root volume's size)", "bandwidth_mbps": "bandwidth.guaranteed_mbps"}
 
 
 # how an owner frees each dimension (the refusal's advice)
@@ -152,8 +152,9 @@ def validate_limits(limits: dict) -> list[str]:
 # quota is enforced where a boot consumes resources: the controller admits a boot only when it fits (docs/security.md,
 # "Quotas on Kubernetes"). What a CloudVM object counts follows the rules above, restricted to what was admitted:
 #
-# * a CloudVM counts ``vms`` and its root volume claim's size (``disk_mib``) from its first admitted boot until it is
-#   deleted (a CloudVM that was never admitted is the host's refused create: it holds nothing);
+# * a CloudVM counts ``vms`` and its root volume's size (``disk_mib``: the claim's, or ``spec.rootVolumeSizeMiB`` when
+#   larger, :func:`root_volume_mib`) from its first admitted boot until it is deleted (a CloudVM that was never
+#   admitted is the host's refused create: it holds nothing); a boot that grows the volume asks for the growth;
 # * it counts ``vcpus``, ``memory_mib`` and ``bandwidth_mbps`` (:func:`vm_footprint`) while its ``spec.bootID`` is
 #   the admitted boot and ``spec.powerState`` is Running (a refused start holds nothing, a stop frees them).
 #
@@ -219,6 +220,13 @@ def claim_mib(claim: Optional[dict]) -> int:
         return 0
 
 
+def root_volume_mib(claim: Optional[dict], spec: Optional[dict]) -> int:
+    """The size in MiB a CloudVM's root volume counts on Kubernetes: its claim's size (:func:`claim_mib`), or the
+    size its spec grows it to (``spec.rootVolumeSizeMiB``: the launcher grows the RBD image at the next boot while
+    the claim keeps its capacity), whichever is larger."""
+    return max(claim_mib(claim), int((spec or {}).get("rootVolumeSizeMiB") or 0))
+
+
 def admitted_boot(status: Optional[dict]) -> Optional[int]:
     """The boot of a CloudVM the controller last admitted, from its status (None: never admitted)."""
     status = status or {}
@@ -237,13 +245,17 @@ class Counted:
         spec: the CloudVM's spec (camelCase).
         admitted: the boot the controller admitted last (None: never admitted).
         claim: ``(namespace, name)`` of its root volume claim (one claim is counted once however many VMs name it).
-        disk_mib: that claim's size (:func:`claim_mib`).
+        disk_mib: that claim's size, or the size the spec grows the volume to (:func:`root_volume_mib`).
+        held_disk_mib: what the volume holds before the next boot grows it (the claim's size, :func:`claim_mib`);
+            None: ``disk_mib``. :func:`check_boot` counts the growth (``disk_mib - held_disk_mib``) as asked by the
+            boot, so a boot that would grow the volume past the owner's ``diskMiB`` is refused.
     """
 
     spec: dict
     admitted: Optional[int]
     claim: tuple
     disk_mib: int
+    held_disk_mib: Optional[int] = None
 
 
 def counted_footprint(item: Counted) -> dict:
@@ -316,12 +328,14 @@ def check_boot(owner: str, quota: Optional[dict], others: list, this: Counted, n
         None when the boot fits (or the owner is unlimited); else the :class:`Refusal` of the first dimension it
         grows past its limit, with the usage before the boot and what the boot adds (a boot only grows what it does
         not hold yet: a first boot adds ``vms`` and the claim's size, every boot adds ``vcpus``, ``memory_mib``,
-        ``bandwidth_mbps`` when ``spec.powerState`` is Running).
+        ``bandwidth_mbps`` when ``spec.powerState`` is Running, and the growth of the root volume
+        ``spec.rootVolumeSizeMiB`` asks beyond the claim's size, :attr:`Counted.held_disk_mib`).
     """
     if not quota:
         return None
     base = _counted_sum(others)  # one pass over the owner's VMs: the boot's before and after differ only in this
-    before = _with(base, this)
+    held = this.disk_mib if this.held_disk_mib is None else min(this.held_disk_mib, this.disk_mib)
+    before = _with(base, replace(this, disk_mib=held))
     after = _with(base, Counted(this.spec, int((this.spec or {}).get("bootID") or 0), this.claim, this.disk_mib))
     refusal = check(owner, quota, before, before, after)
     if refusal is None:

@@ -147,16 +147,23 @@ def test_root_volume_info_describes_a_root_volume_in_one_shape_on_both_backends(
     core.patch_namespaced_persistent_volume_claim("vm1-root", ns, {"spec": {"volumeName": pv_name}})
     assert "does not exist" in _root_volume(kubernetes, ns, name="vm1-root")["missing"]
 
-    def make_pv(driver: str) -> None:
+    def make_pv(claim: str, driver: str) -> str:
+        name = f"{ns}.{claim}"
         core.create_persistent_volume({
-            "metadata": {"name": pv_name, "labels": labels},
+            "metadata": {"name": name, "labels": labels},
             "spec": {"capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"], "volumeMode": "Block",
                      "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
-                     "claimRef": {"namespace": ns, "name": "vm1-root"},
-                     "csi": {"driver": driver, "volumeHandle": f"rbd/{pv_name}",
-                             "volumeAttributes": {"pool": "rbd", "imageName": pv_name}}}})
+                     "claimRef": {"namespace": ns, "name": claim},
+                     "csi": {"driver": driver, "volumeHandle": f"rbd/{name}",
+                             "volumeAttributes": {"pool": "rbd", "imageName": name}}}})
+        return name
 
-    make_pv("rbd.csi.ceph.com")
+    def bound(claim: str) -> None:  # the PV controller of kube-controller-manager binds a pre-bound pair
+        wait_for(lambda: core.read_namespaced_persistent_volume_claim(claim, ns).status.phase == "Bound", 120,
+                 f"PersistentVolumeClaim {claim} Bound")
+
+    pvs = [make_pv("vm1-root", "rbd.csi.ceph.com")]
+    bound("vm1-root")
     try:
         on_host, on_k8s = _root_volume(host, ns, vm="vm1"), _root_volume(kubernetes, ns, vm="vm1")
         common = ("name", "owner", "claimed_by")
@@ -167,15 +174,25 @@ def test_root_volume_info_describes_a_root_volume_in_one_shape_on_both_backends(
         assert (on_k8s["volume"]["driver"], on_k8s["volume_driver"], on_k8s["rbd_image"]) == ("rbd", "rbd", pv_name)
         assert on_k8s["volume"]["rbd"] == {"pool": "rbd", "image": pv_name} and on_k8s["host_config"] is None
         assert on_k8s["volume"]["persistent_volume"] == pv_name and on_k8s["missing"] == ""
+        # a claim naming that PV (anyone may create one in their namespace) is not given its image
+        core.create_namespaced_persistent_volume_claim(ns, {
+            "metadata": {"name": "thief-root"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Block", "storageClassName": "",
+                     "volumeName": pv_name, "resources": {"requests": {"storage": "1Mi"}}}})
+        thief = _root_volume(kubernetes, ns, name="thief-root")
+        assert thief["volume"] is None and f"spec.claimRef is {ns}/vm1-root, not" in thief["missing"], thief
         # another CSI driver is named as the driver (the backup playbook refuses it, naming it)
-        core.delete_persistent_volume(pv_name)
-        wait_for(lambda: not core.list_persistent_volume(field_selector=f"metadata.name={pv_name}").items, 60,
-                 f"PersistentVolume {pv_name} gone")
-        make_pv("other.csi.example")
-        assert _root_volume(kubernetes, ns, vm="vm1")["volume"]["driver"] == "other.csi.example"
+        core.create_namespaced_persistent_volume_claim(ns, {
+            "metadata": {"name": "other-root", "labels": labels},
+            "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Block", "storageClassName": "",
+                     "volumeName": f"{ns}.other-root", "resources": {"requests": {"storage": "1Mi"}}}})
+        pvs.append(make_pv("other-root", "other.csi.example"))
+        bound("other-root")
+        assert _root_volume(kubernetes, ns, name="other-root")["volume"]["driver"] == "other.csi.example"
     finally:
-        with contextlib.suppress(ApiException):
-            core.delete_persistent_volume(pv_name)
+        for name in pvs:
+            with contextlib.suppress(ApiException):
+                core.delete_persistent_volume(name)
     for backend in (host, kubernetes):  # bad input names the option and the rule
         assert _root_volume(backend, ns, vm="Web_1") == {
             "failed": True, "msg": f"vm: 'Web_1' is not a DNS label ({DNS_LABEL_RULE}); a CloudVM name such as web"}

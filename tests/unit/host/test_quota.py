@@ -81,7 +81,7 @@ def test_the_first_dimension_over_is_named_in_a_fixed_order() -> None:
     refusal = quota.check("bob", {"disk_mib": 100}, dict(quota.zero(), disk_mib=90), quota.zero(),
                           dict(quota.zero(), disk_mib=20))
     assert refusal is not None and "would use 110 of quota 100 MiB of disk (in use 90, this request 20," \
-        " asked by volume_size_mib (a new root volume))" in refusal.message
+        " asked by volume_size_mib (the root volume's size))" in refusal.message
 
 
 def test_limits_must_be_integers_not_below_zero() -> None:

@@ -203,3 +203,83 @@ def test_a_qemu_boot_with_io_limits_fails_and_never_resumes_without_qmp(tmp_path
     start = time.monotonic()
     plain.attach(alive=lambda: time.monotonic() - start < 0.3)  # without limits: a warning, the boot goes on
     assert plain.qmp is None
+
+
+def scripted_qmp_server(path: str, answers: dict[str, bytes], seen: list[str]) -> threading.Thread:
+    """Greets; answers each command with ``answers[command]`` (a JSON line), else ``{"return": {}}``; appends every
+    command after qmp_capabilities to ``seen`` (with its arguments)."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(1)
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        f = conn.makefile("rwb")
+        f.write(b'{"QMP": {"version": {}, "capabilities": []}}\r\n')
+        f.flush()
+        for line in f:
+            req = json.loads(line)
+            if req["execute"] != "qmp_capabilities":
+                seen.append(json.dumps(req, sort_keys=True))
+            f.write(answers.get(req["execute"], b'{"return": {}}') + b"\r\n")
+            f.flush()
+        conn.close()
+        srv.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return t
+
+
+def _root_size_vmm(tmp_path: Path, size_mib: int, io_limits: dict | None = None) -> Any:
+    from zjusct_launcher import config
+    from zjusct_launcher.paths import RuntimePaths
+    from zjusct_launcher.vmm_qemu import QemuVmm
+
+    doc = json.loads((Path(__file__).resolve().parents[3] / "launcher" / "examples" / "config-qemu-tap.json")
+                     .read_text())
+    doc["runtimeDir"] = str(tmp_path)
+    doc["rootDisk"]["sizeMiB"] = size_mib
+    if io_limits:
+        doc["rootDisk"]["ioLimits"] = io_limits
+    return QemuVmm(config.parse(doc), RuntimePaths(str(tmp_path)))
+
+
+ROOT_4MIB = b'{"return": [{"device": "", "inserted": {"node-name": "root", "image": {"virtual-size": 4194304}}}]}'
+
+
+def test_a_root_size_grows_a_smaller_disk_over_qmp_before_the_limits_and_the_resume(tmp_path: Path) -> None:
+    """rootDisk.sizeMiB with QEMU paused: query-block, block_resize of the root node (only when smaller), then the
+    limits, then cont; a refused resize ends the boot (LauncherError) and the guest is never resumed."""
+    from zjusct_launcher.vmm import RunFailed
+
+    seen: list[str] = []
+    scripted_qmp_server(str(tmp_path / "qmp.sock"), {"query-block": ROOT_4MIB}, seen)
+    vmm = _root_size_vmm(tmp_path, 12, {"writeIOPS": 200})
+    vmm.attach(alive=lambda: True)
+    vmm.cleanup()
+    assert [json.loads(c)["execute"] for c in seen] == ["query-block", "block_resize", "block_set_io_throttle",
+                                                        "cont"]
+    assert json.loads(seen[1])["arguments"] == {"node-name": "root", "size": 12 * 1048576}
+
+    (tmp_path / "qmp.sock").unlink()
+    seen.clear()
+    scripted_qmp_server(str(tmp_path / "qmp.sock"), {"query-block": ROOT_4MIB}, seen)
+    vmm = _root_size_vmm(tmp_path, 4)  # already that size: no resize
+    vmm.attach(alive=lambda: True)
+    vmm.cleanup()
+    assert [json.loads(c)["execute"] for c in seen] == ["query-block", "cont"]
+
+    (tmp_path / "qmp.sock").unlink()
+    seen.clear()
+    scripted_qmp_server(str(tmp_path / "qmp.sock"), {
+        "query-block": ROOT_4MIB,
+        "block_resize": b'{"error": {"class": "GenericError", "desc": "Cannot grow device files"}}'}, seen)
+    vmm = _root_size_vmm(tmp_path, 12)
+    with pytest.raises(RunFailed) as err:
+        vmm.attach(alive=lambda: True)
+    vmm.cleanup()
+    assert err.value.reason == "LauncherError"
+    assert err.value.message == ("rootDisk.sizeMiB: cannot grow the root disk to 12 MiB: block_resize: Cannot grow"
+                                 " device files"), err.value.message
+    assert "cont" not in [json.loads(c)["execute"] for c in seen]

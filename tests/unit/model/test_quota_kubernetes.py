@@ -41,6 +41,29 @@ def test_a_claim_counts_its_bound_capacity_else_its_request() -> None:
     assert quota.claim_mib(None) == quota.claim_mib({}) == 0
 
 
+def test_a_root_volume_grown_by_its_spec_counts_the_larger_size() -> None:
+    """spec.rootVolumeSizeMiB grows the RBD image at the next boot while the claim keeps its capacity: the quota counts
+    the larger of the two, so a tenant cannot grow past diskMiB by editing the spec."""
+    claim = {"status": {"capacity": {"storage": "2Gi"}}}
+    assert quota.root_volume_mib(claim, {}) == 2048
+    assert quota.root_volume_mib(claim, {"rootVolumeSizeMiB": 16777216}) == 16777216
+    assert quota.root_volume_mib(claim, {"rootVolumeSizeMiB": 1024}) == 2048  # a disk never shrinks
+    assert quota.root_volume_mib(None, {"rootVolumeSizeMiB": 4096}) == 4096
+    limits = quota.limits_from_spec({"diskMiB": 4096})
+    spec = {"owner": "alice", "powerState": "Running", "bootID": 2, "rootVolumeSizeMiB": 8192}
+    grown = quota.Counted(spec, 1, ("team-a", "web-root"), quota.root_volume_mib(claim, spec),
+                          held_disk_mib=quota.claim_mib(claim))
+    refusal = quota.check_boot("alice", limits, [], grown, "team-a", "web")
+    assert refusal is not None and refusal.details() == {
+        "reason": "QuotaExceeded", "quota": "disk_mib", "owner": "alice", "limit": 4096, "in_use": 2048,
+        "requested": 6144}, refusal  # the boot asks the growth beyond the claim
+    within = quota.Counted({**spec, "rootVolumeSizeMiB": 3072}, 1, ("team-a", "web-root"), 3072, held_disk_mib=2048)
+    assert quota.check_boot("alice", limits, [], within, "team-a", "web") is None
+    # without held_disk_mib the growth would be taken as already held (the hole this closes)
+    assert quota.check_boot("alice", limits, [], quota.Counted(spec, 1, ("team-a", "web-root"), 8192), "team-a",
+                            "web") is None
+
+
 def test_the_admitted_boot_is_the_status_field_or_an_older_status_naming_its_pod() -> None:
     assert quota.admitted_boot({"admittedBootID": 3, "bootID": 4}) == 3
     assert quota.admitted_boot({"bootID": 2, "pod": "web-boot-2"}) == 2  # written before admittedBootID existed
