@@ -16,8 +16,8 @@ description:
     restore needs to know. Never changes anything.
   - On the host backend the volume is the host store's record (as M(zjusct.cloud.host_volume_info) returns it); the
     store's volume names are host-wide, so O(namespace) is not used.
-  - On Kubernetes the volume is the PersistentVolumeClaim O(namespace)/O(name) and the PersistentVolume it is bound to
-    (C(spec.volumeName)); an RBD volume is a PV of the CSI driver C(rbd.csi.ceph.com) naming C(volumeAttributes)
+  - On Kubernetes the volume is the PersistentVolumeClaim O(namespace)/O(name), when it is Bound, and the
+    PersistentVolume it names (C(spec.volumeName)) when that PV's C(spec.claimRef) is this claim; an RBD volume is a PV of the CSI driver C(rbd.csi.ceph.com) naming C(volumeAttributes)
     C(pool) and C(imageName) (docs/controller.md, Root disk). Reading them needs C(get) on both kinds.
   - The backup and restore playbooks use it for both backends (docs/playbooks.md).
 extends_documentation_fragment:
@@ -88,8 +88,8 @@ volume:
   sample: {name: web-root, namespace: default, owner: alice, driver: rbd, claimed_by: 6c1f...,
            persistent_volume: default.web-root, rbd: {pool: rbd, image: default.web-root}}
 missing:
-  description: Why RV(volume) is null (no such volume; on Kubernetes also a claim not bound or its PV gone); empty
-    when it is not.
+  description: Why RV(volume) is null (no such volume; on Kubernetes also a claim not Bound, its PV gone, or a PV
+    whose C(spec.claimRef) names another claim); empty when it is not.
   returned: always
   type: str
   sample: no PersistentVolumeClaim default/web-root
