@@ -17,8 +17,9 @@ description:
   - On the host backend the volume is the host store's record (as M(zjusct.cloud.host_volume_info) returns it); the
     store's volume names are host-wide, so O(namespace) is not used.
   - On Kubernetes the volume is the PersistentVolumeClaim O(namespace)/O(name), when it is Bound, and the
-    PersistentVolume it names (C(spec.volumeName)) when that PV's C(spec.claimRef) is this claim; an RBD volume is a PV of the CSI driver C(rbd.csi.ceph.com) naming C(volumeAttributes)
-    C(pool) and C(imageName) (docs/controller.md, Root disk). Reading them needs C(get) on both kinds.
+    PersistentVolume it names (C(spec.volumeName)) when that PV's C(spec.claimRef) is this claim; an RBD volume
+    is a PV of the CSI driver C(rbd.csi.ceph.com) naming C(volumeAttributes) C(pool) and C(imageName)
+    (docs/controller.md, Root disk). Reading them needs C(get) on both kinds.
   - The backup and restore playbooks use it for both backends (docs/playbooks.md).
 extends_documentation_fragment:
   - zjusct.cloud.cloudvm_backend

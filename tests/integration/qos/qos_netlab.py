@@ -92,8 +92,8 @@ class Lab:
         raise AssertionError("iperf3 server did not start")
 
     def client(self, ns: str, addr: str, seconds: int, port: int = 5201, interval: float = 1.0) -> subprocess.Popen:
-        """A bounded iperf3 client (-t <= 5 s); the receiver reports every ``interval`` seconds (server side)."""
-        assert 1 <= seconds <= 5
+        """A bounded iperf3 client (-t <= 6 s); the receiver reports every ``interval`` seconds (server side)."""
+        assert 1 <= seconds <= 6
         p = subprocess.Popen(["ip", "netns", "exec", ns, *self.IPERF3, "-c", addr, "-p", str(port), "-t", str(seconds),
                               "-i", str(interval), "-J", "--connect-timeout", "3000"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
