@@ -18,8 +18,11 @@ from zjusct_launcher import kvm, lock, readiness
 from zjusct_launcher.qmp import QmpClient, QmpError
 
 
-def fake_qmp_server(path: str, script: list[bytes]) -> threading.Thread:
-    """Greets, answers qmp_capabilities, then for each later command sends ``script`` lines (events) then a return."""
+def fake_qmp_server(path: str, script: list[bytes], answers: dict[str, bytes] | None = None,
+                    seen: list[str] | None = None) -> threading.Thread:
+    """Greets, answers qmp_capabilities, then for each later command sends ``script`` lines (events) then its answer:
+    ``answers[command]`` (a JSON line) when given, an error for "bogus", else ``{"return": {}}``; appends each such
+    command (with its arguments, as JSON) to ``seen``."""
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(path)
     srv.listen(1)
@@ -30,11 +33,16 @@ def fake_qmp_server(path: str, script: list[bytes]) -> threading.Thread:
         f.write(b'{"QMP": {"version": {}, "capabilities": []}}\r\n')
         f.flush()
         for line in f:
-            cmd = json.loads(line)["execute"]
+            req = json.loads(line)
+            cmd = req["execute"]
             if cmd != "qmp_capabilities":
                 for ev in script:
                     f.write(ev + b"\r\n")
-            if cmd == "bogus":
+                if seen is not None:
+                    seen.append(json.dumps(req, sort_keys=True))
+            if answers and cmd in answers:
+                f.write(answers[cmd] + b"\r\n")
+            elif cmd == "bogus":
                 f.write(b'{"error": {"class": "CommandNotFound", "desc": "no bogus"}}\r\n')
             else:
                 f.write(b'{"return": {}}\r\n')
@@ -205,32 +213,6 @@ def test_a_qemu_boot_with_io_limits_fails_and_never_resumes_without_qmp(tmp_path
     assert plain.qmp is None
 
 
-def scripted_qmp_server(path: str, answers: dict[str, bytes], seen: list[str]) -> threading.Thread:
-    """Greets; answers each command with ``answers[command]`` (a JSON line), else ``{"return": {}}``; appends every
-    command after qmp_capabilities to ``seen`` (with its arguments)."""
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    srv.bind(path)
-    srv.listen(1)
-
-    def serve() -> None:
-        conn, _ = srv.accept()
-        f = conn.makefile("rwb")
-        f.write(b'{"QMP": {"version": {}, "capabilities": []}}\r\n')
-        f.flush()
-        for line in f:
-            req = json.loads(line)
-            if req["execute"] != "qmp_capabilities":
-                seen.append(json.dumps(req, sort_keys=True))
-            f.write(answers.get(req["execute"], b'{"return": {}}') + b"\r\n")
-            f.flush()
-        conn.close()
-        srv.close()
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    return t
-
-
 def _root_size_vmm(tmp_path: Path, size_mib: int, io_limits: dict | None = None) -> Any:
     from zjusct_launcher import config
     from zjusct_launcher.paths import RuntimePaths
@@ -254,7 +236,7 @@ def test_a_root_size_grows_a_smaller_disk_over_qmp_before_the_limits_and_the_res
     from zjusct_launcher.vmm import RunFailed
 
     seen: list[str] = []
-    scripted_qmp_server(str(tmp_path / "qmp.sock"), {"query-block": ROOT_4MIB}, seen)
+    fake_qmp_server(str(tmp_path / "qmp.sock"), [], {"query-block": ROOT_4MIB}, seen)
     vmm = _root_size_vmm(tmp_path, 12, {"writeIOPS": 200})
     vmm.attach(alive=lambda: True)
     vmm.cleanup()
@@ -264,7 +246,7 @@ def test_a_root_size_grows_a_smaller_disk_over_qmp_before_the_limits_and_the_res
 
     (tmp_path / "qmp.sock").unlink()
     seen.clear()
-    scripted_qmp_server(str(tmp_path / "qmp.sock"), {"query-block": ROOT_4MIB}, seen)
+    fake_qmp_server(str(tmp_path / "qmp.sock"), [], {"query-block": ROOT_4MIB}, seen)
     vmm = _root_size_vmm(tmp_path, 4)  # already that size: no resize
     vmm.attach(alive=lambda: True)
     vmm.cleanup()
@@ -272,7 +254,7 @@ def test_a_root_size_grows_a_smaller_disk_over_qmp_before_the_limits_and_the_res
 
     (tmp_path / "qmp.sock").unlink()
     seen.clear()
-    scripted_qmp_server(str(tmp_path / "qmp.sock"), {
+    fake_qmp_server(str(tmp_path / "qmp.sock"), [], {
         "query-block": ROOT_4MIB,
         "block_resize": b'{"error": {"class": "GenericError", "desc": "Cannot grow device files"}}'}, seen)
     vmm = _root_size_vmm(tmp_path, 12)
