@@ -42,14 +42,15 @@ def grow_file(path: str | None, size_mib: int | None) -> None:
         return
     wanted = size_mib * 1048576
     try:
-        if stat.S_ISBLK(os.stat(path).st_mode):  # a block device is not grown here: it must be large enough
+        st = os.stat(path)
+        if stat.S_ISBLK(st.st_mode):  # a block device is not grown here: it must be large enough
             with open(path, "rb") as dev:
                 current = dev.seek(0, os.SEEK_END)
             if current < wanted:
                 raise RunFailed("LauncherError", f"rootDisk.sizeMiB: the block device {path} has "
                                 f"{current // 1048576} MiB, below the {size_mib} MiB asked (a device is not grown)")
             return
-        current = os.stat(path).st_size
+        current = st.st_size
         if current < wanted:
             os.truncate(path, wanted)
             log.info("root disk grown", from_mib=current // 1048576, to_mib=size_mib)

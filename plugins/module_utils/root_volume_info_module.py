@@ -9,11 +9,7 @@ from __future__ import annotations
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.backend import backend_argument_spec, resolve_backend
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import CloudVMError
-from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
-    default_root_volume_claim,
-    dns_label_problem,
-    is_dns_subdomain,
-)
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import is_dns_subdomain, vm_option_claim
 
 ROOT_VOLUME_INFO_ONE_OF = [("name", "vm")]  # mutually exclusive and one of them required
 
@@ -28,7 +24,7 @@ def root_volume_info_argument_spec() -> dict:
 
 def run_root_volume_info(params: dict, check_mode: bool) -> dict:
     """The ``zjusct.cloud.root_volume_info`` module, read-only (the same in check mode). ``vm`` names the root
-    volume a new CloudVM of that name gets (:func:`model.spec.default_root_volume_claim`, ``<vm>-root``).
+    volume a new CloudVM of that name gets (:func:`model.spec.vm_option_claim`, ``<vm>-root``).
 
     Returns:
         ``{changed: False, name, volume, missing, volume_driver, rbd_image, host_config}`` (the module's RETURN).
@@ -37,10 +33,11 @@ def run_root_volume_info(params: dict, check_mode: bool) -> dict:
         CloudVMError: ``vm`` is not a DNS label or ``name`` not a DNS subdomain (option, value and rule named).
         CloudError: the host store or the API server cannot be read (named).
     """
-    problem = None if params.get("vm") is None else dns_label_problem("vm", params["vm"], "a CloudVM name such as web")
-    if problem:
-        raise CloudVMError(problem)
-    name = params.get("name") or default_root_volume_claim(str(params.get("vm")))
+    name = params.get("name")
+    if params.get("vm") is not None:
+        name, problem = vm_option_claim(params["vm"])
+        if problem:
+            raise CloudVMError(problem)
     if not is_dns_subdomain(name):
         raise CloudVMError(f"name: {name!r} is not a DNS subdomain (a volume or claim name such as web-root)")
     if resolve_backend(params) == "host":

@@ -45,10 +45,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.root_volume impor
 )
 from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.root_volume import claim_mark as _claim_mark
 from ansible_collections.zjusct.cloud.plugins.module_utils.k8s.root_volume import owner_of as _owner_of
-from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import (
-    default_root_volume_claim,
-    dns_label_problem,
-)
+from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import dns_label_problem, vm_option_claim
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.rbd import (
     META_OWNER,
     Connection,
@@ -386,7 +383,7 @@ def ensure(p: dict, rbd: Rbd, api: CoreApi, check_mode: bool, sleep: Callable[[f
 
 def run_root_volume_claim(params: dict, check_mode: bool) -> dict:
     """The ``zjusct.cloud.root_volume_claim`` module: :func:`ensure` of the claim ``name`` (or ``vm``'s default root
-    volume claim, :func:`model.spec.default_root_volume_claim`) with ``rbd_image`` defaulting to
+    volume claim, :func:`model.spec.vm_option_claim`) with ``rbd_image`` defaulting to
     :func:`derived_name` of namespace and name, ``volume_name`` to ``rbd_image``, on the cluster of the
     connection options and the API server of the kubernetes.core auth options.
 
@@ -396,10 +393,9 @@ def run_root_volume_claim(params: dict, check_mode: bool) -> dict:
     """
     p = dict(params)
     if p.get("vm") is not None:
-        problem = dns_label_problem("vm", p["vm"], "a CloudVM name such as web")
+        p["name"], problem = vm_option_claim(p["vm"])
         if problem:
             raise ClaimRefused(problem)
-        p["name"] = default_root_volume_claim(p["vm"])
     p["rbd_image"] = p.get("rbd_image") or derived_name(str(p["namespace"]), str(p["name"]))
     p["volume_name"] = p.get("volume_name") or p["rbd_image"]
     try:

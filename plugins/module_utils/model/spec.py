@@ -108,6 +108,12 @@ def default_root_volume_claim(vm_name: str) -> str:
     return f"{vm_name}-root"
 
 
+def vm_option_claim(vm: object) -> tuple[str, str | None]:
+    """The ``vm`` option of ``root_volume_info`` and ``root_volume_claim``: ``(its default root volume claim,
+    the refusal)``, the refusal None when ``vm`` is a DNS label (:func:`dns_label_problem`)."""
+    return default_root_volume_claim(str(vm)), dns_label_problem("vm", vm, "a CloudVM name such as web")
+
+
 def is_dns_label(value: object) -> bool:
     """True when ``value`` is an RFC 1123 DNS label (lower case, 1-63 characters)."""
     return isinstance(value, str) and bool(_DNS_LABEL.match(value))
