@@ -3,6 +3,6 @@
 Protocol: ``launcher.cloud.zjusct.io/v1`` (docs/launcher-protocol.md). Standard library only; Python >= 3.9.
 """
 
-__version__ = "1.3.0"
+__version__ = "1.4.0"
 API_VERSION = "launcher.cloud.zjusct.io/v1"
 PROTOCOL_VERSIONS = (API_VERSION,)

@@ -1,11 +1,12 @@
 """What a VMM can do, by name: the capability table and each VMM type's static profile (pure).
 
 A **capability** is something a LauncherConfig may ask of its VMM (:data:`CAPABILITIES`): TCG, the jailer, the
-user-mode network, an RBD root disk, O_DIRECT, a qcow2 root disk. Every VMM type has a :class:`Profile` in its own
-pure builder module (``qemu.PROFILE``, ``firecracker.PROFILE``): its ``hypervisor.type`` name, its default binary,
-what its kernel must look like, and the capabilities it **lacks**, each by name with the reason. A config that asks
-a VMM for a capability its profile lacks is refused by :func:`refusal` while it is parsed (``config.parse``,
-``ConfigInvalid``), naming the config field, the value and the types that have it::
+user-mode network, an RBD root disk, O_DIRECT, a qcow2 root disk, the serial console socket. Every VMM type has a
+:class:`Profile` in its own pure builder module (``qemu.PROFILE``, ``firecracker.PROFILE``): its
+``hypervisor.type`` name, its default binary, what its kernel must look like, and the capabilities it **lacks**, each
+by name with the reason. A config that asks a VMM for a capability its profile lacks is refused by :func:`refusal`
+while it is parsed (``config.parse``, ``ConfigInvalid``), naming the config field, the value and the types that
+have it::
 
     network.mode: "user" is only available with hypervisor.type qemu
 
@@ -43,7 +44,7 @@ class Capability:
             hypervisor.type), ``having`` (the types that have the capability, joined by " or ") and ``why``
             (`` (<the lacking profile's reason>)`` or empty).
         method: the :class:`vmm.Vmm` method that performs it during the run, or None when the VMM's command line
-            or files carry it (every capability so far).
+            or files carry it.
     """
 
     name: str
@@ -59,6 +60,8 @@ CAPABILITIES: Mapping[str, Capability] = {c.name: c for c in (
     Capability("rbd", "rootDisk.rbd", "{value}is only available with hypervisor.type {having}{why}"),
     Capability("directIO", "rootDisk.cache", "{value}(O_DIRECT) is only available with hypervisor.type {having}{why}"),
     Capability("qcow2", "rootDisk.format", "{value}is only available with hypervisor.type {having}{why}"),
+    Capability("serialConsole", "serialConsole", "{value}is only available with hypervisor.type {having}{why}",
+               method="open_serial_console"),
 )}
 """Capability name -> :class:`Capability`; the config asks for them where it parses their fields."""
 

@@ -1,7 +1,8 @@
-"""Command line: ``run --config FILE``, ``check --config FILE``, ``version``.
+"""Command line: ``run --config FILE``, ``check --config FILE``, ``version``, ``console --socket PATH``, ``gateway``.
 
 Exit codes: run -> 0/1/2/3 (docs/launcher-protocol.md); check -> 0 valid, 2 invalid (every problem on stdout,
-one per line), 1 hypervisor missing; version -> 0.
+one per line), 1 hypervisor missing; version -> 0; console -> 0 after a session, 1 when the console cannot be opened;
+gateway (the SSH gateway accounts' shell, :func:`console.gateway_main`) -> as console, 2 for a usage error.
 """
 
 from __future__ import annotations
@@ -55,7 +56,16 @@ def main(argv: list[str] | None = None) -> int:
     check_p = sub.add_parser("check", help="validate the config; list every problem; start nothing")
     check_p.add_argument("--config", required=True, help="LauncherConfig v1 JSON file")
     sub.add_parser("version", help="print the launcher version and the protocol versions it speaks (JSON)")
-    args = parser.parse_args(argv)
+    console_p = sub.add_parser("console", help="attach this terminal to a guest's serial console (detach: Ctrl-])")
+    console_p.add_argument("--socket", required=True, help="the boot's serialConsole.socketPath")
+    console_p.add_argument("--label", help="the VM's name in messages (default: the socket path)")
+    args_list = sys.argv[1:] if argv is None else argv
+    if args_list[:1] == ["gateway"]:
+        # sshd's "<shell> -c <command>": not argparse's to interpret (docs/security.md, the SSH gateway)
+        from zjusct_launcher import console
+
+        return console.gateway_main(args_list[1:])
+    args = parser.parse_args(args_list)
     if args.command == "version":
         print(json.dumps({"version": __version__, "protocols": list(PROTOCOL_VERSIONS),
                           "config": {"apiVersion": API_VERSION, "kind": cfgmod.KIND},
@@ -63,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "check":
         return _check(args.config)
+    if args.command == "console":
+        from zjusct_launcher import console
+
+        return console.attach(args.socket, args.label or args.socket)
     from zjusct_launcher.runner import run_file
 
     return run_file(args.config)

@@ -48,6 +48,11 @@ RUN_AS_ID = (1, 2**32 - 2)
 CMDLINE_MAX = 1900
 # sockaddr_un.sun_path is 108 bytes incl. NUL (unix(7)); the longest socket name we add is "/qmp.sock".
 RUNTIME_DIR_MAX = 96
+SOCKET_PATH_MAX = 107
+# serialConsole.uid/gid: the owner of the console socket; 0 (root) is allowed, (uid_t)-1 ("no change") is not.
+CONSOLE_ID = (0, 2**32 - 2)
+# serialConsole.socketPath: the characters a gateway's forced command line carries unquoted (network.gateway)
+CONSOLE_PATH_RE = re.compile(r"^/[A-Za-z0-9_./-]+$")
 # linux/if.h IFNAMSIZ 16 incl. NUL.
 IFNAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
 DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -194,6 +199,21 @@ class BootSlots:
 
 
 @dataclass(frozen=True)
+class SerialConsole:
+    """``serialConsole``: the guest's serial console on a unix socket (docs/launcher-protocol.md, "Serial console").
+
+    Attributes:
+        socket_path: the socket's absolute path (at most :data:`SOCKET_PATH_MAX` bytes); its directory must be
+            root's and writable by nobody else (checked when the socket is handed over).
+        uid, gid: the socket's owner once the VMM has made it (mode 0600): who may attach besides root.
+    """
+
+    socket_path: str
+    uid: int = 0
+    gid: int = 0
+
+
+@dataclass(frozen=True)
 class LauncherConfig:
     vm: VMRef
     machine: Machine
@@ -211,6 +231,7 @@ class LauncherConfig:
     ready_marker_path: str
     boot_slots: BootSlots | None = None
     stop_retry_interval_seconds: int = STOP_RETRY_INTERVAL_DEFAULT
+    serial_console: SerialConsole | None = None
     raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
 
 
@@ -589,9 +610,24 @@ def _parse_boot_slots(c: _Checker, raw: Any) -> BootSlots | None:
     return BootSlots(directory, count)
 
 
+def _parse_serial_console(c: _Checker, raw: Any) -> SerialConsole | None:
+    if raw is None:
+        return None
+    d = c.obj("serialConsole", raw, ("socketPath", "uid", "gid"), ("socketPath",))
+    path = c.abs_path("serialConsole.socketPath", d["socketPath"]) if "socketPath" in d else ""
+    if path and len(path.encode()) > SOCKET_PATH_MAX:
+        c.bad("serialConsole.socketPath", f"is {len(path.encode())} bytes long, above the maximum {SOCKET_PATH_MAX} "
+                                          "(unix socket paths are limited to 107 bytes)")
+    elif path and not CONSOLE_PATH_RE.match(path):
+        c.bad("serialConsole.socketPath", f"{_show(path)} has characters other than letters, digits and _ . / -")
+    uid = c.integer("serialConsole.uid", d["uid"], CONSOLE_ID) if "uid" in d else 0
+    gid = c.integer("serialConsole.gid", d["gid"], CONSOLE_ID) if "gid" in d else 0
+    return SerialConsole(path, uid, gid)
+
+
 TOP_FIELDS = ("apiVersion", "kind", "vm", "machine", "boot", "rootDisk", "identity", "network", "hypervisor",
               "readiness", "bootSlots", "stopTimeoutSeconds", "stopRetryIntervalSeconds", "runtimeDir", "serialLogPath",
-              "result", "readyMarkerPath")
+              "serialConsole", "result", "readyMarkerPath")
 TOP_REQUIRED = ("apiVersion", "kind", "vm", "machine", "boot", "rootDisk", "network", "hypervisor", "runtimeDir",
                 "serialLogPath", "result")
 
@@ -641,6 +677,9 @@ def parse(doc: Any) -> LauncherConfig:
         c.bad("runtimeDir", f"is {len(runtime_dir)} characters long, above the maximum {RUNTIME_DIR_MAX} "
                             "(unix socket paths are limited to 107 bytes)")
     serial = c.abs_path("serialLogPath", d["serialLogPath"]) if "serialLogPath" in d else ""
+    console = _parse_serial_console(c, d.get("serialConsole"))
+    if console is not None:
+        _ask(c, hyp.type, "serialConsole")
     res = c.obj("result", d.get("result", {}), ("path", "terminationMessagePath"), ("path",)) \
         if "result" in d else {}
     result_path = c.abs_path("result.path", res["path"]) if "path" in res else ""
@@ -651,4 +690,4 @@ def parse(doc: Any) -> LauncherConfig:
     if c.problems:
         raise ConfigError(c.problems)
     return LauncherConfig(vm, machine, boot, root, identity, net, hyp, readiness, stop, runtime_dir, serial,
-                          result_path, term, ready_path, boot_slots, stop_retry, raw=doc)
+                          result_path, term, ready_path, boot_slots, stop_retry, console, raw=doc)

@@ -36,7 +36,8 @@ DEFAULT_BINARY = "firecracker"
 PROFILE = Profile(
     type="firecracker", default_binary=DEFAULT_BINARY,
     lacks={"tcg": "it needs KVM", "userNetwork": "", "rbd": "Firecracker has no librbd", "directIO": "",
-           "qcow2": "Firecracker opens raw files only"},
+           "qcow2": "Firecracker opens raw files only",
+           "serialConsole": "its serial console is the VMM's standard input and output, which only the launcher holds"},
     kernel_magic=b"\x7fELF", kernel_refusal="is not an uncompressed ELF vmlinux (Firecracker cannot boot a bzImage)")
 # Boot args Firecracker guests need: reset through the keyboard controller, no PCI probing, fast i8042 probe.
 EXTRA_BOOT_ARGS = "reboot=k pci=off i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd"

@@ -141,6 +141,21 @@ def root_resize(block_devices: list[dict[str, Any]], size_mib: int) -> tuple[int
     raise ValueError("query-block lists no root disk (node-name root)")
 
 
+def serial_chardev(cfg: LauncherConfig) -> list[str]:
+    """The ``-chardev`` of the guest's serial port (``serial0``).
+
+    Without ``serialConsole``: a file, ``serialLogPath``, appended. With it: a listening unix socket at
+    ``serialConsole.socketPath`` (``server=on,wait=off``: the guest runs whether or not anyone is attached, and
+    QEMU serves one client at a time) that still appends everything the guest writes to ``serialLogPath``
+    (``logfile``, ``logappend``), attached or not: the panic check and the operator's log read the same file.
+    """
+    log = opt_escape(cfg.serial_log_path)
+    if cfg.serial_console is None:
+        return ["-chardev", f"file,id=serial0,path={log},append=on"]
+    return ["-chardev", f"socket,id=serial0,path={opt_escape(cfg.serial_console.socket_path)},server=on,wait=off,"
+                        f"logfile={log},logappend=on"]
+
+
 def build_argv(cfg: LauncherConfig, binary: str, accel: str, paths: RuntimePaths,
                root_is_block_device: bool = False) -> list[str]:
     """The QEMU argument list for one boot.
@@ -159,8 +174,7 @@ def build_argv(cfg: LauncherConfig, binary: str, accel: str, paths: RuntimePaths
     argv += ["-smp", str(m.vcpus), "-m", f"{m.memory_mib}M",
              "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
              "-action", "panic=shutdown", "-device", "pvpanic",
-             "-chardev", f"file,id=serial0,path={opt_escape(cfg.serial_log_path)},append=on",
-             "-serial", "chardev:serial0",
+             *serial_chardev(cfg), "-serial", "chardev:serial0",
              "-qmp", f"unix:{opt_escape(paths.qmp_socket)},server=on,wait=off",
              "-kernel", cfg.boot.kernel, *sandbox_args(cfg)]
     if cfg.boot.initrd:

@@ -367,6 +367,8 @@ class Runner:
         cfg = self.cfg
         assert self.proc is not None
         self.vmm.attach(self._alive)
+        if cfg.serial_console is not None:
+            vmm.capability_method(self.vmm, "serialConsole")()
         ready_r, ready_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         if cfg.readiness is not None:
             threading.Thread(target=self._readiness, args=(ready_w,), name="readiness", daemon=True).start()

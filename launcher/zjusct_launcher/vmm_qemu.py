@@ -13,6 +13,9 @@
   a guest never runs without the limits its config asks for.
 * Root disk growth: with ``rootDisk.sizeMiB`` QEMU starts paused too; :meth:`QemuVmm.attach` grows a smaller root
   disk (``block_resize``) before ``cont``; a failure ends the boot (``LauncherError``).
+* Serial console: with ``serialConsole`` QEMU listens on its socket (:func:`qemu.serial_chardev`);
+  :meth:`QemuVmm.open_serial_console` hands the socket to ``serialConsole.uid``/``gid`` (0600) once QEMU made it,
+  and :meth:`QemuVmm.cleanup` removes it.
 """
 
 from __future__ import annotations
@@ -155,6 +158,41 @@ class QemuVmm:
             raise StopFailed(str(exc)) from exc
         return "QMP system_powerdown"
 
+    def open_serial_console(self) -> None:
+        """Hand QEMU's console socket to ``serialConsole.uid``:``gid``, mode 0600 (capability ``serialConsole``).
+
+        Called once QMP answers, so QEMU has made every chardev. The socket's directory must be root's and writable
+        by nobody else: the owner change goes by path, and in a directory another user could write, the path could
+        be swapped for a link to another file between the check and the change.
+
+        Raises:
+            RunFailed: ``LauncherError`` naming ``serialConsole.socketPath`` when the socket is missing or not a
+                socket, its directory is not root's alone, or the owner change fails.
+        """
+        console = self.cfg.serial_console
+        assert console is not None
+        path = console.socket_path
+        try:
+            parent = os.stat(os.path.dirname(path))
+            if parent.st_uid != 0 or parent.st_mode & 0o022:
+                raise RunFailed("LauncherError", f"serialConsole.socketPath: its directory {os.path.dirname(path)} "
+                                f"(uid {parent.st_uid}, mode {parent.st_mode & 0o7777:04o}) must be root's and "
+                                "writable by nobody else")
+            if not stat.S_ISSOCK(os.lstat(path).st_mode):
+                raise RunFailed("LauncherError", f"serialConsole.socketPath: {path} is not a socket")
+            os.chown(path, console.uid, console.gid, follow_symlinks=False)
+            os.chmod(path, 0o600)
+        except OSError as exc:
+            raise RunFailed("LauncherError", f"serialConsole.socketPath: {path}: {exc.strerror}") from None
+        log.info("serial console open", socket=path, uid=console.uid, gid=console.gid)
+
     def cleanup(self) -> None:
         if self.qmp is not None:
             self.qmp.close()
+        console = self.cfg.serial_console
+        if console is not None:
+            try:
+                if stat.S_ISSOCK(os.lstat(console.socket_path).st_mode):
+                    os.unlink(console.socket_path)
+            except OSError:
+                pass

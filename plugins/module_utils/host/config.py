@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 from typing import Optional, Tuple
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.supervisor import LauncherPaths
+from ansible_collections.zjusct.cloud.plugins.module_utils.model import names as _names
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.spec import validate_disk_io
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.driver import UnknownDriver, VolumeSettings, driver
 
@@ -30,6 +31,14 @@ VMM_UID_BASE = 1610612736
 VMM_UID_MIN_BASE = 65536
 VMM_UID_MAX = 2**31 - 1
 # the launcher's hypervisor.tcgCPUModel rule (launcher/zjusct_launcher/config.py CPU_MODEL_RE)
+# the guests' serial console sockets: <runtime_dir>/consoles/<namespace>_<name>.sock (HostConfig.console_socket),
+# within sockaddr_un.sun_path's 107 bytes (unix(7)); a runtime_dir of at most 80 characters leaves the name >= 11
+# (names.fit keeps a prefix and 8 hash digits)
+SOCKET_PATH_MAX = 107
+CONSOLE_SUBDIR = "consoles"
+CONSOLE_SUFFIX = ".sock"
+RUNTIME_DIR_MAX = 80
+RUNTIME_DIR_RE = re.compile(r"^/[A-Za-z0-9_./-]*$")
 CPU_MODEL_RE = re.compile(r"^[A-Za-z0-9_.-]+(,[+-]?[A-Za-z0-9_.-]+(=[A-Za-z0-9_.-]+)?)*$")
 BOOT_SLOTS_MAX = 1024  # the launcher's bootSlots.count range (docs/launcher-protocol.md)
 
@@ -156,6 +165,19 @@ class HostConfig:
             return None
         return f"{account}@{self.gateway_host or self.node}:{self.gateway_port}"
 
+    @property
+    def console_dir(self) -> str:
+        """Where the guests' serial console sockets are (``<runtime_dir>/consoles``)."""
+        return os.path.join(self.runtime_dir, CONSOLE_SUBDIR)
+
+    def console_socket(self, namespace: str, name: str) -> str:
+        """The serial console socket of VM ``namespace/name`` (LauncherConfig ``serialConsole.socketPath``):
+        ``<console_dir>/<namespace>_<name>.sock``, the name fitted (:func:`model.names.fit`) so that the path stays
+        within a unix socket's 107 bytes (:func:`load` refuses a ``runtime_dir`` longer than :data:`RUNTIME_DIR_MAX`,
+        which would leave no room)."""
+        room = SOCKET_PATH_MAX - len(self.console_dir) - 1 - len(CONSOLE_SUFFIX)
+        return os.path.join(self.console_dir, _names.fit(f"{namespace}_{name}", room) + CONSOLE_SUFFIX)
+
     def vmm_run_as(self, ipv4: str) -> Optional[dict]:
         """The launcher's ``hypervisor.runAs`` for the VM leased ``ipv4`` (an address inside ``subnet``).
 
@@ -261,6 +283,11 @@ def load(path: Optional[str] = None) -> HostConfig:
         if base + size - 1 > VMM_UID_MAX:
             raise ValueError(f"host_config: vmm_uid_base: {base} + the {size} addresses of the subnet exceed"
                              f" {VMM_UID_MAX} (uids above 2^31-1 are avoided)")
+    runtime = data.get("runtime_dir", HostConfig.runtime_dir)
+    if not isinstance(runtime, str) or not RUNTIME_DIR_RE.match(runtime) or len(runtime) > RUNTIME_DIR_MAX:
+        raise ValueError(f"host_config: runtime_dir: {runtime!r} is not an absolute path of at most {RUNTIME_DIR_MAX}"
+                         " characters among letters, digits and _ . / - (hypervisor_runtime_dir; the guests' console"
+                         " sockets are below it, and a unix socket path is at most 107 bytes)")
     port = data.get("gateway_port", HostConfig.gateway_port)
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
         raise ValueError(f"host_config: gateway_port: {port!r} is not a TCP port (an integer 1-65535)"

@@ -11,6 +11,7 @@ import sqlite3
 from ansible_collections.zjusct.cloud.plugins.module_utils.common.errors import CloudError
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import load
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.network import (
+    ensure_console_dir,
     ensure_network,
     forwarding_warning,
     live_taps,
@@ -54,8 +55,20 @@ def ensure_host_network(params: dict, check_mode: bool) -> dict:
         changed = not net.netns_exists(cfg.netns) or not net.link_exists(cfg.netns, cfg.bridge)
     else:
         changed = ensure_network(cfg)
+    if not check_mode:
+        changed |= ensure_console_dir(cfg)  # its group follows the gateway's on/off
     if cfg.gateway_source() is not None:
-        changed |= gw.ensure_gateway(cfg.gateway_dir, cfg.gateway_port, check_mode)
+        problems = gw.launcher_problems(cfg.launcher_pythonpath)
+        if problems and check_mode:
+            changed = True  # the role's own tasks before this one may fix it
+        elif problems:
+            raise gw.GatewayError(
+                f"launcher_pythonpath (hypervisor_launcher_dir): {cfg.launcher_pythonpath}: the SSH gateway's accounts"
+                " run the launcher's console client from it as themselves (their login shell), so every directory"
+                " down to it must be passable by others and it readable; " + "; ".join(problems)
+                + ". Make them 0755 (the hypervisor role does for its own directories)")
+        changed |= gw.ensure_gateway(cfg.gateway_dir, cfg.gateway_port,
+                                     gw.shell_script(cfg.launcher_command, cfg.launcher_pythonpath), check_mode)
         changed |= sync_gateway(cfg, check_mode=check_mode)
     removed: list[str] = []
     if params.get("sweep") and net.netns_exists(cfg.netns):

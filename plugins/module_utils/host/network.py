@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 from typing import Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.common import flock as _flock
@@ -116,8 +117,56 @@ def running_boot_keys(paths: sup.LauncherPaths, locks: Optional[sup.LockTable] =
     return list(keys) if isinstance(keys, list) else None
 
 
+def ensure_console_dir(cfg: HostConfig) -> bool:
+    """Make ``cfg.console_dir``, where the guests' console sockets are: root:zjusct-gateway 0710 while the SSH
+    gateway is on (its accounts reach their own sockets, owned by them, and cannot list the others), root:root 0700
+    otherwise. Root's and writable by root alone, as the launcher requires before it hands a socket over.
+    Returns whether it changed anything.
+
+    Raises:
+        GatewayError: the gateway's group cannot be created. OSError: the directory cannot be made.
+    """
+    gid = gw.group_id() if cfg.gateway_source() is not None else 0
+    mode = 0o710 if gid else 0o700
+    os.makedirs(cfg.runtime_dir, mode=0o755, exist_ok=True)
+    changed = False
+    try:
+        os.mkdir(cfg.console_dir, 0o700)
+        changed = True
+    except FileExistsError:
+        pass
+    st = os.lstat(cfg.console_dir)
+    if (st.st_uid, st.st_gid) != (0, gid):
+        os.chown(cfg.console_dir, 0, gid, follow_symlinks=False)
+        changed = True
+    if st.st_mode & 0o7777 != mode:
+        os.chmod(cfg.console_dir, mode)
+        changed = True
+    return changed
+
+
+def serial_console(cfg: HostConfig, owner: str, namespace: str, name: str) -> dict:
+    """The ``serialConsole`` of a boot of VM ``namespace/name`` (docs/tenants.md, "Serial console").
+
+    The socket is :meth:`HostConfig.console_socket`; it belongs to the owner's gateway account (``zc-<owner>``,
+    created here when missing) while the SSH gateway is on, so that only she (and root) attaches; to root
+    otherwise (the operator's ``zjusct-launcher console``). Makes the directory (:func:`ensure_console_dir`).
+
+    Raises:
+        GatewayError: the account cannot be created. OSError: the directory cannot be made.
+    """
+    ensure_console_dir(cfg)
+    uid = 0
+    if cfg.gateway_source() is not None:
+        account = gw.account_name(owner)
+        gw.ensure_account(account, os.path.join(cfg.gateway_dir, gw.SHELL))
+        uid = pwd.getpwnam(account).pw_uid
+    return {"socketPath": cfg.console_socket(namespace, name), "uid": uid, "gid": 0}
+
+
 def gateway_vms(cfg: HostConfig, store: HostStore) -> list[dict]:
-    """``{"owner", "ipv4", "keys"}`` of every VM in ``store`` holding an address lease (network.gateway.key_grants).
+    """``{"owner", "ipv4", "keys", "console"}`` of every VM in ``store`` holding an address lease
+    (network.gateway.key_grants; ``console`` is ``[<namespace>/<name>, its console socket]``).
 
     ``keys`` are the VM's keys in effect (:func:`network.gateway.keys_in_effect`): those of the boot its guest
     runs (:func:`running_boot_keys`), else its spec's. The kernel's lock table is read once for all VMs.
@@ -130,7 +179,10 @@ def gateway_vms(cfg: HostConfig, store: HostStore) -> list[dict]:
         vm = vms[lease["vm_uid"]]
         paths = cfg.launcher_paths(vm["metadata"]["namespace"], vm["metadata"]["name"])
         keys = gw.keys_in_effect(vm["spec"].get("sshAuthorizedKeys"), running_boot_keys(paths, locks))
-        out.append({"owner": vm["spec"]["owner"], "ipv4": lease["ipv4"], "keys": keys})
+        meta = vm["metadata"]
+        out.append({"owner": vm["spec"]["owner"], "ipv4": lease["ipv4"], "keys": keys,
+                    "console": [f"{meta['namespace']}/{meta['name']}",
+                                cfg.console_socket(meta["namespace"], meta["name"])]})
     return out
 
 

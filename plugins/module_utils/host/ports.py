@@ -39,6 +39,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.host import superviso
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import HostConfig
 from ansible_collections.zjusct.cloud.plugins.module_utils.host.network import (
     ensure_network,
+    serial_console,
     sync_gateway,
     sync_isolation,
 )
@@ -119,6 +120,14 @@ class Network(Protocol):
         """Remove the lease's TAP (a missing one is no error) and sync the gateway (the boot that ended no longer
         holds the VM's keys there: its spec's apply, which its next boot gets); the lease itself stays."""
 
+    def serial_console(self, vm: dict) -> Optional[dict]:
+        """The LauncherConfig ``serialConsole`` of the VM's next boot (its socket ready to be owned by whoever
+        may attach), None when its VMM has no console socket.
+
+        Raises:
+            GatewayError, OSError, ValueError: naming the account, directory or setting that failed.
+        """
+
 
 class Supervisor(Protocol):
     """The launcher processes of a VM (one per boot), found through its :class:`host.supervisor.LauncherPaths`."""
@@ -198,6 +207,13 @@ class HostNetwork:
     def detach(self, lease: dict) -> None:
         net.remove_tap(self.cfg.netns, lease["tap"])
         sync_gateway(self.cfg, self.store)  # keys changed during the boot that ended take effect now
+
+    def serial_console(self, vm: dict) -> Optional[dict]:
+        # QEMU's socket (launcher capability serialConsole); Firecracker's console is its stdio
+        if self.cfg.hypervisor != "qemu":
+            return None
+        meta = vm["metadata"]
+        return serial_console(self.cfg, vm["spec"]["owner"], meta["namespace"], meta["name"])
 
 
 class HostSupervisor:

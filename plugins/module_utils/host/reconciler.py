@@ -79,13 +79,15 @@ def host_node(cfg: HostConfig) -> Node:
     return Node(cfg.node, physical, ratios)
 
 
-def launcher_config(cfg: HostConfig, vm: dict, volume: dict, lease: dict, root_disk: dict) -> dict:
+def launcher_config(cfg: HostConfig, vm: dict, volume: dict, lease: dict, root_disk: dict,
+                    serial_console: Optional[dict] = None) -> dict:
     """The LauncherConfig of ``spec.bootID`` (docs/launcher-protocol.md) for ``vm`` on this host.
 
     Args:
         volume: the root volume's store record (its ``image`` directory holds vmlinuz, initrd.img, manifest.json).
         lease: the VM's lease (``ipv4``, ``mac``, ``tap``).
         root_disk: the volume driver's ``rootDisk`` object (:meth:`storage.driver.VolumeDriver.root_disk`).
+        serial_console: ``serialConsole`` (:meth:`host.ports.Network.serial_console`), None for none.
 
     Raises:
         OSError: the image set's manifest cannot be read.
@@ -113,6 +115,7 @@ def launcher_config(cfg: HostConfig, vm: dict, volume: dict, lease: dict, root_d
         ready_marker_path=paths.ready(boot),
         boot_slots=cfg.boot_slots(),
         disk_io_limits=cfg.disk_io_limits,
+        serial_console=serial_console,
     ))
 
 
@@ -315,7 +318,8 @@ class HostReconciler:
             store.record_event("Warning", cfg.node, "WaterLevelHigh",
                                f"{alert} at {verdict.levels[alert]:.0%} of capacity after placing {subject}")
         paths = self.paths(vm)
-        config = launcher_config(cfg, vm, volume, lease, volume_driver.root_disk(self.volumes.settings(), volume))
+        config = launcher_config(cfg, vm, volume, lease, volume_driver.root_disk(self.volumes.settings(), volume),
+                                 self.network.serial_console(vm))
         boot = int(spec["bootID"])
         # what this start takes from here on, undone newest first when a later step fails
         undo: list[Callable[[], None]] = [lambda: store.delete_allocation(uid), lambda: self.network.detach(lease)]

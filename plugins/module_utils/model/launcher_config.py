@@ -42,6 +42,7 @@ class Placement:
         boot_slots: ``bootSlots`` (``{"directory", "count"}``), None for none.
         disk_io_limits: the operator's disk I/O limits (:data:`model.spec.DISK_IO` keys), None for none; with the VM's
             ``spec.diskIO`` they make ``rootDisk.ioLimits`` (:func:`model.disk_io.effective`).
+        serial_console: ``serialConsole`` (``{"socketPath", "uid", "gid"}``), None for none (the serial log only).
     """
 
     boot: dict
@@ -56,6 +57,7 @@ class Placement:
     ready_marker_path: Optional[str] = None
     boot_slots: Optional[dict] = field(default=None)
     disk_io_limits: Optional[dict] = field(default=None)
+    serial_console: Optional[dict] = field(default=None)
 
 
 def launcher_config(vm: dict, placement: Placement) -> dict:
@@ -94,6 +96,8 @@ def launcher_config(vm: dict, placement: Placement) -> dict:
         doc["readyMarkerPath"] = placement.ready_marker_path
     if placement.boot_slots:
         doc["bootSlots"] = dict(placement.boot_slots)
+    if placement.serial_console:
+        doc["serialConsole"] = dict(placement.serial_console)
     io_limits = disk_io.effective(spec.get("diskIO"), placement.disk_io_limits)
     if io_limits:
         doc["rootDisk"]["ioLimits"] = io_limits

@@ -11,10 +11,13 @@ Design (docs/security.md, "Tenants reach their own VMs: the SSH gateway"):
   guest's port 22 in from the outer uplink address only (:func:`network.hostnet.guard_ruleset`), and the outer
   namespace lets only root and the gateway group open such connections (:func:`network.hostnet.uplink_outer_ruleset`).
 * One system account per owner (:func:`account_name`, ``zc-<owner>``), primary group
-  :data:`GROUP`, shell ``/usr/sbin/nologin``, no password, created with ``useradd`` argv.
+  :data:`GROUP`, no password, created with ``useradd`` argv. Its login shell is ``<gateway_dir>/shell``
+  (:func:`shell_script`): the launcher's console client (``zjusct-launcher gateway``), never a command shell.
 * The accounts' keys are ``<gateway_dir>/keys/<account>`` (root:GROUP, 0640), written by the cloud from the
-  VMs' keys and leases: one line per distinct public key of the owner's VMs, ``restrict,port-forwarding``
-  and one ``permitopen="<ip>:22"`` per VM of that owner whose keys list it (:func:`authorized_keys`).
+  VMs' keys and leases: one line per distinct public key of the owner's VMs, ``restrict,pty,port-forwarding``,
+  one ``permitopen="<ip>:22"`` per VM of that owner whose keys list it, and the forced ``command`` naming the
+  serial console sockets of those same VMs (:func:`authorized_keys`): ``ssh -t <account>@<gateway> console
+  <vm>`` attaches to one of them (docs/tenants.md, "Serial console"), and nothing else runs.
   A VM's keys are those of the boot its guest runs, else its spec's (:func:`keys_in_effect`): a change of
   ``spec.sshAuthorizedKeys`` takes effect at the next boot, on the gateway as in the guest.
   They are rewritten atomically (temporary file + rename) under a host flock whenever a VM gets its
@@ -37,6 +40,7 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import shlex
 import subprocess
 import tempfile
 from typing import Iterable, Optional
@@ -50,7 +54,11 @@ ACCOUNT_PREFIX = "zc-"
 # useradd(8): user names are at most 32 characters (Debian's shadow; UT_NAMESIZE of utmp)
 ACCOUNT_NAME_MAX = 32
 GROUP = "zjusct-gateway"
-NOLOGIN = "/usr/sbin/nologin"
+SHELL = "shell"
+"""The accounts' login shell in the gateway's directory (:func:`shell_script`)."""
+HOME = "/"
+"""The accounts' home: sshd changes into it before the shell runs (none of their own; a missing one is a warning on
+the tenant's console)."""
 GUEST_SSH_PORT = 22
 HOST_KEY = "ssh_host_ed25519_key"
 
@@ -94,15 +102,17 @@ def keys_in_effect(spec_keys: Optional[list], boot_keys: Optional[list]) -> list
 
 
 def key_grants(vms: Iterable[dict]) -> dict:
-    """Which key may open which guest, per owner.
+    """Which key may open which guest, and which console, per owner.
 
     Args:
-        vms: ``{"owner": str, "ipv4": str, "keys": [OpenSSH public key lines]}`` for each VM holding an
-            address lease (a stopped VM keeps its lease and its address stays its own).
+        vms: ``{"owner": str, "ipv4": str, "keys": [OpenSSH public key lines], "console": [label, socket path]}``
+            for each VM holding an address lease (a stopped VM keeps its lease and its address stays its own);
+            ``label`` is ``<namespace>/<name>``; ``console`` may be absent (no console).
 
     Returns:
-        account name -> {key identity -> sorted list of IPv4 addresses}: a key opens exactly the VMs of its
-        owner whose spec lists it. Lines that are not public keys are left out.
+        account name -> {key identity -> {"ipv4": sorted addresses, "consoles": {label: socket path}}}: a key
+        opens exactly the VMs of its owner whose keys list it, and their consoles. Lines that are not public
+        keys are left out.
     """
     grants: dict = {}
     for vm in vms:
@@ -110,36 +120,65 @@ def key_grants(vms: Iterable[dict]) -> dict:
         for line in vm.get("keys") or []:
             ident = key_identity(line)
             if ident is not None:
-                per_key.setdefault(ident, set()).add(str(vm["ipv4"]))
-    return {account: {k: sorted(v) for k, v in keys.items()} for account, keys in grants.items()}
+                grant = per_key.setdefault(ident, {"ipv4": set(), "consoles": {}})
+                grant["ipv4"].add(str(vm["ipv4"]))
+                if vm.get("console"):
+                    label, path = vm["console"]
+                    grant["consoles"][label] = path
+    return {account: {k: {"ipv4": sorted(g["ipv4"]), "consoles": dict(sorted(g["consoles"].items()))}
+                      for k, g in keys.items()} for account, keys in grants.items()}
 
 
 def authorized_keys(per_key: dict) -> str:
     """The authorized_keys file of one gateway account.
 
     Args:
-        per_key: key identity -> IPv4 addresses (one account's part of :func:`key_grants`).
+        per_key: key identity -> ``{"ipv4", "consoles"}`` (one account's part of :func:`key_grants`).
 
     Returns:
-        One line per key: ``restrict,port-forwarding,permitopen="<ip>:22",... <type> <base64>``, sorted; ""
-        when there is no key. ``restrict`` turns off PTYs, agent and X11 forwarding, remote forwarding and
-        ~/.ssh/rc; ``port-forwarding`` re-allows local forwarding, limited by sshd to the ``permitopen`` list.
+        One line per key, sorted: ``restrict,pty,port-forwarding,permitopen="<ip>:22",...,command="<ns>/<name>=
+        <socket> ..." <type> <base64>``; "" when there is no key. ``restrict`` turns off PTYs, agent and X11
+        forwarding, remote forwarding and ~/.ssh/rc; ``port-forwarding`` re-allows local forwarding, limited by
+        sshd to the ``permitopen`` list; ``pty`` re-allows a terminal for the console. The forced ``command`` is
+        what sshd hands the account's shell (``zjusct-launcher gateway``) whatever the client asks to run: the
+        consoles this key may attach to (socket paths have only letters, digits and ``_ . / -``, so nothing in
+        it needs quoting).
     """
     lines = []
     for ident in sorted(per_key):
-        opens = ",".join(f'permitopen="{ip}:{GUEST_SSH_PORT}"' for ip in sorted(per_key[ident]))
+        grant = per_key[ident]
+        opens = ",".join(f'permitopen="{ip}:{GUEST_SSH_PORT}"' for ip in grant["ipv4"])
+        consoles = " ".join(f"{label}={path}" for label, path in grant["consoles"].items())
         if opens:
-            lines.append(f"restrict,port-forwarding,{opens} {ident}")
+            lines.append(f'restrict,pty,port-forwarding,{opens},command="{consoles}" {ident}')
     return "".join(line + "\n" for line in lines)
+
+
+def shell_script(launcher_command: Iterable[str], pythonpath: str) -> str:
+    """``<gateway_dir>/shell``, the gateway accounts' login shell: runs ``<launcher_command> gateway "$@"``.
+
+    sshd runs a session as ``<shell> -c <command>``, the command being the key's forced one; the launcher's
+    ``gateway`` (``zjusct_launcher.console.gateway_main``) reads it as the consoles granted and the client's
+    ``SSH_ORIGINAL_COMMAND`` as the choice, and runs nothing else (no ``sh -c`` anywhere).
+
+    Args:
+        launcher_command: the argv prefix that runs the launcher (host config ``launcher_command``).
+        pythonpath: ``PYTHONPATH`` for it (host config ``launcher_pythonpath``; "" for none).
+    """
+    prefix = f"PYTHONPATH={shlex.quote(pythonpath)} " if pythonpath else ""
+    argv = " ".join(shlex.quote(a) for a in launcher_command)
+    return ("#!/bin/sh\n# zjusct.cloud SSH gateway accounts' shell (written by zjusct.cloud.host_network;"
+            " docs/security.md)\n" f'{prefix}exec {argv} gateway "$@"\n')
 
 
 def sshd_config(directory: str, port: int) -> str:
     """The gateway sshd's configuration (``<directory>/sshd_config``).
 
     Only members of :data:`GROUP` may log in, by public key only, keys read only from
-    ``<directory>/keys/%u``; no shell (``ForceCommand`` nologin, no TTY), no agent, X11, remote or
-    Unix-socket forwarding, no tunnels; local TCP forwarding to port 22 only (``PermitOpen *:22``, narrowed
-    per key to the owner's VMs by ``permitopen`` in the keys file).
+    ``<directory>/keys/%u``; no command shell (the accounts' shell is :func:`shell_script`, each key's
+    ``command`` forced), no agent, X11, remote or Unix-socket forwarding, no tunnels; local TCP forwarding to
+    port 22 only (``PermitOpen *:22``, narrowed per key to the owner's VMs by ``permitopen`` in the keys file);
+    a terminal only for the console (``PermitTTY``, re-allowed per key by ``pty``).
     """
     return "\n".join([
         "# zjusct.cloud SSH gateway (written by zjusct.cloud.host_network; docs/security.md)",
@@ -158,7 +197,7 @@ def sshd_config(directory: str, port: int) -> str:
         "PermitEmptyPasswords no",
         "UsePAM no",
         "StrictModes yes",
-        "PermitTTY no",
+        "PermitTTY yes",
         "PermitUserRC no",
         "PermitUserEnvironment no",
         "X11Forwarding no",
@@ -169,7 +208,6 @@ def sshd_config(directory: str, port: int) -> str:
         "PermitListen none",
         "PermitTunnel no",
         f"PermitOpen *:{GUEST_SSH_PORT}",
-        f"ForceCommand {NOLOGIN}",
         "PrintMotd no",
         "Banner none",
         "ClientAliveInterval 60",
@@ -234,32 +272,37 @@ def group_id() -> int:
     return grp.getgrnam(GROUP).gr_gid
 
 
-def ensure_account(name: str) -> bool:
-    """Create the system account ``name`` (group :data:`GROUP`, nologin shell, no home, no password).
+def ensure_account(name: str, shell: str) -> bool:
+    """Create the system account ``name`` (group :data:`GROUP`, login shell ``shell``, home ``/``, no password).
 
     The password field is ``*`` (no password matches it) rather than useradd's ``!``: sshd without PAM
     refuses every login, public key included, to an account whose password is locked with ``!``. An
     existing account of that name is used only if its primary group is :data:`GROUP`; otherwise
-    :class:`GatewayError` (the name belongs to someone else).
+    :class:`GatewayError` (the name belongs to someone else). An existing account with another shell or home (the
+    ``/usr/sbin/nologin`` and ``/nonexistent`` of gateways before the serial console) gets ``shell`` and ``/``.
 
     Returns:
-        whether the account was created or unlocked.
+        whether the account was created, unlocked or given its shell.
     """
     gid = group_id()
     try:
         entry = pwd.getpwnam(name)
     except KeyError:
-        _run(["useradd", "--system", "--gid", GROUP, "--no-create-home", "--home-dir", "/nonexistent",
-              "--shell", NOLOGIN, "--comment", "zjusct.cloud SSH gateway", "--password", "*", name])
+        _run(["useradd", "--system", "--gid", GROUP, "--no-create-home", "--home-dir", HOME,
+              "--shell", shell, "--comment", "zjusct.cloud SSH gateway", "--password", "*", name])
         return True
     if entry.pw_gid != gid:
         raise GatewayError(f"account {name}: exists with primary group {entry.pw_gid}, not {GROUP} ({gid});"
                            " it is not a gateway account, so it is not taken over")
+    changed = False
+    if (entry.pw_shell, entry.pw_dir) != (shell, HOME):
+        _run(["usermod", "--shell", shell, "--home", HOME, name])
+        changed = True
     shadow = _run(["getent", "shadow", name]).stdout.split(":")
     if len(shadow) > 1 and shadow[1].startswith("!"):
         _run(["usermod", "--password", "*", name])
-        return True
-    return False
+        changed = True
+    return changed
 
 
 def _write_atomic(path: str, content: str, mode: int, gid: int = 0) -> bool:
@@ -327,10 +370,11 @@ def check_path(directory: str, gid: Optional[int]) -> list:
     return path_problems(_ancestors(directory)[0], gid)
 
 
-def ensure_gateway(directory: str, port: int, check_mode: bool = False) -> bool:
+def ensure_gateway(directory: str, port: int, shell: str, check_mode: bool = False) -> bool:
     """Install the gateway's files: ``<directory>`` (0755, and any missing directory above it root 0755), its
-    host key, ``sshd_config`` (0644) and the keys directory (root:GROUP 0750); create :data:`GROUP`. Starting
-    sshd is the role's (or the test's).
+    host key, ``sshd_config`` (0644), the accounts' shell ``<directory>/shell`` (``shell``, the text of
+    :func:`shell_script`; 0755) and the keys directory (root:GROUP 0750); create :data:`GROUP`. Starting sshd is
+    the role's (or the test's).
 
     The directories above ``<directory>`` must let sshd read the keys as each account (:func:`path_problems`);
     the hypervisor role makes its config directory (the default ``gateway_dir``'s parent) root:GROUP 0710 for
@@ -348,11 +392,8 @@ def ensure_gateway(directory: str, port: int, check_mode: bool = False) -> bool:
     keys_dir = os.path.join(directory, "keys")
     host_key = os.path.join(directory, HOST_KEY)
     if check_mode:
-        try:
-            with open(os.path.join(directory, "sshd_config"), encoding="utf-8") as fh:
-                same = fh.read() == config
-        except OSError:
-            same = False
+        same = not _differs(os.path.join(directory, "sshd_config"), config) \
+            and not _differs(os.path.join(directory, SHELL), shell)
         return not (same and os.path.isdir(keys_dir) and os.path.exists(host_key) and existing_group_id() is not None
                     and not check_path(directory, existing_group_id()))
     gid = group_id()
@@ -373,7 +414,36 @@ def ensure_gateway(directory: str, port: int, check_mode: bool = False) -> bool:
         _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "zjusct-cloud-gateway", "-f", host_key])
         changed = True
     changed |= _write_atomic(os.path.join(directory, "sshd_config"), config, 0o644)
+    changed |= _write_atomic(os.path.join(directory, SHELL), shell, 0o755)
     return changed
+
+
+def launcher_problems(pythonpath: str) -> list:
+    """Why the gateway's accounts could not run the launcher's console client from ``pythonpath`` ([] = they can):
+    every directory from ``/`` down to it must be passable by others (``x``), and it readable (``r``).
+
+    Args:
+        pythonpath: the host config's ``launcher_pythonpath`` ("" = the interpreter's own path: nothing to check).
+
+    Returns:
+        One message per directory that fails, naming it and its mode.
+    """
+    if not pythonpath:
+        return []
+    problems = []
+    parts = os.path.normpath(pythonpath).split(os.sep)[1:]
+    for depth in range(len(parts) + 1):
+        path = os.sep + os.sep.join(parts[:depth])
+        try:
+            mode = os.stat(path).st_mode & 0o7777
+        except FileNotFoundError:
+            problems.append(f"{path} does not exist")
+            break
+        wanted = 0o005 if depth == len(parts) else 0o001
+        if mode & wanted != wanted:
+            problems.append(f"{path} (mode {mode:04o}) is not {'readable and ' if wanted == 0o005 else ''}passable"
+                            " by others")
+    return problems
 
 
 def known_hosts_line(directory: str, host: str, port: int) -> Optional[str]:
@@ -434,7 +504,7 @@ def sync_keys(directory: str, lock_dir: str, vms: Iterable[dict], check_mode: bo
             gid = group_id()
             _ensure_dir(keys_dir, 0o750, gid)
             for account in sorted(wanted):
-                ensure_account(account)
+                ensure_account(account, os.path.join(directory, SHELL))
                 changed |= _write_atomic(os.path.join(keys_dir, account), wanted[account], 0o640, gid)
             for entry in sorted(os.listdir(keys_dir)):
                 if entry.startswith(ACCOUNT_PREFIX) and entry not in wanted:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -111,6 +112,32 @@ def wait_listening(server: subprocess.Popen, netns: str, port: int, timeout: flo
         assert server.poll() is None, f"the server for port {port} exited with {server.returncode}"
         assert time.monotonic() < deadline, f"nothing listens on port {port} in {netns} after {timeout} s"
         time.sleep(0.1)
+
+
+def console_session(world: str, ssh_config: Path, *args: str) -> subprocess.Popen:
+    """``ssh -F <ssh_config> -tt <args>`` (e.g. ``-p 2222 zc-alice@<gateway> console alice``) from the ``world``
+    namespace (outside the host), stdin and stdout (with stderr) pipes: a serial console session to drive with
+    :func:`type_until`."""
+    return subprocess.Popen(["ip", "netns", "exec", world, "ssh", "-F", str(ssh_config), "-tt", *args],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def type_until(session: subprocess.Popen, keys: bytes, marker: bytes, timeout: float = 300) -> bytes:
+    """Send ``keys`` on a :func:`console_session`, then read until ``marker`` (AssertionError with what came, after
+    ``timeout`` or when the session ends first)."""
+    assert session.stdin is not None and session.stdout is not None
+    session.stdin.write(keys)
+    session.stdin.flush()
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while marker not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {marker!r} within {timeout} s; saw {seen[-2000:]!r}"
+        if select.select([session.stdout], [], [], min(left, 5))[0]:
+            chunk = os.read(session.stdout.fileno(), 65536)
+            assert chunk, f"the session ended before {marker!r}; saw {seen[-2000:]!r}"
+            seen += chunk
+    return seen
 
 
 def failure(name: str, doc: dict) -> str:

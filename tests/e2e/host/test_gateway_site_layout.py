@@ -33,7 +33,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import Ho
 from ansible_collections.zjusct.cloud.plugins.module_utils.network import gateway as gw
 
 from tests.conftest import TEST_BOOT_SLOT_DIR, TEST_BOOT_SLOTS
-from tests.e2e.host.conftest import REPO, VENV_BIN, Cloud, launcher_pids, listening
+from tests.e2e.host.conftest import REPO, VENV_BIN, Cloud, console_session, launcher_pids, listening, type_until
 from tests.e2e.playbook_results import task_result
 
 pytestmark = [pytest.mark.guest, pytest.mark.netns, pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -284,7 +284,19 @@ def test_once_site_turns_the_gateway_off_no_status_or_summary_names_it_and_on_ag
     through = layout.jump(layout.cloud.key)
     assert through.returncode == 0 and through.stdout.strip() == layout.owner, through.stderr
     lines = task_result(layout.playbook("vm_start", f"owner={layout.owner}"), "Show the VM")["msg"]
-    assert lines[-1] == f"from outside the host: ssh -J {jump} root@{status['sshEndpoint']['host']}", lines
+    assert lines[-2] == f"from outside the host: ssh -J {jump} root@{status['sshEndpoint']['host']}", lines
+    # the console command the summary prints works on the role's layout (its shell, its launcher install)
+    printed = f"ssh -t -p {PORT} {gw.account_name(layout.owner)}@{GATEWAY} console default/{layout.owner}"
+    assert lines[-1] == f"serial console (detach: Ctrl-]): {printed}", lines
+    session = console_session(layout.world, layout.client_config(layout.cloud.key), *printed.split()[2:])
+    try:
+        type_until(session, b"\r", f"root@{layout.owner}".encode())
+        type_until(session, b"\x1d", b"detached")
+        assert session.wait(timeout=60) == 0
+    finally:
+        if session.poll() is None:
+            session.kill()
+            session.wait()
 
 
 def test_a_key_change_takes_effect_at_the_next_boot_on_the_gateway_and_in_the_guest(layout: Layout):
@@ -316,7 +328,9 @@ def test_a_key_change_takes_effect_at_the_next_boot_on_the_gateway_and_in_the_gu
     ip = vm["status"]["sshEndpoint"]["host"]
     assert task_result(restarted, "Show the VM")["msg"][1:] == [
         f"SSH: {ip}:22", f'ssh -o ProxyCommand="{vm["status"]["sshProxyCommand"]}" root@{ip}',
-        f"from outside the host: ssh -J {vm['status']['sshJumpHost']} root@{ip}"]
+        f"from outside the host: ssh -J {vm['status']['sshJumpHost']} root@{ip}",
+        f"serial console (detach: Ctrl-]): ssh -t -p {PORT} {gw.account_name(layout.owner)}@{GATEWAY} console "
+        f"default/{layout.owner}"]
     assert _pub(new).split()[1] in layout.keys_file() and identity not in layout.keys_file()
     through, inside = layout.jump(new), layout.direct(new)
     assert through.returncode == 0 and through.stdout.strip() == layout.owner, through.stderr

@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
 import subprocess
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+from ansible_collections.zjusct.cloud.plugins.module_utils.host.config import HostConfig
 from ansible_collections.zjusct.cloud.plugins.module_utils.network import gateway as gw
 
-from .conftest import REPO, VENV_BIN, Cloud, listening
+from .conftest import REPO, VENV_BIN, Cloud, console_session, listening, type_until
 
 pytestmark = [pytest.mark.guest, pytest.mark.netns, pytest.mark.slow, pytest.mark.timeout(2700)]
 
@@ -70,8 +73,18 @@ class Site:
 def site(cloud: Cloud, tmp_path_factory):
     tag = uuid.uuid4().hex[:6]
     gateway_dir = f"/run/zjc-gw-{tag}"  # sshd's StrictModes refuses keys under the world-writable /tmp
+    # The gateway accounts' shell runs the launcher's console client as the tenant's account: from a copy of the
+    # package its accounts can read (a checkout may sit below root's 0700 home) with Debian's python3, as the role
+    # installs it on a hypervisor (/usr/local/lib/zjusct-cloud/launcher, python3 from PATH).
+    launcher_copy = f"/run/zjc-gwl-{tag}"
+    shutil.copytree(REPO / "launcher" / "zjusct_launcher", f"{launcher_copy}/zjusct_launcher",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for path in (launcher_copy, *(str(p) for p in Path(launcher_copy).rglob("*"))):
+        os.chmod(path, 0o755 if os.path.isdir(path) else 0o644)
     cloud.config.update(gateway_dir=gateway_dir, gateway_port=PORT, gateway_host=GATEWAY,
-                        accel=os.environ.get("ZJUSCT_E2E_ACCEL", "tcg"), readiness_timeout_seconds=1800)
+                        accel=os.environ.get("ZJUSCT_E2E_ACCEL", "tcg"), readiness_timeout_seconds=1800,
+                        launcher_command=["/usr/bin/python3", "-m", "zjusct_launcher"],
+                        launcher_pythonpath=launcher_copy)
     cloud.config_path.write_text(json.dumps(cloud.config))
     keydir = tmp_path_factory.mktemp("gateway-keys")
     keys = {"alice": cloud.key, "bob": keydir / "bob_ed25519"}
@@ -115,7 +128,7 @@ def site(cloud: Cloud, tmp_path_factory):
             subprocess.run(["groupdel", gw.GROUP], check=False, capture_output=True)
         if made_privsep:
             os.rmdir("/run/sshd")
-        subprocess.run(["rm", "-rf", gateway_dir], check=False)
+        subprocess.run(["rm", "-rf", gateway_dir, launcher_copy], check=False)
 
 
 def test_alice_jumps_into_her_guest_with_the_status_jump_host(site: Site):
@@ -197,11 +210,13 @@ def test_bobs_key_cannot_open_alices_vm(site: Site):
 
 
 def test_bob_gets_no_shell_on_the_gateway(site: Site):
-    """bob's key authenticates, but no command, shell or terminal: the account's only use is forwarding."""
+    """bob's key authenticates, but no command or shell, with or without a terminal: the account's shell runs only
+    the console of a VM his key opens (the usage says so)."""
     account = f"{gw.account_name(site.bob)}@{GATEWAY}"
     command = site.ssh(site.keys["bob"], "-p", str(PORT), account, "id; echo shell-ran")
     assert command.returncode != 0 and "shell-ran" not in command.stdout and "uid=" not in command.stdout, command
     assert "Permission denied" not in command.stderr, "the key should authenticate (only the shell is refused)"
+    assert "this is the zjusct.cloud SSH gateway" in command.stderr, command
     tty = site.ssh(site.keys["bob"], "-tt", "-p", str(PORT), account)
     assert tty.returncode != 0 and "uid=" not in tty.stdout, tty
 
@@ -270,3 +285,54 @@ def test_keys_follow_the_vm_spec_at_once(site: Site, tmp_path: Path):
                                                      "ssh_authorized_keys": [bob_key]})
     removed = site.ssh(extra, "-p", str(PORT), account, "true")
     assert "Permission denied" in removed.stderr, removed
+
+
+def test_alice_repairs_her_broken_sshd_on_her_serial_console(site: Site):
+    """alice stops her guest's sshd (SSH no longer answers), attaches to the guest's serial console through the
+    gateway (``ssh -t ... console <vm>``: root is logged in there), starts sshd again, detaches with Ctrl-], and
+    SSH answers again. While her session lasts a second one is refused with a message."""
+    account, ip = gw.account_name(site.alice), site.addresses[site.alice]
+    status = site.cloud.vm(site.alice)["status"]
+    site.ssh(site.keys["alice"], "-J", status["sshJumpHost"], f"root@{ip}", "systemctl stop ssh")
+    deadline = time.monotonic() + 120
+    while site.open_port(site.keys["alice"], account, ip).stdout.startswith("SSH-2.0"):
+        assert time.monotonic() < deadline, "the guest's sshd still answers after systemctl stop ssh"
+        time.sleep(2)
+    session = console_session(site.cloud.world_netns, site.client_config(site.keys["alice"]), "-p", str(PORT),
+                              f"{account}@{GATEWAY}", "console", site.alice)
+    try:
+        type_until(session, b"\r", f"root@{site.alice}".encode())
+        second = site.ssh(site.keys["alice"], "-tt", "-p", str(PORT), f"{account}@{GATEWAY}", "console", site.alice)
+        assert second.returncode == 1 and "is in use by another session" in second.stdout + second.stderr, second
+        type_until(session, b"systemctl start ssh; echo repaired-$((6*7))\r", b"repaired-42")
+        out = type_until(session, b"\x1d", b"detached")
+        assert session.wait(timeout=60) == 0, out[-2000:]
+    finally:
+        if session.poll() is None:
+            session.kill()
+            session.wait()
+    again = site.ssh(site.keys["alice"], "-J", status["sshJumpHost"], f"root@{ip}", "hostname")
+    assert again.returncode == 0 and again.stdout.strip() == site.alice, again
+
+
+def test_bob_cannot_attach_to_alices_console(site: Site):
+    """bob's key opens only his VMs' consoles: asking for alice's is refused naming what his key opens; his account
+    cannot open her console socket on the host either (hers, 0600), while hers can."""
+    refused = site.ssh(site.keys["bob"], "-tt", "-p", str(PORT), f"{gw.account_name(site.bob)}@{GATEWAY}", "console",
+                       site.alice)
+    text = refused.stdout + refused.stderr
+    assert refused.returncode == 2 and f"no console of '{site.alice}' for this key" in text, refused
+    assert f"default/{site.bob}" in text and "default/" + site.alice not in text.replace(f"'{site.alice}'", "")
+    socket_path = HostConfig(**{k: v for k, v in site.cloud.config.items() if k == "runtime_dir"}) \
+        .console_socket("default", site.alice)
+    probe = ("import socket,sys\ns=socket.socket(socket.AF_UNIX)\ntry:\n s.connect(sys.argv[1]); print('connected')"
+             "\nexcept OSError as e:\n print('refused', e.strerror)\n")
+
+    def connect_as(owner: str) -> str:
+        entry = pwd.getpwnam(gw.account_name(owner))
+        return subprocess.run(["setpriv", f"--reuid={entry.pw_uid}", f"--regid={entry.pw_gid}", "--init-groups",
+                               "/usr/bin/python3", "-c", probe, socket_path], capture_output=True, text=True,
+                              timeout=60, check=True).stdout.strip()
+
+    assert connect_as(site.bob) == "refused Permission denied"
+    assert connect_as(site.alice) == "connected"

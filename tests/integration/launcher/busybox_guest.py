@@ -8,7 +8,7 @@ guest off) | ``sh <cmd>`` (diagnostics).
 Kernel command line switches: ``zjtest.acpi=1`` runs busybox acpid so the ACPI power button powers the guest
 off (without it the guest ignores the power button: case L4); ``zjtest.nossh=1`` serves no banner (readiness
 timeout); ``zjtest.nopvpanic=1`` leaves the pvpanic driver out (a panic then reboots through ``panic=-1`` and
-is only visible on the serial console).
+is only visible on the serial console); ``zjtest.console=1`` runs a shell on the serial console (ttyS0).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ if [ -n "$IPV4" ]; then
   [ -n "$GATEWAY" ] && ip route add default via "$GATEWAY"
 fi
 grep -q 'zjtest.acpi=1' /proc/cmdline && /bin/zjacpid
+grep -q 'zjtest.console=1' /proc/cmdline && setsid sh -c 'exec sh </dev/ttyS0 >/dev/ttyS0 2>&1' &
 if ! grep -q 'zjtest.nossh=1' /proc/cmdline; then
   echo "zjtest: serving"
   nc -ll -p 22 -e /bin/zjsh &

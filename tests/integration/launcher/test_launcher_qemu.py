@@ -10,9 +10,12 @@ from __future__ import annotations
 import glob
 import json
 import os
+import select
 import shutil
 import signal
+import stat
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +27,7 @@ from tests.cluster import wait_for
 from tests.conftest import require
 from tests.integration.launcher import busybox_guest as bg
 from tests.integration.launcher.harness import (
+    LAUNCHER_DIR,
     PYTHON,
     Launched,
     base_config,
@@ -49,7 +53,10 @@ SCENARIOS: dict[str, tuple[str, dict[str, Any]]] = {
     "orphan": ("", {}),
     "noready": ("zjtest.nossh=1 zjtest.acpi=1", {"readiness": {"timeoutSeconds": 45}, "stopTimeoutSeconds": 60}),
     "grow": ("zjtest.acpi=1", {"rootDisk": {"sizeMiB": 12}}),  # merged into the rootDisk of the 4 MiB disk
+    # its socketPath is made a path in the fleet's own consoles directory (Fleet.consoles)
+    "console": ("zjtest.acpi=1 zjtest.console=1", {"serialConsole": {"uid": 65534, "gid": 65534}}),
 }
+CONSOLE_UID = 65534  # nobody: the console's owner in scenario "console"
 
 
 class Fleet:
@@ -60,6 +67,10 @@ class Fleet:
         self.vms: dict[str, Launched] = {}
         self.ports: dict[str, int] = {}
         self.configs: dict[str, dict[str, Any]] = {}
+        # root's, writable by root alone, outside pytest's 0700 temporary root: others pass through it to a socket
+        # of their own
+        self.consoles = Path(tempfile.mkdtemp(dir="/run", prefix="zjc-consoles-"))
+        self.consoles.chmod(0o711)
 
     def config(self, name: str, extra_cmdline: str, overrides: dict[str, Any], boot_id: int = 1) -> dict[str, Any]:
         work = self.root / name
@@ -72,6 +83,9 @@ class Fleet:
                           cmdline=f"{BASE_CMDLINE} {extra_cmdline}".strip(), port=port, boot_id=boot_id)
         overrides = dict(overrides)
         cfg["rootDisk"].update(overrides.pop("rootDisk", {}))
+        if "serialConsole" in overrides:
+            overrides["serialConsole"] = dict(overrides["serialConsole"],
+                                              socketPath=str(self.consoles / f"{name}.sock"))
         cfg.update(overrides)
         return cfg
 
@@ -89,6 +103,7 @@ class Fleet:
     def teardown(self) -> None:
         for vm in self.vms.values():
             vm.kill()
+        shutil.rmtree(self.consoles, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -348,4 +363,71 @@ def test_a_root_disk_smaller_than_its_size_is_grown_before_the_guest_runs(fleet:
     vm.signal(signal.SIGTERM)
     rc, result = finish(vm)
     assert (rc, result["reason"]) == (0, "StopRequested"), result
+    assert_clean(vm, pid)
+
+
+def _read_until(proc: subprocess.Popen[bytes], marker: bytes, timeout: float) -> bytes:
+    """What ``proc`` wrote on stdout until ``marker`` appeared (AssertionError with what came, after ``timeout``)."""
+    assert proc.stdout is not None
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while marker not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {marker!r} within {timeout} s; saw {seen[-2000:]!r}"
+        readable, _, _ = select.select([proc.stdout], [], [], left)
+        if readable:
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            assert chunk, f"stdout ended before {marker!r}; saw {seen[-2000:]!r}"
+            seen += chunk
+    return seen
+
+
+def _connect_as(uid: int, path: str) -> str:
+    """Connect to the unix socket ``path`` as ``uid`` (Debian's python3: root's interpreter is not others' to run)."""
+    probe = ("import socket,sys\ns=socket.socket(socket.AF_UNIX)\ntry:\n s.connect(sys.argv[1]); print('connected')"
+             "\nexcept OSError as e:\n print('refused', e.strerror)\n")
+    out = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "/usr/bin/python3", "-c",
+                          probe, path], capture_output=True, text=True, timeout=60, check=True)
+    return out.stdout.strip()
+
+
+def test_the_serial_console_is_its_owners_socket_one_session_at_a_time_and_still_logged(fleet: Fleet) -> None:
+    """serialConsole: QEMU's console socket is handed to its owner (uid 65534, 0600) while the guest runs; another
+    uid cannot connect; ``zjusct-launcher console`` relays a session (a shell command typed, its output read back),
+    a second session is refused with a message while the first lasts, Ctrl-] detaches; the serial log still gets
+    everything; the socket goes with the run."""
+    vm = fleet.vm("console")
+    vm.wait_ready()
+    path = vm.cfg["serialConsole"]["socketPath"]
+    st = os.lstat(path)
+    assert stat.S_ISSOCK(st.st_mode) and (st.st_uid, st.st_gid) == (CONSOLE_UID, CONSOLE_UID), st
+    assert st.st_mode & 0o777 == 0o600, oct(st.st_mode)
+    assert _connect_as(CONSOLE_UID + 1, path).startswith("refused Permission denied")
+    assert _connect_as(CONSOLE_UID, path) == "connected"
+    env = dict(os.environ, PYTHONPATH=str(LAUNCHER_DIR))
+    argv = [PYTHON, "-m", "zjusct_launcher", "console", "--socket", path, "--label", "test/bb-console"]
+    first = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        assert first.stdin is not None
+        first.stdin.write(b"echo con$((6*7))sole\n")
+        first.stdin.flush()
+        _read_until(first, b"con42sole", 120)
+        second = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+                                env=env, check=False)
+        assert second.returncode == 1, second
+        assert "test/bb-console is in use by another session (one at a time)" in second.stderr, second
+        first.stdin.write(b"\x1d")
+        first.stdin.flush()
+        assert first.wait(timeout=60) == 0
+        assert first.stderr is not None and b"detached (test/bb-console)" in first.stderr.read()
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert "con42sole" in Path(vm.cfg["serialLogPath"]).read_text(errors="replace")
+    pid = vm.vmm_pid()
+    vm.signal(signal.SIGTERM)
+    rc, result = finish(vm)
+    assert (rc, result["reason"]) == (0, "StopRequested"), result
+    assert not os.path.lexists(path), "the console socket outlived its run"
     assert_clean(vm, pid)

@@ -122,6 +122,9 @@ class FakeNetwork:
         self.taps.discard(lease["tap"])
         self.detached.append(lease["tap"])
 
+    def serial_console(self, vm: dict) -> None:
+        return None
+
 
 class FakeSupervisor:
     """Boots on disk with a state each; ``live`` is the launcher holding the lock."""

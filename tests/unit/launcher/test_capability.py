@@ -30,6 +30,7 @@ ASKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "rbd": lambda d: d.update(rootDisk={"rbd": RBD}),
     "directIO": lambda d: d["rootDisk"].update(cache="None"),
     "qcow2": lambda d: d["rootDisk"].update(format="qcow2"),
+    "serialConsole": lambda d: d.update(serialConsole={"socketPath": "/run/zjusct-cloud/consoles/default_vm.sock"}),
 }
 # (type, capability) -> the refusal; every other pair is accepted
 REFUSED = {
@@ -40,6 +41,8 @@ REFUSED = {
     ("firecracker", "directIO"): 'rootDisk.cache: "None" (O_DIRECT) is only available with hypervisor.type qemu',
     ("firecracker", "qcow2"): 'rootDisk.format: "qcow2" is only available with hypervisor.type qemu (Firecracker '
                               "opens raw files only)",
+    ("firecracker", "serialConsole"): "serialConsole: is only available with hypervisor.type qemu (its serial console "
+                                      "is the VMM's standard input and output, which only the launcher holds)",
 }
 
 

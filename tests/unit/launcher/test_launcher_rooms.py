@@ -33,7 +33,7 @@ HEADING = "### launcher/zjusct_launcher, room by room"
 ROOMS = {
     "pure": {"__init__", "capability", "config", "decide", "firecracker", "identity", "names", "paths", "qemu",
              "result"},
-    "effects": {"environment", "firecracker_api", "fs", "kvm", "lock", "log", "qmp", "readiness", "tap"},
+    "effects": {"console", "environment", "firecracker_api", "fs", "kvm", "lock", "log", "qmp", "readiness", "tap"},
     "vmm": {"vmm", "vmm_firecracker", "vmm_qemu"},
     "run": {"__main__", "cli", "runner"},
 }

@@ -26,20 +26,37 @@ def test_account_names_follow_the_naming_rule():
     assert gw.account_name("a" * 63) != gw.account_name("a" * 62 + "b")
 
 
-def test_a_key_opens_exactly_the_vms_of_its_owner_that_list_it():
-    vms = [{"owner": "alice", "ipv4": "10.200.0.3", "keys": [ALICE1, ALICE2]},
-           {"owner": "alice", "ipv4": "10.200.0.2", "keys": [ALICE1.replace("alice@laptop", "other comment")]},
-           {"owner": "bob", "ipv4": "10.200.0.4", "keys": [BOB, "not a key"]}]
+def test_a_key_opens_exactly_the_vms_of_its_owner_that_list_it_and_their_consoles():
+    vms = [{"owner": "alice", "ipv4": "10.200.0.3", "keys": [ALICE1, ALICE2],
+            "console": ["default/web", "/run/zjusct-cloud/consoles/default_web.sock"]},
+           {"owner": "alice", "ipv4": "10.200.0.2", "keys": [ALICE1.replace("alice@laptop", "other comment")],
+            "console": ["team/db", "/run/zjusct-cloud/consoles/team_db.sock"]},
+           {"owner": "bob", "ipv4": "10.200.0.4", "keys": [BOB, "not a key"],
+            "console": ["default/bob", "/run/zjusct-cloud/consoles/default_bob.sock"]}]
     grants = gw.key_grants(vms)
     a1, a2, b = (gw.key_identity(k) for k in (ALICE1, ALICE2, BOB))
-    assert grants == {"zc-alice": {a1: ["10.200.0.2", "10.200.0.3"], a2: ["10.200.0.3"]},
-                      "zc-bob": {b: ["10.200.0.4"]}}
+    web = "default/web=/run/zjusct-cloud/consoles/default_web.sock"
+    db = "team/db=/run/zjusct-cloud/consoles/team_db.sock"
+    assert grants == {
+        "zc-alice": {a1: {"ipv4": ["10.200.0.2", "10.200.0.3"],
+                          "consoles": {"default/web": web.split("=")[1], "team/db": db.split("=")[1]}},
+                     a2: {"ipv4": ["10.200.0.3"], "consoles": {"default/web": web.split("=")[1]}}},
+        "zc-bob": {b: {"ipv4": ["10.200.0.4"],
+                       "consoles": {"default/bob": "/run/zjusct-cloud/consoles/default_bob.sock"}}}}
     text = gw.authorized_keys(grants["zc-alice"])
     assert text.splitlines() == sorted([
-        f'restrict,port-forwarding,permitopen="10.200.0.2:22",permitopen="10.200.0.3:22" {a1}',
-        f'restrict,port-forwarding,permitopen="10.200.0.3:22" {a2}'])
+        f'restrict,pty,port-forwarding,permitopen="10.200.0.2:22",permitopen="10.200.0.3:22",command="{web} {db}" {a1}',
+        f'restrict,pty,port-forwarding,permitopen="10.200.0.3:22",command="{web}" {a2}'])
     assert "bob" not in text and "10.200.0.4" not in text
     assert gw.authorized_keys({}) == ""
+
+
+def test_the_accounts_shell_runs_only_the_launchers_gateway_with_its_arguments_unread_by_sh():
+    text = gw.shell_script(("python3", "-m", "zjusct_launcher"), "/usr/local/lib/zjusct-cloud/launcher")
+    assert text.splitlines()[0] == "#!/bin/sh"
+    assert text.splitlines()[-1] == ("PYTHONPATH=/usr/local/lib/zjusct-cloud/launcher exec python3 -m zjusct_launcher"
+                                     ' gateway "$@"')
+    assert "PYTHONPATH='/a b' exec '/opt/my venv/python'" in gw.shell_script(("/opt/my venv/python",), "/a b")
 
 
 @pytest.mark.parametrize("line", [
@@ -49,7 +66,8 @@ def test_a_key_opens_exactly_the_vms_of_its_owner_that_list_it():
 ])
 def test_lines_that_are_not_plain_public_keys_grant_nothing(line):
     assert gw.key_identity(line) is None
-    assert gw.key_grants([{"owner": "eve", "ipv4": "10.200.0.9", "keys": [line]}]) == {"zc-eve": {}}
+    assert gw.key_grants([{"owner": "eve", "ipv4": "10.200.0.9", "keys": [line],
+                           "console": ["default/eve", "/run/c/default_eve.sock"]}]) == {"zc-eve": {}}
 
 
 def test_sshd_config_allows_only_local_forwarding_to_port_22_for_the_gateway_group():
@@ -60,11 +78,13 @@ def test_sshd_config_allows_only_local_forwarding_to_port_22_for_the_gateway_gro
     assert options["AllowGroups"] == gw.GROUP
     assert options["PermitOpen"] == "*:22"
     assert options["AllowTcpForwarding"] == "local"
-    for key in ("PasswordAuthentication", "KbdInteractiveAuthentication", "PermitTTY", "X11Forwarding",
+    for key in ("PasswordAuthentication", "KbdInteractiveAuthentication", "X11Forwarding",
                 "AllowAgentForwarding", "AllowStreamLocalForwarding", "PermitTunnel", "PermitRootLogin",
                 "PermitUserRC"):
         assert options[key] == "no", key
-    assert options["PermitListen"] == "none" and options["ForceCommand"] == gw.NOLOGIN
+    assert options["PermitListen"] == "none"
+    # a terminal for the console only: each key's forced command runs the accounts' shell, never a command shell
+    assert options["PermitTTY"] == "yes" and "ForceCommand" not in options
 
 
 def test_guard_lets_only_the_gateway_address_open_guests_port_22():
@@ -154,14 +174,15 @@ def test_ensure_gateway_refuses_a_parent_the_accounts_cannot_pass_and_writes_not
     parent.chmod(0o700)
     directory = parent / "gateway"
     with pytest.raises(gw.GatewayError) as caught:
-        gw.ensure_gateway(str(directory), 2222)
+        gw.ensure_gateway(str(directory), 2222, "#!/bin/sh\n")
     message = str(caught.value)
     assert message.startswith(f"gateway_dir (hypervisor_ssh_gateway_dir): {directory}: ")
     assert (f"{parent} (uid {os.getuid()}, gid {os.getgid()}, mode 0700): the gateway's accounts (group"
             " zjusct-gateway) cannot pass through it") in message
     assert "none of the gateway's files was written" in message
     assert not directory.exists()
-    assert gw.ensure_gateway(str(directory), 2222, check_mode=True) is True  # check mode predicts, never raises
+    # check mode predicts, never raises
+    assert gw.ensure_gateway(str(directory), 2222, "#!/bin/sh\n", check_mode=True) is True
     assert not directory.exists()
 
 
@@ -174,3 +195,38 @@ def test_known_hosts_line_names_the_port_in_brackets_and_drops_the_comment(tmp_p
     pub.write_text("garbage\n")
     with pytest.raises(gw.GatewayError, match="is not an OpenSSH public key"):
         gw.known_hosts_line(str(tmp_path), "hv1", 2222)
+
+
+def test_launcher_problems_name_each_directory_the_accounts_cannot_pass_or_read(tmp_path: Path):
+    """The gateway's accounts run the console client from launcher_pythonpath as themselves."""
+    top = tmp_path / "lib"
+    launcher = top / "launcher"
+    launcher.mkdir(parents=True)
+    open_path = [(str(p), p.stat().st_mode & 0o7777) for p in (top, launcher)]
+    try:
+        top.chmod(0o700)
+        launcher.chmod(0o750)
+        problems = gw.launcher_problems(str(launcher))
+        assert f"{top} (mode 0700) is not passable by others" in problems
+        assert f"{launcher} (mode 0750) is not readable and passable by others" in problems
+        top.chmod(0o711)
+        launcher.chmod(0o755)
+        assert [p for p in gw.launcher_problems(str(launcher)) if str(tmp_path) in p and str(top) in p] == []
+        assert gw.launcher_problems(str(tmp_path / "missing"))[-1] == f"{tmp_path / 'missing'} does not exist"
+        assert gw.launcher_problems("") == []
+    finally:
+        for path, mode in open_path:
+            os.chmod(path, mode)
+
+
+def test_console_sockets_fit_a_unix_socket_path_and_a_runtime_dir_that_leaves_no_room_is_refused(tmp_path: Path):
+    cfg = _hostconfig.HostConfig(runtime_dir="/run/zjusct-cloud")
+    assert cfg.console_socket("default", "alice") == "/run/zjusct-cloud/consoles/default_alice.sock"
+    longest = _hostconfig.HostConfig(runtime_dir="/r" * 40).console_socket("n" * 63, "v" * 63)
+    assert len(longest) <= 107 and longest.startswith("/r" * 40 + "/consoles/nnn") and longest.endswith(".sock")
+    assert longest != _hostconfig.HostConfig(runtime_dir="/r" * 40).console_socket("n" * 63, "v" * 62 + "w")
+    config = tmp_path / "host.json"
+    for bad in ("/r" * 41, "/run/zjusct cloud", "run/zjusct-cloud"):
+        config.write_text(json.dumps({"runtime_dir": bad}))
+        with pytest.raises(ValueError, match=r"runtime_dir: .* is not an absolute path of at most 80 characters"):
+            _hostconfig.load(str(config))
