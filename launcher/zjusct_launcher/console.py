@@ -52,7 +52,10 @@ def session_lock(socket_path: str, label: str) -> socket.socket:
     """Hold the one session of ``socket_path``'s console (until the returned socket is closed or the process ends).
 
     An abstract socket bound in the caller's network namespace: the kernel releases it when its holder exits,
-    however it exits. Sessions started in one namespace (the SSH gateway's) exclude each other.
+    however it exits. Sessions started in one namespace (the SSH gateway's; a launcher Pod's) exclude each other; a
+    session from another namespace (root's ``zjusct-launcher console`` in another one) is not excluded and waits in
+    QEMU's queue until the first ends. Abstract names have no permissions: a process of the namespace that binds
+    the name first (none of a tenant's: the gateway runs only this client) makes the console look busy.
 
     Raises:
         ConsoleError: another session holds it.
@@ -65,7 +68,7 @@ def session_lock(socket_path: str, label: str) -> socket.socket:
         if exc.errno == errno.EADDRINUSE:
             raise ConsoleError(f"the console of {label} is in use by another session (one at a time); "
                                f"that session detaches with {ESCAPE_NAME}") from None
-        raise
+        raise ConsoleError(f"cannot mark the session on the console of {label}: {exc.strerror}") from None
     return holder
 
 
@@ -93,26 +96,39 @@ def relay(sock: socket.socket, in_fd: int, out_fd: int) -> str:
     """Copy bytes both ways until the user types :data:`ESCAPE`, the input ends or the VMM closes the console.
 
     Returns:
-        ``"detached"``, ``"input closed"`` or ``"console closed"``.
+        ``"detached"``, ``"input closed"``, ``"output closed"`` or ``"console closed"`` (also when the VMM reset the
+        connection).
     """
     sock_fd = sock.fileno()
     while True:
         readable = select.select([in_fd, sock_fd], [], [])[0]
         if sock_fd in readable:
-            data = sock.recv(BUFFER)
+            try:
+                data = sock.recv(BUFFER)
+            except OSError:  # reset by the VMM as it ends
+                data = b""
             if not data:
                 return "console closed"
-            _write_all(out_fd, data)
+            try:
+                _write_all(out_fd, data)
+            except OSError:  # the terminal hung up
+                return "output closed"
         if in_fd in readable:
-            data = os.read(in_fd, BUFFER)
+            try:
+                data = os.read(in_fd, BUFFER)
+            except OSError:  # EIO: the terminal hung up
+                data = b""
             if not data:
                 return "input closed"
             cut = data.find(ESCAPE)
-            if cut >= 0:
-                if cut:
-                    sock.sendall(data[:cut])
-                return "detached"
-            sock.sendall(data)
+            try:
+                if cut >= 0:
+                    if cut:
+                        sock.sendall(data[:cut])
+                    return "detached"
+                sock.sendall(data)
+            except OSError:
+                return "console closed"
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -154,7 +170,10 @@ def attach(socket_path: str, label: str, stdin: IO[bytes] | None = None, stdout:
         why = relay(sock, in_fd, out_fd)
     finally:
         if saved is not None:
-            termios.tcsetattr(in_fd, termios.TCSADRAIN, saved)
+            try:
+                termios.tcsetattr(in_fd, termios.TCSADRAIN, saved)
+            except termios.error:  # the terminal is gone
+                pass
         sock.close()
         holder.close()
     err.write(f"{eol}zjusct console: {why} ({label}){eol}")

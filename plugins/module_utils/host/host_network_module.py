@@ -55,8 +55,7 @@ def ensure_host_network(params: dict, check_mode: bool) -> dict:
         changed = not net.netns_exists(cfg.netns) or not net.link_exists(cfg.netns, cfg.bridge)
     else:
         changed = ensure_network(cfg)
-    if not check_mode:
-        changed |= ensure_console_dir(cfg)  # its group follows the gateway's on/off
+    changed |= ensure_console_dir(cfg, check_mode)  # its group follows the gateway's on/off
     if cfg.gateway_source() is not None:
         problems = gw.launcher_problems(cfg.launcher_pythonpath)
         if problems and check_mode:

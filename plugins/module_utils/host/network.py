@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import stat
 from typing import Optional
 
 from ansible_collections.zjusct.cloud.plugins.module_utils.common import flock as _flock
@@ -117,15 +118,23 @@ def running_boot_keys(paths: sup.LauncherPaths, locks: Optional[sup.LockTable] =
     return list(keys) if isinstance(keys, list) else None
 
 
-def ensure_console_dir(cfg: HostConfig) -> bool:
+def ensure_console_dir(cfg: HostConfig, check_mode: bool = False) -> bool:
     """Make ``cfg.console_dir``, where the guests' console sockets are: root:zjusct-gateway 0710 while the SSH
     gateway is on (its accounts reach their own sockets, owned by them, and cannot list the others), root:root 0700
     otherwise. Root's and writable by root alone, as the launcher requires before it hands a socket over.
-    Returns whether it changed anything.
+    Returns whether it changed anything (in check mode: would change).
 
     Raises:
-        GatewayError: the gateway's group cannot be created. OSError: the directory cannot be made.
+        GatewayError: the gateway's group cannot be created, or the path is not a directory. OSError: it cannot
+            be made.
     """
+    if check_mode:
+        gid = gw.existing_group_id() if cfg.gateway_source() is not None else 0
+        try:
+            st = os.lstat(cfg.console_dir)
+        except FileNotFoundError:
+            return True
+        return (st.st_uid, st.st_gid, st.st_mode & 0o7777) != (0, gid, 0o710 if gid else 0o700)
     gid = gw.group_id() if cfg.gateway_source() is not None else 0
     mode = 0o710 if gid else 0o700
     os.makedirs(cfg.runtime_dir, mode=0o755, exist_ok=True)
@@ -136,6 +145,9 @@ def ensure_console_dir(cfg: HostConfig) -> bool:
     except FileExistsError:
         pass
     st = os.lstat(cfg.console_dir)
+    if not stat.S_ISDIR(st.st_mode):
+        raise gw.GatewayError(f"runtime_dir (hypervisor_runtime_dir): {cfg.console_dir} is not a directory; remove it"
+                              " (the guests' console sockets are made there)")
     if (st.st_uid, st.st_gid) != (0, gid):
         os.chown(cfg.console_dir, 0, gid, follow_symlinks=False)
         changed = True
@@ -166,7 +178,8 @@ def serial_console(cfg: HostConfig, owner: str, namespace: str, name: str) -> di
 
 def gateway_vms(cfg: HostConfig, store: HostStore) -> list[dict]:
     """``{"owner", "ipv4", "keys", "console"}`` of every VM in ``store`` holding an address lease
-    (network.gateway.key_grants; ``console`` is ``[<namespace>/<name>, its console socket]``).
+    (network.gateway.key_grants; ``console`` is ``[<namespace>/<name>, its console socket]``, None when the host's
+    hypervisor has no console socket).
 
     ``keys`` are the VM's keys in effect (:func:`network.gateway.keys_in_effect`): those of the boot its guest
     runs (:func:`running_boot_keys`), else its spec's. The kernel's lock table is read once for all VMs.
@@ -180,9 +193,10 @@ def gateway_vms(cfg: HostConfig, store: HostStore) -> list[dict]:
         paths = cfg.launcher_paths(vm["metadata"]["namespace"], vm["metadata"]["name"])
         keys = gw.keys_in_effect(vm["spec"].get("sshAuthorizedKeys"), running_boot_keys(paths, locks))
         meta = vm["metadata"]
+        console = [f"{meta['namespace']}/{meta['name']}", cfg.console_socket(meta["namespace"], meta["name"])]
+        # QEMU's console socket only (Firecracker's console is its own output)
         out.append({"owner": vm["spec"]["owner"], "ipv4": lease["ipv4"], "keys": keys,
-                    "console": [f"{meta['namespace']}/{meta['name']}",
-                                cfg.console_socket(meta["namespace"], meta["name"])]})
+                    "console": console if cfg.hypervisor == "qemu" else None})
     return out
 
 

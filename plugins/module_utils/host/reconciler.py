@@ -283,6 +283,8 @@ class HostReconciler:
         if volume is None:
             raise CloudVMError(f"spec.rootVolumeClaim: volume {spec['rootVolumeClaim']!r} does not exist")
         volume = settle_claim(store, volume, spec["owner"], uid, creating=False, rbd=cfg.rbd, subject=subject)
+        # before anything is taken: its directory and the owner's gateway account are kept whether the start goes on
+        serial_console = self.network.serial_console(vm)
         bandwidth = ((spec.get("network") or {}).get("bandwidth") or {}).get("guaranteedMbps", 0)
         # bandwidth is admitted by the QoS arbitration alone (Bandwidth.apply: node limit and pool), not placement
         request = {"cpu": spec["vcpus"], "memory": spec["memoryMiB"], "disk": volume["size_mib"]}
@@ -319,7 +321,7 @@ class HostReconciler:
                                f"{alert} at {verdict.levels[alert]:.0%} of capacity after placing {subject}")
         paths = self.paths(vm)
         config = launcher_config(cfg, vm, volume, lease, volume_driver.root_disk(self.volumes.settings(), volume),
-                                 self.network.serial_console(vm))
+                                 serial_console)
         boot = int(spec["bootID"])
         # what this start takes from here on, undone newest first when a later step fails
         undo: list[Callable[[], None]] = [lambda: store.delete_allocation(uid), lambda: self.network.detach(lease)]

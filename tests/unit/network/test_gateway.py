@@ -230,3 +230,21 @@ def test_console_sockets_fit_a_unix_socket_path_and_a_runtime_dir_that_leaves_no
         config.write_text(json.dumps({"runtime_dir": bad}))
         with pytest.raises(ValueError, match=r"runtime_dir: .* is not an absolute path of at most 80 characters"):
             _hostconfig.load(str(config))
+
+
+def test_the_console_directory_is_roots_alone_check_mode_predicts_and_a_non_directory_is_refused(tmp_path: Path):
+    from ansible_collections.zjusct.cloud.plugins.module_utils.host.network import ensure_console_dir
+
+    cfg = _hostconfig.HostConfig(runtime_dir=str(tmp_path / "run"))  # no gateway: root 0700
+    assert ensure_console_dir(cfg, check_mode=True) is True and not os.path.exists(cfg.console_dir)
+    assert ensure_console_dir(cfg) is True
+    st = os.lstat(cfg.console_dir)
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (os.geteuid(), 0, 0o700)
+    assert ensure_console_dir(cfg, check_mode=True) is False and ensure_console_dir(cfg) is False
+    os.chmod(cfg.console_dir, 0o755)
+    assert ensure_console_dir(cfg, check_mode=True) is True and ensure_console_dir(cfg) is True
+    assert os.lstat(cfg.console_dir).st_mode & 0o7777 == 0o700
+    os.rmdir(cfg.console_dir)
+    os.symlink("/tmp", cfg.console_dir)
+    with pytest.raises(gw.GatewayError, match="consoles is not a directory"):
+        ensure_console_dir(cfg)
