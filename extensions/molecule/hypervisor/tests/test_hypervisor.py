@@ -31,7 +31,9 @@ LAUNCHER_DIR = DEFAULTS["hypervisor_launcher_dir"]
 NETNS = DEFAULTS["hypervisor_netns"]
 BRIDGE = DEFAULTS["hypervisor_bridge"]
 DIRS = [STATE, f"{STATE}/images", f"{STATE}/volumes", DEFAULTS["hypervisor_log_dir"], str(Path(CONFIG).parent),
-        LAUNCHER_DIR]
+        LAUNCHER_DIR, str(Path(LAUNCHER_DIR).parent)]
+# root 0755: the SSH gateway's accounts run the launcher's console client from there (docs/security.md)
+READABLE_DIRS = (LAUNCHER_DIR, str(Path(LAUNCHER_DIR).parent))
 GATEWAY_UNIT = "/etc/systemd/system/zjusct-cloud-gateway.service"
 
 # Run in the guest with its python3: reads, changes nothing (the launcher's `version` prints and exits).
@@ -119,8 +121,10 @@ def test_packages_installed(observed) -> None:
 
 
 def test_directories_root_only(observed) -> None:
-    """State, images, volumes, logs, the config's and the launcher's directories: root:root 0700."""
-    assert observed["dirs"] == {d: {"dir": True, "uid": 0, "gid": 0, "mode": 0o700} for d in DIRS}
+    """State, images, volumes, logs and the config's directory: root:root 0700; the launcher's and its parent: root
+    0755 (code only, which the gateway's accounts run)."""
+    assert observed["dirs"] == {d: {"dir": True, "uid": 0, "gid": 0, "mode": 0o755 if d in READABLE_DIRS else 0o700}
+                                for d in DIRS}
 
 
 def test_launcher_is_this_checkouts(observed) -> None:
