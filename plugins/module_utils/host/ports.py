@@ -47,6 +47,7 @@ from ansible_collections.zjusct.cloud.plugins.module_utils.host.store import Hos
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.lifecycle import CloudVMError
 from ansible_collections.zjusct.cloud.plugins.module_utils.model.phase import BootObservation
 from ansible_collections.zjusct.cloud.plugins.module_utils.network import hostnet as net
+from ansible_collections.zjusct.cloud.plugins.module_utils.network.gateway import GatewayError
 from ansible_collections.zjusct.cloud.plugins.module_utils.storage.driver import (
     VolumeDriver,
     VolumeSettings,
@@ -125,7 +126,7 @@ class Network(Protocol):
         may attach), None when its VMM has no console socket.
 
         Raises:
-            GatewayError, OSError, ValueError: naming the account, directory or setting that failed.
+            GatewayError: naming the account or directory that failed.
         """
 
 
@@ -213,7 +214,10 @@ class HostNetwork:
         if self.cfg.hypervisor != "qemu":
             return None
         meta = vm["metadata"]
-        return serial_console(self.cfg, vm["spec"]["owner"], meta["namespace"], meta["name"])
+        try:
+            return serial_console(self.cfg, vm["spec"]["owner"], meta["namespace"], meta["name"])
+        except OSError as exc:  # a failed start's status, as every port's failure (reconciler.START_ERRORS)
+            raise GatewayError(f"the serial console's directory {self.cfg.console_dir}: {exc}") from exc
 
 
 class HostSupervisor:
