@@ -80,8 +80,8 @@ mapfile -t guest_lane < <(find tests/e2e -name 'test_*.py' | sort \
 # pytest's, a failure recorded with the static checks' verdicts:
 # - cluster and images, once lane node has ended (it built both images `images` imports, and its real node and
 #   control plane are gone);
-# - guest_image (a second debootstrap into a throwaway directory) and hypervisor (a TCG guest of a throwaway cloud
-#   made a hypervisor), from the start of the lanes: they need neither lane's images, only the default guest image
+# - guest_image (a second debootstrap into a throwaway directory) and hypervisor (a throwaway system container on a
+#   copy of the guest image's root file system made a hypervisor), from the start of the lanes: they need neither lane's images, only the default guest image
 #   set, which the job first ensures through the fixture's own function under its lock (warm: a check; cold: it
 #   waits while a lane builds it, so no two debootstraps share the .deb cache at once).
 molecule_pids=()

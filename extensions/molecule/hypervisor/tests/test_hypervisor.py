@@ -1,13 +1,13 @@
 """Verify of the Molecule scenario ``hypervisor``: what roles/hypervisor promises (meta/argument_specs.yml, defaults).
 
-Runs under pytest-testinfra against the scenario's inventory (``--connection=ansible``, group ``guests``: the
-throwaway Debian guest converge made a hypervisor). Expected values are read from the role's defaults and the
-scenario's converge.yml, so a changed default is checked as it is, not as it was.
+Runs under pytest-testinfra against the scenario's inventory (``--connection=ansible``, group ``hypervisors``: the
+throwaway Debian host, a system container, that converge made a hypervisor). Expected values are read from the
+role's defaults and the scenario's converge.yml, so a changed default is checked as it is, not as it was.
 
-Every ``host.run`` is one Ansible call over SSH into a TCG guest, a minute and more on the loaded CI machine: the
-guest's state is therefore read once per module by one Python script run in the guest (``observed``: command
-outputs, file metadata and digests as JSON), and the tests assert on that record. The store's schema is checked
-with the collection's own ``host_store`` module in check mode (one more call).
+Every ``host.run`` is one Ansible call over SSH (seconds on the loaded CI machine): the host's state is therefore
+read once per module by one Python script run there (``observed``: command outputs, file metadata and digests as
+JSON), and the tests assert on that record. The store's schema is checked with the collection's own ``host_store``
+module in check mode (one more call).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ DIRS = [STATE, f"{STATE}/images", f"{STATE}/volumes", DEFAULTS["hypervisor_log_d
 READABLE_DIRS = (LAUNCHER_DIR, str(Path(LAUNCHER_DIR).parent))
 GATEWAY_UNIT = "/etc/systemd/system/zjusct-cloud-gateway.service"
 
-# Run in the guest with its python3: reads, changes nothing (the launcher's `version` prints and exits).
+# Run on the host with its python3: reads, changes nothing (the launcher's `version` prints and exits).
 PROBE = r"""
 import hashlib, json, os, sqlite3, subprocess, sys
 args = json.loads(sys.argv[1])
@@ -92,7 +92,7 @@ print(json.dumps(rec))
 
 @pytest.fixture(scope="module")
 def observed(host) -> dict:
-    """The guest's state as the probe script records it (one Ansible call)."""
+    """The host's state as the probe script records it (one Ansible call)."""
     args = {"packages": DEFAULTS["hypervisor_packages"], "dirs": DIRS, "config": CONFIG, "gateway_unit": GATEWAY_UNIT,
             "launcher_dir": LAUNCHER_DIR, "netns": NETNS, "bridge": BRIDGE, "subnet": DEFAULTS["hypervisor_subnet"]}
     # one line through the shell module: the script travels base64-encoded
@@ -128,7 +128,7 @@ def test_directories_root_only(observed) -> None:
 
 
 def test_launcher_is_this_checkouts(observed) -> None:
-    """Every source file of launcher/zjusct_launcher is in the guest, byte for byte, root 0644."""
+    """Every source file of launcher/zjusct_launcher is on the host, byte for byte, root 0644."""
     local = {}
     for path in sorted((REPO / "launcher/zjusct_launcher").rglob("*")):
         if path.is_file() and "__pycache__" not in path.parts:
@@ -139,7 +139,7 @@ def test_launcher_is_this_checkouts(observed) -> None:
 
 
 def test_launcher_command_runs(observed) -> None:
-    """/usr/local/bin/zjusct-launcher (0755 root) starts the installed launcher with the guest's python3."""
+    """/usr/local/bin/zjusct-launcher (0755 root) starts the installed launcher with the host's python3."""
     assert observed["launcher_cmd"] == {"dir": False, "uid": 0, "gid": 0, "mode": 0o755}
     version = json.loads(ok(observed["launcher_version"]))
     assert version["version"] and version["protocols"]
@@ -148,7 +148,7 @@ def test_launcher_command_runs(observed) -> None:
 def test_host_config(observed) -> None:
     assert observed["config"] == {"dir": False, "uid": 0, "gid": 0, "mode": 0o644}
     cfg = observed["config_doc"]
-    assert cfg["node"] == "hv-guest"  # the inventory name
+    assert cfg["node"] == "hv-host"  # the inventory name
     assert cfg["store_path"] == DEFAULTS["hypervisor_state_dir"] + "/cloud.db"
     network = (NETNS, BRIDGE, DEFAULTS["hypervisor_subnet"])
     assert (cfg["netns"], cfg["bridge"], cfg["subnet"]) == network
@@ -188,7 +188,7 @@ def test_guest_network(observed) -> None:
 
 
 def test_sysctls(observed) -> None:
-    """Forwarding on in the cloud's namespace; the guest's own namespace untouched (uplink_ip_forward false)."""
+    """Forwarding on in the cloud's namespace; the host's own namespace untouched (uplink_ip_forward false)."""
     assert (ok(observed["forward_inside"]).strip(), ok(observed["forward_outside"]).strip()) == ("1", "0")
 
 
