@@ -75,8 +75,11 @@ def test_site_deploys_the_controller_on_the_real_node_which_reconciles_and_secon
         assert ns_labels["pod-security.kubernetes.io/enforce"] == "restricted"
         assert core.read_namespace(k8s_namespace).metadata.labels[
             "pod-security.kubernetes.io/enforce"] == "privileged"
-        lease = client.CoordinationV1Api(k8s_api).read_namespaced_lease("cloudvm-controller", "zjusct-cloud-system")
-        assert lease.spec.holder_identity == pod.metadata.name
+        # A Lease an earlier test's controller left (its Deployment deleted, the Lease kept) passes to this Pod once
+        # it went unrenewed for leaseDurationSeconds (15 s): wait for the take-over rather than read the Lease once.
+        coord = client.CoordinationV1Api(k8s_api)
+        wait_for(lambda: coord.read_namespaced_lease("cloudvm-controller", "zjusct-cloud-system").spec.holder_identity
+                 == pod.metadata.name, 120, f"the controller Lease held by {pod.metadata.name}", interval=1)
 
         custom = client.CustomObjectsApi(k8s_api)
         custom.create_namespaced_custom_object(GROUP, VERSION, k8s_namespace, PLURAL, {
