@@ -109,11 +109,10 @@ def leader(nspawn: int, timeout: float = START_TIMEOUT) -> int:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and pid_alive(nspawn):
         for entry in os.listdir("/proc"):
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                stat = Path(f"/proc/{entry}/stat").read_text()
-                if entry.isdigit() and int(stat.rsplit(")", 1)[1].split()[1]) == nspawn and \
-                        os.readlink(f"/proc/{entry}/ns/net") != own:
-                    return int(entry)
+            if entry.isdigit() and _ppid(int(entry)) == nspawn:
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{entry}/ns/net") != own:
+                        return int(entry)
         time.sleep(0.1)
     raise SystemExit(f"systemd-nspawn (pid {nspawn}) started no container within {timeout:.0f} s")
 
@@ -281,10 +280,7 @@ def ancestors() -> set[int]:
     pids, pid = set(), os.getpid()
     while pid > 1:
         pids.add(pid)
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            break
+        pid = _ppid(pid)
     return pids
 
 
@@ -294,14 +290,13 @@ def processes_naming(marker: str) -> list[int]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) in skip:
             continue
-        with contextlib.suppress(OSError):
-            if marker in Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
-                found.append(int(entry))
+        if marker in " ".join(_cmdline(int(entry))):
+            found.append(int(entry))
     return found
 
 
-def stop(pids: list[int], marker: str) -> None:
-    """SIGTERM to ``pids``; SIGKILL to whatever still names ``marker`` after STOP_TIMEOUT s."""
+def stop(pids: list[int]) -> None:
+    """SIGTERM to ``pids``; SIGKILL to those still alive after STOP_TIMEOUT s."""
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
@@ -322,8 +317,8 @@ def down(work: Path) -> str:
     daemons = work / "daemons.json"
     nspawn = json.loads(daemons.read_text()).get("nspawn") if daemons.exists() else None
     if nspawn is not None and marker in " ".join(_cmdline(nspawn)):
-        stop([nspawn], marker)  # the container powers off before its package relay goes
-    stop(processes_naming(marker), marker)
+        stop([nspawn])  # the container powers off before its package relay goes
+    stop(processes_naming(marker))
     root = work / "root"
     if os.path.ismount(root):
         subprocess.run(["umount", str(root)], check=False, capture_output=True)
@@ -344,6 +339,14 @@ def _cmdline(pid: int) -> list[str]:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
         return []
+
+
+def _ppid(pid: int) -> int:
+    """The parent pid of ``pid`` (0 when it is gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def main() -> int:
