@@ -15,7 +15,9 @@ Variants (``--variant NAME`` picks some; ``verbose`` is always the baseline):
   quiet     + ``quiet`` (kernel messages below warning and systemd's status lines stay off the serial console; the
             image's default now)
   lean      + ``quiet`` and ``systemd.mask=`` for units a cloud guest without EFI, FUSE, binfmt or kernel debugging
-            does not use (names in LEAN_MASKS)
+            does not use (names in LEAN_MASKS; the image masks them itself since 2026-12-08, role variable
+            ``guest_image_masked_units``, so on a current image this variant measures the cost of the mask
+            arguments alone)
 With ``--cpu`` the variants are ``hypervisor.tcgCPUModel`` values instead, all with the image's own command line:
 ``max`` (the launcher's model before 2026-12-02; the baseline), ``qemu64,+rdrand`` (its default since) and
 ``Nehalem,+rdrand`` (x86-64-v2). With ``--machine`` the variants are QEMU ``-M`` values, the launcher's own

@@ -94,6 +94,20 @@ def test_guest_network_is_configured_from_config_disk(pair: Pair) -> None:
     assert "nameserver 10.0.2.3" in out
 
 
+def test_the_units_a_vm_does_not_use_are_masked_and_no_unit_failed(pair: Pair) -> None:
+    """The role's guest_image_masked_units are masked in the booted guest, getty@tty1 (no display) and
+    systemd-pstore do not run, and the boot left no failed unit (nothing needed what was masked)."""
+    masked = ("sys-kernel-debug.mount sys-kernel-tracing.mount sys-fs-fuse-connections.mount modprobe@drm.service"
+              " modprobe@efi_pstore.service modprobe@fuse.service systemd-pstore.service systemd-binfmt.service"
+              " proc-sys-fs-binfmt_misc.automount")
+    out = pair.a.ssh(pair.key, f"systemctl is-enabled {masked}; echo ==; systemctl is-active getty@tty1.service"
+                               " systemd-pstore.service; echo ==; systemctl list-units --failed --plain --no-legend")
+    enabled, active, failed = (part.split() for part in out.split("=="))
+    assert enabled == ["masked"] * len(masked.split()), out
+    assert active == ["inactive", "inactive"], out
+    assert failed == [], out
+
+
 def test_two_vms_from_one_image_have_different_host_keys(pair: Pair) -> None:
     alice = pair.a.host_key_fingerprint()
     assert alice.startswith("SHA256:") and pair.b_fingerprint.startswith("SHA256:")
