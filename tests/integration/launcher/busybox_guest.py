@@ -9,6 +9,13 @@ Kernel command line switches: ``zjtest.acpi=1`` runs busybox acpid so the ACPI p
 off (without it the guest ignores the power button: case L4); ``zjtest.nossh=1`` serves no banner (readiness
 timeout); ``zjtest.nopvpanic=1`` leaves the pvpanic driver out (a panic then reboots through ``panic=-1`` and
 is only visible on the serial console); ``zjtest.console=1`` runs a shell on the serial console (ttyS0).
+
+virtio_net is loaded with ``napi_tx=0``. The guest runs the host's kernel, and Debian's 6.1.0-57 (6.1.192-3) under
+TCG sometimes never leaves the TX-cleaning loop of ``virtnet_poll`` (ksoftirqd/0 in ``free_old_xmit_skbs`` /
+``virtqueue_enable_cb_delayed``, soft lockup reported every 28 s) right after the guest answered the launcher's
+readiness probe: the guest then ignores the power button and a stop ends in StopTimeoutKilled (boot 16 of 16, twice,
+in 16-cycle stop/start runs at load ≈ 5; none in 50 cycles with ``napi_tx=0``). The launcher tests are about the
+launcher, so they do without NAPI TX; the Debian image's kernel (6.1.0-50) has not shown it (docs/testing.md).
 """
 
 from __future__ import annotations
@@ -32,7 +39,8 @@ export PATH=/bin
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
 for m in $(cat /modules.list); do
   case "$m" in pvpanic*) grep -q 'zjtest.nopvpanic=1' /proc/cmdline && continue ;; esac
-  [ -f /lib/modules/$m.ko ] && insmod /lib/modules/$m.ko 2>/dev/null
+  args=""; [ "$m" = virtio_net ] && args="napi_tx=0"
+  [ -f /lib/modules/$m.ko ] && insmod /lib/modules/$m.ko $args 2>/dev/null
 done
 echo "zjtest: modules loaded"
 i=0; while [ ! -b /dev/vdb ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
