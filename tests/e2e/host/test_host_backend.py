@@ -253,45 +253,6 @@ def test_a_vm_whose_launcher_or_vmm_was_killed_is_failed_then_stops_or_starts_in
     assert vmm_pid(cloud, "alice") != old_vmm and not Path(f"/proc/{old_vmm}").exists()
 
 
-def test_a_resize_of_a_running_vm_takes_effect_at_its_next_boot(cloud: Cloud, alice: dict):
-    """vm_start -e vcpus/memory_mib/volume_size_mib on the running VM writes the spec and warns that boot N keeps its
-    size and root disk; the guest still has them; after vm_restart (boot N + 1) the guest has the new size, its root
-    disk is 256 MiB larger (the launcher grew the volume file before the guest ran) and its root file system fills
-    it (resize2fs at boot). A smaller volume_size_mib is then refused: a root volume only grows."""
-    boot, spec = int(alice["spec"]["bootID"]), alice["spec"]
-    vcpus, memory = (2, 768) if spec["vcpus"] == 1 else (1, 512)
-    ip = alice["status"]["sshEndpoint"]["host"]
-    volume = Path(cloud.config["volumes_dir"]) / "alice-root.raw"
-    disk_mib = volume.stat().st_size // 2**20 + 256  # grows on every run: volumes never shrink
-
-    def size() -> tuple:
-        out = cloud.ssh(ip, "nproc; awk '/^MemTotal:/ {print $2}' /proc/meminfo; cat /sys/block/vda/size;"
-                            " df -Pm / | awk 'NR == 2 {print $2}'")
-        assert out.returncode == 0, out.stderr
-        cpus, kib, sectors, fs_mib = out.stdout.split()
-        return int(cpus), int(kib) // 1024, int(sectors) // 2048, int(fs_mib)
-
-    before = size()
-    resized = task_result(cloud.playbook("vm_start", "owner=alice", f"vcpus={vcpus}", f"memory_mib={memory}",
-                                         f"volume_size_mib={disk_mib}"), START)
-    assert resized["changed"] is True and resized["boot_id"] == boot, resized
-    assert [w for w in resized.get("warnings", []) if w.startswith(
-        f"spec.vcpus {spec['vcpus']} -> {vcpus} and spec.memoryMiB {spec['memoryMiB']} -> {memory} and"
-        f" spec.rootVolumeSizeMiB {spec.get('rootVolumeSizeMiB', 'none')} -> {disk_mib}: takes effect at"
-        f" the next boot (bootID {boot + 1}); boot {boot} keeps its size and root disk size")], resized.get("warnings")
-    assert size() == before
-    restarted = task_result(cloud.playbook("vm_restart", "owner=alice"), "Restart the VM")
-    assert restarted["boot_id"] == boot + 1 and restarted["phase"] == "Running", restarted
-    ip = restarted["cloudvm"]["status"]["sshEndpoint"]["host"]
-    cpus, mib, disk, fs_mib = size()
-    assert cpus == vcpus and memory - 64 <= mib <= memory, (cpus, mib)  # MemTotal: what the kernel keeps is not in it
-    assert disk == disk_mib and volume.stat().st_size == disk_mib * 2**20, (disk, volume.stat().st_size)
-    assert fs_mib >= before[3] + 200, (before, fs_mib)  # ext4 keeps some of the 256 MiB for its metadata
-    shrink = cloud.playbook("vm_start", "owner=alice", f"volume_size_mib={disk_mib - 128}", check=False)
-    assert shrink["rc"] != 0 and "volume_size_mib (spec.rootVolumeSizeMiB;" in str(shrink), shrink.get("raw")
-    assert f"must never decrease (was {disk_mib}, requested {disk_mib - 128}); a root volume only grows" in str(shrink)
-
-
 def test_a_second_running_vm_of_an_anti_affinity_group_is_unschedulable_on_the_one_host(cloud: Cloud, alice: dict):
     """vm_start -e anti_affinity_group=web on alice's running VM, then on a second VM of hers: the host is one node,
     so the second start fails naming the variable, the field and alice's VM, is Pending/Unschedulable, and holds no
@@ -333,12 +294,18 @@ def guest_dd(cloud: Cloud, ip: str, args: str) -> tuple[int, float]:
     return int(found.group(1)), float(found.group(2))
 
 
-def test_disk_io_limits_reach_the_guest_at_its_next_boot_and_bound_what_it_does(cloud: Cloud, alice: dict):
-    """vm_start -e disk_write_bytes_per_second / disk_read_iops on the running VM writes spec.diskIO and warns that
-    the running boot keeps its limits; after vm_restart the guest's O_DIRECT writes and 4 KiB reads of its root disk
-    stay within the limits (QEMU's block_set_io_throttle), where the same dd ran faster before. The limits are cleared
-    again with 0 at the end (taking effect at the VM's next boot)."""
-    ip = alice["status"]["sshEndpoint"]["host"]
+def test_a_resize_and_disk_io_limits_of_a_running_vm_take_effect_at_its_next_boot(cloud: Cloud, alice: dict):
+    """Both kinds of change made to a running VM take effect at its next boot, proved with one restart (a boot costs
+    about a CPU-minute under TCG):
+
+    * vm_start -e vcpus/memory_mib/volume_size_mib writes the spec and warns that boot N keeps its size and root
+      disk; the guest still has them; after vm_restart (boot N + 1) the guest has the new size, its root disk is
+      256 MiB larger (the launcher grew the volume file before the guest ran) and its root file system fills it
+      (resize2fs at boot). A smaller volume_size_mib is then refused: a root volume only grows.
+    * vm_start -e disk_write_bytes_per_second / disk_read_iops writes spec.diskIO and warns that the running boot
+      keeps its limits; after the restart the guest's O_DIRECT writes and 4 KiB reads of its root disk stay within
+      the limits (QEMU's block_set_io_throttle), where the same dd ran faster before. The limits are cleared again
+      with 0 at the end (taking effect at the VM's next boot)."""
     write = "if=/dev/zero of=/var/tmp/zjc-io bs=1M count=16 oflag=direct conv=fsync"
     read = "if=/dev/vda of=/dev/null bs=4k count=2000 skip=2000 iflag=direct"
     clear = ("disk_write_bytes_per_second=0", "disk_read_iops=0")
@@ -346,18 +313,46 @@ def test_disk_io_limits_reach_the_guest_at_its_next_boot_and_bound_what_it_does(
         if alice["spec"].get("diskIO"):  # left by an interrupted run: boot once without limits first
             task_result(cloud.playbook("vm_start", "owner=alice", *clear), START)
             alice = task_result(cloud.playbook("vm_restart", "owner=alice"), "Restart the VM")["cloudvm"]
-            ip = alice["status"]["sshEndpoint"]["host"]
+        boot, spec = int(alice["spec"]["bootID"]), alice["spec"]
+        vcpus, memory = (2, 768) if spec["vcpus"] == 1 else (1, 512)
+        ip = alice["status"]["sshEndpoint"]["host"]
+        volume = Path(cloud.config["volumes_dir"]) / "alice-root.raw"
+        disk_mib = volume.stat().st_size // 2**20 + 256  # grows on every run: volumes never shrink
+
+        def size() -> tuple:
+            out = cloud.ssh(ip, "nproc; awk '/^MemTotal:/ {print $2}' /proc/meminfo; cat /sys/block/vda/size;"
+                                " df -Pm / | awk 'NR == 2 {print $2}'")
+            assert out.returncode == 0, out.stderr
+            cpus, kib, sectors, fs_mib = out.stdout.split()
+            return int(cpus), int(kib) // 1024, int(sectors) // 2048, int(fs_mib)
+
+        before = size()
         free_write, free_read = guest_dd(cloud, ip, write), guest_dd(cloud, ip, read)
-        boot = int(alice["spec"]["bootID"])
+        resized = task_result(cloud.playbook("vm_start", "owner=alice", f"vcpus={vcpus}", f"memory_mib={memory}",
+                                             f"volume_size_mib={disk_mib}"), START)
+        assert resized["changed"] is True and resized["boot_id"] == boot, resized
+        assert [w for w in resized.get("warnings", []) if w.startswith(
+            f"spec.vcpus {spec['vcpus']} -> {vcpus} and spec.memoryMiB {spec['memoryMiB']} -> {memory} and"
+            f" spec.rootVolumeSizeMiB {spec.get('rootVolumeSizeMiB', 'none')} -> {disk_mib}: takes effect at"
+            f" the next boot (bootID {boot + 1}); boot {boot} keeps its size and root disk size")], \
+            resized.get("warnings")
         limited = task_result(cloud.playbook("vm_start", "owner=alice", f"disk_write_bytes_per_second={DISK_WRITE_BPS}",
                                              f"disk_read_iops={DISK_READ_IOPS}"), START)
         assert limited["changed"] is True and limited["boot_id"] == boot, limited
         assert limited["cloudvm"]["spec"]["diskIO"] == {"writeBytesPerSecond": DISK_WRITE_BPS,
                                                         "readIOPS": DISK_READ_IOPS}
         assert [w for w in limited.get("warnings", []) if f"boot {boot} keeps its disk I/O limits" in w], limited
+        assert size() == before
+
         restarted = task_result(cloud.playbook("vm_restart", "owner=alice"), "Restart the VM")
         assert restarted["boot_id"] == boot + 1 and restarted["phase"] == "Running", restarted
         ip = restarted["cloudvm"]["status"]["sshEndpoint"]["host"]
+        cpus, mib, disk, fs_mib = size()
+        # MemTotal: what the kernel keeps is not in it
+        assert cpus == vcpus and memory - 64 <= mib <= memory, (cpus, mib)
+        assert disk == disk_mib and volume.stat().st_size == disk_mib * 2**20, (disk, volume.stat().st_size)
+        assert fs_mib >= before[3] + 200, (before, fs_mib)  # ext4 keeps some of the 256 MiB for its metadata
+
         written, seconds = guest_dd(cloud, ip, write)
         requests, read_seconds = guest_dd(cloud, ip, read)
         requests //= 4096
@@ -373,12 +368,16 @@ def test_disk_io_limits_reach_the_guest_at_its_next_boot_and_bound_what_it_does(
         assert free_read[0] // 4096 / free_read[1] > DISK_READ_IOPS * 1.1, free_read
         # the guest's TRIM still reaches the volume file, and is not counted as writes (fstrim frees the whole
         # free space of the file system at once: at 4 MiB/s of writes that would take many minutes)
-        volume = Path(cloud.config["volumes_dir"]) / "alice-root.raw"
         assert cloud.ssh(ip, "sync").returncode == 0
         held = volume.stat().st_blocks
         trimmed = cloud.ssh(ip, "rm -f /var/tmp/zjc-io && sync && fstrim -v /", timeout=120)
         assert trimmed.returncode == 0, (trimmed.stdout, trimmed.stderr)
         assert (held - volume.stat().st_blocks) * 512 >= 8 * 2**20, (held, volume.stat().st_blocks, trimmed.stdout)
+
+        shrink = cloud.playbook("vm_start", "owner=alice", f"volume_size_mib={disk_mib - 128}", check=False)
+        assert shrink["rc"] != 0 and "volume_size_mib (spec.rootVolumeSizeMiB;" in str(shrink), shrink.get("raw")
+        assert (f"must never decrease (was {disk_mib}, requested {disk_mib - 128}); a root volume only grows"
+                in str(shrink))
     finally:
         cleared = task_result(cloud.playbook("vm_start", "owner=alice", *clear), START)
         assert "diskIO" not in cleared["cloudvm"]["spec"], cleared
