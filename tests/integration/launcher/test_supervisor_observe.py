@@ -161,7 +161,8 @@ def test_stop_start_cycles_polled_never_show_lost(tmp_path: Path, busybox_guest:
                     break
                 assert time.monotonic() < deadline, f"boot {boot} not stopped within 300 s\n{_tail(paths)}"
                 time.sleep(0.003)
-            assert (status.phase, status.reason) == ("Stopped", "StopRequested"), f"boot {boot}: {status}\n{_tail(paths)}"
+            assert (status.phase, status.reason) == ("Stopped", "StopRequested"), \
+                f"boot {boot}: {status}\n{_tail(paths)}"
     finally:
         sup.kill(paths)
         sup.wait_gone(paths, 30)
