@@ -43,6 +43,8 @@ import tempfile
 import uuid
 from pathlib import Path
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from launcher_overhead import run_launcher
@@ -52,13 +54,10 @@ from tests.integration.launcher.harness import base_config, free_port
 
 CACHE = Path(os.environ.get("ZJUSCT_CACHE", "/var/cache/zjusct-cloud"))
 # systemd units of a Debian bookworm minbase that a cloud guest (no EFI, no FUSE, no binfmt_misc, no kernel
-# debugging or tracing file systems) does not need at boot; masked with systemd.mask= (systemd-system.conf(5),
-# kernel command line).
-LEAN_MASKS = (
-    "sys-kernel-debug.mount", "sys-kernel-tracing.mount", "sys-fs-fuse-connections.mount",
-    "modprobe@drm.service", "modprobe@efi_pstore.service", "modprobe@fuse.service", "systemd-pstore.service",
-    "systemd-binfmt.service", "proc-sys-fs-binfmt_misc.automount",
-)
+# debugging or tracing file systems) does not need at boot: the guest_image role's default guest_image_masked_units,
+# here masked with systemd.mask= (systemd-system.conf(5), kernel command line).
+LEAN_MASKS = tuple(yaml.safe_load((Path(__file__).resolve().parents[1] / "roles" / "guest_image" / "defaults"
+                                   / "main.yml").read_text())["guest_image_masked_units"])
 CPU_MODELS = ("max", "qemu64,+rdrand", "Nehalem,+rdrand")  # the first is the --cpu baseline
 MACHINES = ("q35", MACHINE)  # the first is the --machine baseline
 VARIANTS = {
